@@ -1,0 +1,9 @@
+//! LES: Lookahead Expert Scheduling.
+//!
+//! An inference engine for Mixture-of-Experts GGUF models on devices whose memory is smaller than
+//! the model. See README.md for the design and ARCHITECTURE in NOTES.md for the module map.
+
+pub mod gguf;
+pub mod quant;
+pub mod store;
+pub mod tokenizer;

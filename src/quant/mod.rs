@@ -1,0 +1,140 @@
+//! GGML block formats: sizes, dequantization and dot products.
+//!
+//! Layouts follow ggml (`ggml/src/ggml-common.h`, `ggml/src/ggml-quants.c` in llama.cpp).
+
+/// GGML tensor types, with the numeric ids GGUF stores (`enum ggml_type` in `ggml.h`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum GgmlType {
+    F32 = 0,
+    F16 = 1,
+    Q4_0 = 2,
+    Q4_1 = 3,
+    Q5_0 = 6,
+    Q5_1 = 7,
+    Q8_0 = 8,
+    Q8_1 = 9,
+    Q2K = 10,
+    Q3K = 11,
+    Q4K = 12,
+    Q5K = 13,
+    Q6K = 14,
+    Q8K = 15,
+    IQ4NL = 20,
+    IQ4XS = 23,
+    I8 = 24,
+    I16 = 25,
+    I32 = 26,
+    I64 = 27,
+    F64 = 28,
+    BF16 = 30,
+    MXFP4 = 39,
+}
+
+impl GgmlType {
+    pub fn from_u32(v: u32) -> Option<Self> {
+        use GgmlType::*;
+        Some(match v {
+            0 => F32,
+            1 => F16,
+            2 => Q4_0,
+            3 => Q4_1,
+            6 => Q5_0,
+            7 => Q5_1,
+            8 => Q8_0,
+            9 => Q8_1,
+            10 => Q2K,
+            11 => Q3K,
+            12 => Q4K,
+            13 => Q5K,
+            14 => Q6K,
+            15 => Q8K,
+            20 => IQ4NL,
+            23 => IQ4XS,
+            24 => I8,
+            25 => I16,
+            26 => I32,
+            27 => I64,
+            28 => F64,
+            30 => BF16,
+            39 => MXFP4,
+            _ => return None,
+        })
+    }
+
+    /// Name as ggml prints it (`ggml_type_name`).
+    pub fn name(self) -> &'static str {
+        use GgmlType::*;
+        match self {
+            F32 => "F32",
+            F16 => "F16",
+            Q4_0 => "Q4_0",
+            Q4_1 => "Q4_1",
+            Q5_0 => "Q5_0",
+            Q5_1 => "Q5_1",
+            Q8_0 => "Q8_0",
+            Q8_1 => "Q8_1",
+            Q2K => "Q2_K",
+            Q3K => "Q3_K",
+            Q4K => "Q4_K",
+            Q5K => "Q5_K",
+            Q6K => "Q6_K",
+            Q8K => "Q8_K",
+            IQ4NL => "IQ4_NL",
+            IQ4XS => "IQ4_XS",
+            I8 => "I8",
+            I16 => "I16",
+            I32 => "I32",
+            I64 => "I64",
+            F64 => "F64",
+            BF16 => "BF16",
+            MXFP4 => "MXFP4",
+        }
+    }
+
+    /// Elements per block.
+    pub fn block_size(self) -> usize {
+        use GgmlType::*;
+        match self {
+            F32 | F16 | BF16 | I8 | I16 | I32 | I64 | F64 => 1,
+            Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q8_1 | IQ4NL | MXFP4 => 32,
+            Q2K | Q3K | Q4K | Q5K | Q6K | Q8K | IQ4XS => 256,
+        }
+    }
+
+    /// Bytes per block.
+    pub fn type_size(self) -> usize {
+        use GgmlType::*;
+        match self {
+            F32 | I32 => 4,
+            F16 | BF16 | I16 => 2,
+            I8 => 1,
+            I64 | F64 => 8,
+            Q4_0 => 18,
+            Q4_1 => 20,
+            Q5_0 => 22,
+            Q5_1 => 24,
+            Q8_0 => 34,
+            Q8_1 => 36,
+            IQ4NL => 18,
+            MXFP4 => 17,
+            Q2K => 84,
+            Q3K => 110,
+            Q4K => 144,
+            Q5K => 176,
+            Q6K => 210,
+            Q8K => 292,
+            IQ4XS => 136,
+        }
+    }
+
+    /// Bytes of a row of `n` elements, or `None` if `n` is not a multiple of the block size
+    /// or the size overflows.
+    pub fn row_bytes(self, n: u64) -> Option<u64> {
+        let bs = self.block_size() as u64;
+        if n % bs != 0 {
+            return None;
+        }
+        (n / bs).checked_mul(self.type_size() as u64)
+    }
+}
