@@ -7,3 +7,7 @@ pub mod gguf;
 pub mod quant;
 pub mod store;
 pub mod tokenizer;
+pub mod backend;
+pub mod engine;
+pub mod expert;
+pub mod model;

@@ -1,0 +1,119 @@
+//! Quantized matrix × activation products on the CPU.
+//!
+//! As in ggml's CPU backend, the activation rows are first converted to the weight type's
+//! `vec_dot_type` (Q8_0, Q8_1, Q8_K, F16, …) and then dotted with each weight row; see
+//! [`crate::quant::vec_dot_type`].
+
+use super::par;
+use crate::quant::{self, GgmlType};
+
+/// A 2-D weight matrix in a GGML block format: `rows` rows of `cols` elements.
+#[derive(Clone, Debug)]
+pub struct Weight {
+    pub ty: GgmlType,
+    pub cols: usize,
+    pub rows: usize,
+    pub data: Vec<u8>,
+}
+
+/// A borrowed 2-D weight matrix (e.g. one expert's slice of a stacked tensor).
+#[derive(Clone, Copy, Debug)]
+pub struct WeightRef<'a> {
+    pub ty: GgmlType,
+    pub cols: usize,
+    pub rows: usize,
+    pub data: &'a [u8],
+}
+
+impl Weight {
+    pub fn as_ref(&self) -> WeightRef<'_> {
+        WeightRef { ty: self.ty, cols: self.cols, rows: self.rows, data: &self.data }
+    }
+    /// Dequantize row `r` into `out` (embedding lookup).
+    pub fn row_f32(&self, r: usize, out: &mut [f32]) -> Result<(), quant::QuantError> {
+        let rb = self.ty.row_bytes(self.cols as u64).unwrap_or(0) as usize;
+        quant::dequantize_row(self.ty, &self.data[r * rb..(r + 1) * rb], out)
+    }
+    /// All values as f32 (small vectors: norms, biases).
+    pub fn to_f32(&self) -> Result<Vec<f32>, quant::QuantError> {
+        let mut v = vec![0f32; self.cols * self.rows];
+        quant::dequantize_row(self.ty, &self.data, &mut v)?;
+        Ok(v)
+    }
+}
+
+/// Activations (`n_tok` rows of `cols` f32 values) with their conversions to vec-dot formats,
+/// made once per format and shared by every matmul that reads the same input (e.g. Q, K, V).
+pub struct Acts<'a> {
+    pub x: &'a [f32],
+    pub cols: usize,
+    pub n_tok: usize,
+    conv: Vec<(GgmlType, Vec<u8>, usize)>,
+}
+
+impl<'a> Acts<'a> {
+    pub fn new(x: &'a [f32], cols: usize) -> Self {
+        Self { x, cols, n_tok: x.len() / cols, conv: Vec::new() }
+    }
+
+    fn converted(&mut self, wty: GgmlType) -> (&[u8], usize) {
+        let vty = quant::vec_dot_type(wty);
+        if let Some(i) = self.conv.iter().position(|c| c.0 == vty) {
+            let c = &self.conv[i];
+            return (&c.1, c.2);
+        }
+        let row_b = vty.row_bytes(self.cols as u64).expect("activation row not a multiple of the block size") as usize;
+        let mut buf = Vec::with_capacity(row_b * self.n_tok);
+        let mut tmp = Vec::with_capacity(row_b);
+        for t in 0..self.n_tok {
+            tmp.clear();
+            quant::quantize_activation(vty, &self.x[t * self.cols..(t + 1) * self.cols], &mut tmp)
+                .expect("activation quantization");
+            buf.extend_from_slice(&tmp);
+        }
+        self.conv.push((vty, buf, row_b));
+        let c = self.conv.last().unwrap();
+        (&c.1, c.2)
+    }
+}
+
+/// Rows per parallel task: small enough to balance, large enough to amortise dispatch.
+fn rows_per_task(rows: usize, cols: usize) -> usize {
+    let threads = par::n_threads().max(1);
+    // ~64K multiply-adds per task at least.
+    let min_rows = (65536 / cols.max(1)).max(1);
+    rows.div_ceil(threads * 4).max(min_rows)
+}
+
+/// `y[t][r] = W[r] · x[t]` for every token `t`. `y` is `n_tok × w.rows`, token-major.
+pub fn matmul(w: WeightRef<'_>, acts: &mut Acts<'_>, y: &mut [f32]) {
+    assert_eq!(w.cols, acts.cols, "matmul: weight has {} columns, activation {}", w.cols, acts.cols);
+    let n_tok = acts.n_tok;
+    let (a, a_row) = acts.converted(w.ty);
+    let w_row = w.ty.row_bytes(w.cols as u64).unwrap() as usize;
+    if n_tok == 1 {
+        let chunk = rows_per_task(w.rows, w.cols);
+        par::for_each_chunk(&mut y[..w.rows], chunk, |ci, out| {
+            let r0 = ci * chunk;
+            quant::matvec(w.ty, w.cols, &w.data[r0 * w_row..(r0 + out.len()) * w_row], a, out);
+        });
+        return;
+    }
+    // Batched: compute in row-major (rows × tokens) so each weight row is read once, then transpose.
+    let mut yt = vec![0f32; w.rows * n_tok];
+    let chunk = rows_per_task(w.rows, w.cols * n_tok) * n_tok;
+    par::for_each_chunk(&mut yt, chunk, |ci, out| {
+        let r0 = ci * chunk / n_tok;
+        for (i, orow) in out.chunks_mut(n_tok).enumerate() {
+            let wr = &w.data[(r0 + i) * w_row..(r0 + i + 1) * w_row];
+            for (t, o) in orow.iter_mut().enumerate() {
+                *o = quant::vec_dot(w.ty, w.cols, wr, &a[t * a_row..(t + 1) * a_row]);
+            }
+        }
+    });
+    for r in 0..w.rows {
+        for t in 0..n_tok {
+            y[t * w.rows + r] = yt[r * n_tok + t];
+        }
+    }
+}

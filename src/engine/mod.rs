@@ -1,0 +1,198 @@
+//! Sessions: a model, its tokenizer and a KV cache; prompt processing, the generation loop,
+//! sampling and chat templates.
+
+pub mod chat;
+pub mod sampling;
+
+use crate::gguf::{GgufError, GgufFile};
+use crate::model::{ExpertMode, KvCache, Logits, Model, ModelError};
+use crate::store::ByteSource;
+use crate::tokenizer::{Tokenizer, TokenizerError};
+use sampling::{Sampler, SamplerConfig};
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Gguf(#[from] GgufError),
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error(transparent)]
+    Tokenizer(#[from] TokenizerError),
+    #[error(transparent)]
+    Chat(#[from] chat::ChatError),
+    #[error("the prompt is empty after tokenization")]
+    EmptyPrompt,
+    #[error("prompt of {0} tokens does not fit the context of {1} (raise --ctx-size)")]
+    PromptTooLong(usize, usize),
+}
+
+/// Timing and counts of one generation.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct GenStats {
+    pub prompt_tokens: usize,
+    pub prompt_ms: f64,
+    pub gen_tokens: usize,
+    pub gen_ms: f64,
+}
+
+impl GenStats {
+    pub fn prompt_tps(&self) -> f64 {
+        self.prompt_tokens as f64 / (self.prompt_ms / 1000.0).max(1e-9)
+    }
+    pub fn gen_tps(&self) -> f64 {
+        self.gen_tokens as f64 / (self.gen_ms / 1000.0).max(1e-9)
+    }
+}
+
+/// Turns token bytes into text chunks, holding back incomplete UTF-8 sequences.
+#[derive(Default)]
+pub struct Utf8Stream {
+    pending: Vec<u8>,
+}
+
+impl Utf8Stream {
+    pub fn push(&mut self, bytes: &[u8]) -> String {
+        self.pending.extend_from_slice(bytes);
+        let valid = match std::str::from_utf8(&self.pending) {
+            Ok(_) => self.pending.len(),
+            Err(e) => match e.error_len() {
+                // Invalid bytes (not merely incomplete): emit them lossily.
+                Some(_) => self.pending.len(),
+                None => e.valid_up_to(),
+            },
+        };
+        let out = String::from_utf8_lossy(&self.pending[..valid]).into_owned();
+        self.pending.drain(..valid);
+        out
+    }
+    pub fn finish(&mut self) -> String {
+        let out = String::from_utf8_lossy(&self.pending).into_owned();
+        self.pending.clear();
+        out
+    }
+}
+
+pub struct Session {
+    pub model: Model,
+    pub tokenizer: Tokenizer,
+    pub kv: KvCache,
+    pub gguf: GgufFile,
+}
+
+/// Current and peak resident memory of this process in bytes (Linux; `None` elsewhere).
+pub fn memory_usage() -> Option<(u64, u64)> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let field = |name: &str| -> Option<u64> {
+        let l = s.lines().find(|l| l.starts_with(name))?;
+        let kb: u64 = l.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kb * 1024)
+    };
+    Some((field("VmRSS:")?, field("VmHWM:")?))
+}
+
+impl Session {
+    pub fn load(src: &dyn ByteSource, mode: ExpertMode, n_ctx: usize) -> Result<Self, EngineError> {
+        let gguf = GgufFile::read(src)?;
+        let tokenizer = Tokenizer::from_gguf(&gguf)?;
+        let model = Model::load(src, &gguf, mode)?;
+        let n_ctx = n_ctx.min(model.cfg.n_ctx_train.max(1));
+        let kv = model.new_kv(n_ctx);
+        Ok(Self { model, tokenizer, kv, gguf })
+    }
+
+    /// Prompt text for a single user message through the model's chat template.
+    pub fn chat_prompt(&self, messages: &[chat::Message]) -> Result<String, EngineError> {
+        let t = self.gguf.get_str("tokenizer.chat_template").ok_or(chat::ChatError::NoTemplate)?;
+        let piece = |id: Option<u32>| id.map(|i| self.tokenizer.token_text(i).to_string()).unwrap_or_default();
+        Ok(chat::render(t, messages, &piece(self.tokenizer.bos()), &piece(self.tokenizer.eos()))?)
+    }
+
+    /// Tokenize as llama-completion does (add special tokens, parse special tokens in text).
+    pub fn tokenize(&self, text: &str) -> Vec<u32> {
+        self.tokenizer.encode(text, true, true)
+    }
+
+    /// Run the prompt and then sample up to `n` tokens, calling `on_text` with each decoded chunk
+    /// (return false to stop). Stops at an end-of-generation token unless `ignore_eos`.
+    pub fn generate(
+        &mut self,
+        prompt: &[u32],
+        n: usize,
+        sampler: &SamplerConfig,
+        ignore_eos: bool,
+        on_token: &mut dyn FnMut(u32, &str) -> bool,
+    ) -> Result<(Vec<u32>, GenStats), EngineError> {
+        if prompt.is_empty() {
+            return Err(EngineError::EmptyPrompt);
+        }
+        if prompt.len() >= self.kv.n_ctx {
+            return Err(EngineError::PromptTooLong(prompt.len(), self.kv.n_ctx));
+        }
+        self.kv.clear();
+        let mut s = Sampler::new(sampler.clone());
+        for &t in prompt {
+            s.accept(t);
+        }
+        let mut stats = GenStats { prompt_tokens: prompt.len(), ..Default::default() };
+        let t0 = now_ms();
+        let mut logits = self.model.forward(prompt, &mut self.kv, Logits::Last)?;
+        stats.prompt_ms = now_ms() - t0;
+        let t1 = now_ms();
+        let mut out = Vec::new();
+        let mut utf8 = Utf8Stream::default();
+        for _ in 0..n {
+            let tok = s.sample(&logits);
+            if !ignore_eos && self.tokenizer.is_eog(tok) {
+                break;
+            }
+            out.push(tok);
+            s.accept(tok);
+            let text = utf8.push(&self.tokenizer.token_to_piece(tok, false));
+            if !on_token(tok, &text) {
+                break;
+            }
+            if out.len() == n || self.kv.len + 1 >= self.kv.n_ctx {
+                break;
+            }
+            logits = self.model.forward(&[tok], &mut self.kv, Logits::Last)?;
+        }
+        let rest = utf8.finish();
+        if !rest.is_empty() {
+            on_token(u32::MAX, &rest);
+        }
+        stats.gen_tokens = out.len();
+        stats.gen_ms = now_ms() - t1;
+        Ok((out, stats))
+    }
+}
+
+/// Milliseconds from an arbitrary origin (monotonic where available).
+pub fn now_ms() -> f64 {
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        use std::sync::OnceLock;
+        use std::time::Instant;
+        static T0: OnceLock<Instant> = OnceLock::new();
+        T0.get_or_init(Instant::now).elapsed().as_secs_f64() * 1000.0
+    }
+    #[cfg(target_arch = "wasm32")]
+    {
+        js_sys::Date::now()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Utf8Stream;
+
+    #[test]
+    fn utf8_stream_holds_back_partial_sequences() {
+        let mut u = Utf8Stream::default();
+        let e = "é".as_bytes();
+        assert_eq!(u.push(&e[..1]), "");
+        assert_eq!(u.push(&e[1..]), "é");
+        assert_eq!(u.push(b"ab"), "ab");
+        assert_eq!(u.push(&[0xF0, 0x9F]), "");
+        assert_eq!(u.finish(), "\u{FFFD}");
+    }
+}

@@ -1,0 +1,188 @@
+//! Experts: the one narrow interface through which model code reaches MoE expert weights.
+//!
+//! Model code asks for the experts its router chose, in top-k rank order, and receives each
+//! expert's weights as one contiguous [`ExpertBlock`] (gate, up and down matrices). Whether the
+//! block was resident, prefetched or read on demand is invisible to the model: it always combines
+//! expert outputs in rank order, so results never depend on what was resident.
+
+use crate::backend::cpu::matmul::WeightRef;
+use crate::gguf::{GgufError, GgufFile};
+use crate::quant::GgmlType;
+use crate::store::{ByteSource, StoreError};
+use std::ops::Range;
+use std::sync::Arc;
+
+/// Shape and types of one layer's experts (all experts of a layer share them).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExpertLayout {
+    pub n_embd: usize,
+    pub n_ff: usize,
+    pub gate_ty: GgmlType,
+    pub up_ty: GgmlType,
+    pub down_ty: GgmlType,
+    /// Byte lengths of one expert's gate, up and down matrices.
+    pub gate_bytes: usize,
+    pub up_bytes: usize,
+    pub down_bytes: usize,
+}
+
+impl ExpertLayout {
+    pub fn bytes(&self) -> usize {
+        self.gate_bytes + self.up_bytes + self.down_bytes
+    }
+}
+
+/// Where one layer's stacked expert tensors live in a GGUF file.
+#[derive(Clone, Debug)]
+pub struct GgufExpertTensors {
+    pub layout: ExpertLayout,
+    /// Absolute file offsets of the stacked `ffn_gate_exps`, `ffn_up_exps`, `ffn_down_exps` data.
+    pub gate_off: u64,
+    pub up_off: u64,
+    pub down_off: u64,
+}
+
+impl GgufExpertTensors {
+    /// Byte ranges (offset, length) of expert `e`'s gate, up and down matrices in the file.
+    pub fn ranges(&self, e: usize) -> [(u64, usize); 3] {
+        let l = &self.layout;
+        [
+            (self.gate_off + (e * l.gate_bytes) as u64, l.gate_bytes),
+            (self.up_off + (e * l.up_bytes) as u64, l.up_bytes),
+            (self.down_off + (e * l.down_bytes) as u64, l.down_bytes),
+        ]
+    }
+
+    /// Find layer `il`'s stacked expert tensors (llama.cpp names `blk.N.ffn_{gate,up,down}_exps.weight`).
+    pub fn find(g: &GgufFile, il: usize, n_embd: usize, n_expert: usize) -> Result<Self, GgufError> {
+        let t = |n: &str| g.req_tensor(&format!("blk.{il}.{n}.weight"));
+        let (gate, up, down) = (t("ffn_gate_exps")?, t("ffn_up_exps")?, t("ffn_down_exps")?);
+        let bad = |name: &str, dims: &[u64], why| GgufError::BadShape { name: name.into(), dims: dims.to_vec(), why };
+        let n_ff = gate.dims.get(1).copied().unwrap_or(0) as usize;
+        for (ti, want) in [(gate, [n_embd, n_ff, n_expert]), (up, [n_embd, n_ff, n_expert]), (down, [n_ff, n_embd, n_expert])] {
+            if ti.dims.len() != 3 || ti.dims.iter().zip(want).any(|(&d, w)| d as usize != w) {
+                return Err(bad(&ti.name, &ti.dims, "expected [n_embd, n_ff, n_expert] (gate/up) or [n_ff, n_embd, n_expert] (down)"));
+            }
+        }
+        let per = |ti: &crate::gguf::TensorInfo| (ti.size / n_expert as u64) as usize;
+        Ok(Self {
+            layout: ExpertLayout {
+                n_embd,
+                n_ff,
+                gate_ty: gate.ty,
+                up_ty: up.ty,
+                down_ty: down.ty,
+                gate_bytes: per(gate),
+                up_bytes: per(up),
+                down_bytes: per(down),
+            },
+            gate_off: gate.offset,
+            up_off: up.offset,
+            down_off: down.offset,
+        })
+    }
+}
+
+/// One expert's weights in one contiguous buffer: gate, then up, then down.
+#[derive(Debug)]
+pub struct ExpertBlock {
+    pub data: Vec<u8>,
+    pub layout: ExpertLayout,
+}
+
+impl ExpertBlock {
+    fn range(&self, which: usize) -> Range<usize> {
+        let l = &self.layout;
+        match which {
+            0 => 0..l.gate_bytes,
+            1 => l.gate_bytes..l.gate_bytes + l.up_bytes,
+            _ => l.gate_bytes + l.up_bytes..l.bytes(),
+        }
+    }
+    pub fn gate(&self) -> WeightRef<'_> {
+        let l = &self.layout;
+        WeightRef { ty: l.gate_ty, cols: l.n_embd, rows: l.n_ff, data: &self.data[self.range(0)] }
+    }
+    pub fn up(&self) -> WeightRef<'_> {
+        let l = &self.layout;
+        WeightRef { ty: l.up_ty, cols: l.n_embd, rows: l.n_ff, data: &self.data[self.range(1)] }
+    }
+    pub fn down(&self) -> WeightRef<'_> {
+        let l = &self.layout;
+        WeightRef { ty: l.down_ty, cols: l.n_ff, rows: l.n_embd, data: &self.data[self.range(2)] }
+    }
+    /// Read expert `e` of a layer from a GGUF source (three range reads).
+    pub fn read_from_gguf(src: &dyn ByteSource, t: &GgufExpertTensors, e: usize) -> Result<Self, StoreError> {
+        let mut data = vec![0u8; t.layout.bytes()];
+        let mut at = 0;
+        for (off, len) in t.ranges(e) {
+            src.read_at(off, &mut data[at..at + len])?;
+            at += len;
+        }
+        Ok(Self { data, layout: t.layout.clone() })
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ExpertError {
+    #[error("reading expert {expert} of layer {layer}: {source}")]
+    Store { layer: usize, expert: usize, source: StoreError },
+    #[error("expert {expert} of layer {layer}: {why}")]
+    Invalid { layer: usize, expert: usize, why: String },
+}
+
+/// The model's only way to reach expert weights.
+pub trait ExpertSource: Send + Sync {
+    /// Layout of layer `layer`'s experts.
+    fn layout(&self, layer: usize) -> &ExpertLayout;
+    /// The router of `layer` chose `ids` (top-k rank order; for a batch, the union). Call
+    /// `f(i, block)` exactly once for every `i in 0..ids.len()`, in any order (typically resident
+    /// experts first, then misses as their bytes arrive).
+    fn with_experts(&self, layer: usize, ids: &[u32], f: &mut dyn FnMut(usize, &ExpertBlock)) -> Result<(), ExpertError>;
+    /// Lookahead hook: the input of layer `layer`'s FFN (after its norm) is known. Schedulers use
+    /// it to predict and prefetch later layers' experts; the default does nothing.
+    fn on_hidden(&self, _layer: usize, _h: &[f32], _n_tok: usize) {}
+}
+
+/// Every expert resident in memory (the reference run).
+pub struct ResidentExperts {
+    layers: Vec<(ExpertLayout, Vec<Arc<ExpertBlock>>)>,
+}
+
+impl ResidentExperts {
+    pub fn load(src: &dyn ByteSource, tensors: &[GgufExpertTensors], n_expert: usize) -> Result<Self, ExpertError> {
+        let mut layers = Vec::with_capacity(tensors.len());
+        for (il, t) in tensors.iter().enumerate() {
+            let mut v = Vec::with_capacity(n_expert);
+            for e in 0..n_expert {
+                let b = ExpertBlock::read_from_gguf(src, t, e)
+                    .map_err(|source| ExpertError::Store { layer: il, expert: e, source })?;
+                v.push(Arc::new(b));
+            }
+            layers.push((t.layout.clone(), v));
+        }
+        Ok(Self { layers })
+    }
+    /// Total bytes of all experts.
+    pub fn bytes(&self) -> usize {
+        self.layers.iter().map(|(l, v)| l.bytes() * v.len()).sum()
+    }
+}
+
+impl ExpertSource for ResidentExperts {
+    fn layout(&self, layer: usize) -> &ExpertLayout {
+        &self.layers[layer].0
+    }
+    fn with_experts(&self, layer: usize, ids: &[u32], f: &mut dyn FnMut(usize, &ExpertBlock)) -> Result<(), ExpertError> {
+        let experts = &self.layers[layer].1;
+        for (i, &e) in ids.iter().enumerate() {
+            let b = experts.get(e as usize).ok_or_else(|| ExpertError::Invalid {
+                layer,
+                expert: e as usize,
+                why: format!("only {} experts", experts.len()),
+            })?;
+            f(i, b);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,439 @@
+//! Transformer models: llama (dense and Mixtral-style MoE), qwen2moe, qwen3moe, olmoe.
+//!
+//! One forward pass follows llama.cpp's graphs (`src/models/llama.cpp`, `qwen2moe.cpp`,
+//! `qwen3moe.cpp`, `olmoe.cpp`): RMSNorm → attention (GQA, RoPE, optional biases / QK-norm) →
+//! residual → RMSNorm → FFN (dense SwiGLU, or router softmax → top-k → experts combined in rank
+//! order, plus an optional shared expert) → residual. Experts are reached only through
+//! [`ExpertSource`].
+
+pub mod config;
+pub mod kv;
+
+use crate::backend::cpu::matmul::{matmul, Acts, Weight};
+use crate::backend::cpu::{ops, par};
+use crate::expert::{ExpertError, ExpertSource, GgufExpertTensors, ResidentExperts};
+use crate::gguf::{GgufError, GgufFile};
+use crate::quant::{GgmlType, QuantError};
+use crate::store::{ByteSource, StoreError};
+pub use config::{Arch, Config, ConfigError};
+pub use kv::KvCache;
+use std::sync::Arc;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Gguf(#[from] GgufError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Quant(#[from] QuantError),
+    #[error(transparent)]
+    Expert(#[from] ExpertError),
+    #[error("tensor '{name}' has shape {got:?}, expected {want:?}")]
+    Shape { name: String, got: Vec<u64>, want: Vec<u64> },
+    #[error("token id {0} is outside the vocabulary")]
+    BadToken(u32),
+    #[error("context full: {0} positions (raise --ctx-size)")]
+    ContextFull(usize),
+}
+
+struct SharedExpert {
+    gate: Weight,
+    up: Weight,
+    down: Weight,
+    /// qwen2moe: a 1-row gate whose sigmoid scales the shared expert's output.
+    gate_inp: Option<Weight>,
+}
+
+enum Ffn {
+    Dense { gate: Weight, up: Weight, down: Weight },
+    Moe { router: Weight, shared: Option<SharedExpert> },
+}
+
+struct Layer {
+    attn_norm: Vec<f32>,
+    wq: Weight,
+    wk: Weight,
+    wv: Weight,
+    wo: Weight,
+    bq: Option<Vec<f32>>,
+    bk: Option<Vec<f32>>,
+    bv: Option<Vec<f32>>,
+    q_norm: Option<Vec<f32>>,
+    k_norm: Option<Vec<f32>>,
+    ffn_norm: Vec<f32>,
+    ffn: Ffn,
+}
+
+/// What a forward pass returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Logits {
+    /// Logits of the last token only.
+    Last,
+    /// Logits of every token in the batch (teacher forcing, speculative verification).
+    All,
+}
+
+pub struct Model {
+    pub cfg: Config,
+    tok_embd: Weight,
+    output_norm: Vec<f32>,
+    output: Option<Weight>,
+    layers: Vec<Layer>,
+    experts: Option<Arc<dyn ExpertSource>>,
+    /// Where each MoE layer's experts live in the GGUF (for streaming stores).
+    pub expert_tensors: Vec<GgufExpertTensors>,
+    /// Bytes of dense (non-expert) weights held in memory.
+    pub dense_bytes: usize,
+}
+
+fn load_weight(src: &dyn ByteSource, g: &GgufFile, name: &str, want: &[usize]) -> Result<Weight, ModelError> {
+    let t = g.req_tensor(name)?;
+    let mut dims: Vec<u64> = t.dims.clone();
+    while dims.len() > want.len() && dims.last() == Some(&1) {
+        dims.pop();
+    }
+    if dims.len() != want.len() || dims.iter().zip(want).any(|(&a, &b)| a as usize != b) {
+        return Err(ModelError::Shape { name: name.into(), got: t.dims.clone(), want: want.iter().map(|&x| x as u64).collect() });
+    }
+    let data = src.read_vec(t.offset, t.size as usize)?;
+    let rows = if want.len() > 1 { want[1] } else { 1 };
+    Ok(Weight { ty: t.ty, cols: want[0], rows, data })
+}
+
+fn load_vec(src: &dyn ByteSource, g: &GgufFile, name: &str, n: usize) -> Result<Vec<f32>, ModelError> {
+    Ok(load_weight(src, g, name, &[n])?.to_f32()?)
+}
+
+fn opt_vec(src: &dyn ByteSource, g: &GgufFile, name: &str, n: usize) -> Result<Option<Vec<f32>>, ModelError> {
+    if g.tensor(name).is_some() {
+        Ok(Some(load_vec(src, g, name, n)?))
+    } else {
+        Ok(None)
+    }
+}
+
+/// How expert weights are provided when loading.
+pub enum ExpertMode {
+    /// Load every expert into memory.
+    Resident,
+    /// Use an external source (a streaming cache); the model loads no expert bytes.
+    External(Arc<dyn ExpertSource>),
+}
+
+impl Model {
+    /// Load dense weights from `src` (and experts as `mode` says).
+    pub fn load(src: &dyn ByteSource, g: &GgufFile, mode: ExpertMode) -> Result<Self, ModelError> {
+        let cfg = Config::from_gguf(g)?;
+        let (e, v) = (cfg.n_embd, cfg.n_vocab);
+        let tok_embd = load_weight(src, g, "token_embd.weight", &[e, v])?;
+        let output_norm = load_vec(src, g, "output_norm.weight", e)?;
+        let output = if g.tensor("output.weight").is_some() { Some(load_weight(src, g, "output.weight", &[e, v])?) } else { None };
+        let mut layers = Vec::with_capacity(cfg.n_layer);
+        let mut expert_tensors = Vec::new();
+        let (nq, nkv) = (cfg.n_embd_q(), cfg.n_embd_kv());
+        for il in 0..cfg.n_layer {
+            let n = |s: &str| format!("blk.{il}.{s}");
+            let (q_norm, k_norm) = match cfg.arch {
+                Arch::Qwen3Moe => (Some(load_vec(src, g, &n("attn_q_norm.weight"), cfg.head_dim)?), Some(load_vec(src, g, &n("attn_k_norm.weight"), cfg.head_dim)?)),
+                Arch::Olmoe => (Some(load_vec(src, g, &n("attn_q_norm.weight"), nq)?), Some(load_vec(src, g, &n("attn_k_norm.weight"), nkv)?)),
+                _ => (None, None),
+            };
+            let ffn = if cfg.is_moe() {
+                let router = load_weight(src, g, &n("ffn_gate_inp.weight"), &[e, cfg.n_expert])?;
+                expert_tensors.push(GgufExpertTensors::find(g, il, e, cfg.n_expert)?);
+                let shared = if g.tensor(&n("ffn_gate_shexp.weight")).is_some() {
+                    let sh = g.req_tensor(&n("ffn_gate_shexp.weight"))?.dims.get(1).copied().unwrap_or(0) as usize;
+                    Some(SharedExpert {
+                        gate: load_weight(src, g, &n("ffn_gate_shexp.weight"), &[e, sh])?,
+                        up: load_weight(src, g, &n("ffn_up_shexp.weight"), &[e, sh])?,
+                        down: load_weight(src, g, &n("ffn_down_shexp.weight"), &[sh, e])?,
+                        gate_inp: if g.tensor(&n("ffn_gate_inp_shexp.weight")).is_some() {
+                            Some(load_weight(src, g, &n("ffn_gate_inp_shexp.weight"), &[e])?)
+                        } else {
+                            None
+                        },
+                    })
+                } else {
+                    None
+                };
+                Ffn::Moe { router, shared }
+            } else {
+                Ffn::Dense {
+                    gate: load_weight(src, g, &n("ffn_gate.weight"), &[e, cfg.n_ff])?,
+                    up: load_weight(src, g, &n("ffn_up.weight"), &[e, cfg.n_ff])?,
+                    down: load_weight(src, g, &n("ffn_down.weight"), &[cfg.n_ff, e])?,
+                }
+            };
+            layers.push(Layer {
+                attn_norm: load_vec(src, g, &n("attn_norm.weight"), e)?,
+                wq: load_weight(src, g, &n("attn_q.weight"), &[e, nq])?,
+                wk: load_weight(src, g, &n("attn_k.weight"), &[e, nkv])?,
+                wv: load_weight(src, g, &n("attn_v.weight"), &[e, nkv])?,
+                wo: load_weight(src, g, &n("attn_output.weight"), &[nq, e])?,
+                bq: opt_vec(src, g, &n("attn_q.bias"), nq)?,
+                bk: opt_vec(src, g, &n("attn_k.bias"), nkv)?,
+                bv: opt_vec(src, g, &n("attn_v.bias"), nkv)?,
+                q_norm,
+                k_norm,
+                ffn_norm: load_vec(src, g, &n("ffn_norm.weight"), e)?,
+                ffn,
+            });
+        }
+        let experts: Option<Arc<dyn ExpertSource>> = match (cfg.is_moe(), mode) {
+            (false, _) => None,
+            (true, ExpertMode::Resident) => Some(Arc::new(ResidentExperts::load(src, &expert_tensors, cfg.n_expert)?)),
+            (true, ExpertMode::External(s)) => Some(s),
+        };
+        let dense_bytes = g.tensors.iter().filter(|t| !t.name.contains("_exps.")).map(|t| t.size as usize).sum();
+        Ok(Self { cfg, tok_embd, output_norm, output, layers, experts, expert_tensors, dense_bytes })
+    }
+
+    pub fn new_kv(&self, n_ctx: usize) -> KvCache {
+        KvCache::new(self.cfg.n_layer, n_ctx, self.cfg.n_head_kv, self.cfg.head_dim)
+    }
+
+    pub fn experts(&self) -> Option<&Arc<dyn ExpertSource>> {
+        self.experts.as_ref()
+    }
+
+    /// Run `tokens` at positions `kv.len ..`, appending to the KV cache. Returns logits
+    /// (`n_vocab` values for `Logits::Last`, `tokens.len() * n_vocab` for `Logits::All`).
+    pub fn forward(&self, tokens: &[u32], kv: &mut KvCache, want: Logits) -> Result<Vec<f32>, ModelError> {
+        let c = &self.cfg;
+        let t_n = tokens.len();
+        let e = c.n_embd;
+        let pos0 = kv.len;
+        if pos0 + t_n > kv.n_ctx {
+            return Err(ModelError::ContextFull(kv.n_ctx));
+        }
+        // Embedding lookup.
+        let mut x = vec![0f32; t_n * e];
+        for (t, &tok) in tokens.iter().enumerate() {
+            if tok as usize >= self.tok_embd.rows {
+                return Err(ModelError::BadToken(tok));
+            }
+            self.tok_embd.row_f32(tok as usize, &mut x[t * e..(t + 1) * e])?;
+        }
+        let mut cur = vec![0f32; t_n * e];
+        let (nq, nkv) = (c.n_embd_q(), c.n_embd_kv());
+        let mut q = vec![0f32; t_n * nq];
+        let mut k = vec![0f32; t_n * nkv];
+        let mut v = vec![0f32; t_n * nkv];
+        let mut attn = vec![0f32; t_n * nq];
+        let mut rope_cache = Vec::new();
+        let scale = 1.0 / (c.head_dim as f32).sqrt();
+        for (il, l) in self.layers.iter().enumerate() {
+            // Attention.
+            for t in 0..t_n {
+                ops::rms_norm(&x[t * e..(t + 1) * e], &l.attn_norm, c.rms_eps, &mut cur[t * e..(t + 1) * e]);
+            }
+            {
+                let mut a = Acts::new(&cur, e);
+                matmul(l.wq.as_ref(), &mut a, &mut q);
+                matmul(l.wk.as_ref(), &mut a, &mut k);
+                matmul(l.wv.as_ref(), &mut a, &mut v);
+            }
+            for t in 0..t_n {
+                let (qt, kt, vt) = (&mut q[t * nq..(t + 1) * nq], &mut k[t * nkv..(t + 1) * nkv], &mut v[t * nkv..(t + 1) * nkv]);
+                add_bias(qt, &l.bq);
+                add_bias(kt, &l.bk);
+                add_bias(vt, &l.bv);
+                if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
+                    ops::rms_norm_groups(qt, qn, c.rms_eps);
+                    ops::rms_norm_groups(kt, kn, c.rms_eps);
+                }
+                ops::rope_cache(pos0 + t, c.n_rot, c.rope_base, &mut rope_cache);
+                ops::rope(qt, c.head_dim, c.n_rot, c.rope, &rope_cache);
+                ops::rope(kt, c.head_dim, c.n_rot, c.rope, &rope_cache);
+                kv.store(il, pos0 + t, kt, vt);
+            }
+            self.attention(il, kv, pos0, t_n, &q, &mut attn, scale);
+            {
+                let mut a = Acts::new(&attn, nq);
+                matmul(l.wo.as_ref(), &mut a, &mut cur);
+            }
+            for (xi, &ci) in x.iter_mut().zip(&cur) {
+                *xi += ci;
+            }
+            // FFN.
+            for t in 0..t_n {
+                ops::rms_norm(&x[t * e..(t + 1) * e], &l.ffn_norm, c.rms_eps, &mut cur[t * e..(t + 1) * e]);
+            }
+            let out = match &l.ffn {
+                Ffn::Dense { gate, up, down } => swiglu_ffn(gate, up, down, &cur, e),
+                Ffn::Moe { router, shared } => self.moe(il, router, shared.as_ref(), &cur)?,
+            };
+            for (xi, &o) in x.iter_mut().zip(&out) {
+                *xi += o;
+            }
+        }
+        kv.len = pos0 + t_n;
+        // Output head.
+        let rows: Vec<usize> = match want {
+            Logits::Last => vec![t_n - 1],
+            Logits::All => (0..t_n).collect(),
+        };
+        let mut h = vec![0f32; rows.len() * e];
+        for (i, &t) in rows.iter().enumerate() {
+            ops::rms_norm(&x[t * e..(t + 1) * e], &self.output_norm, c.rms_eps, &mut h[i * e..(i + 1) * e]);
+        }
+        let out_w = self.output.as_ref().unwrap_or(&self.tok_embd);
+        let mut logits = vec![0f32; rows.len() * out_w.rows];
+        let mut a = Acts::new(&h, e);
+        matmul(out_w.as_ref(), &mut a, &mut logits);
+        Ok(logits)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn attention(&self, il: usize, kv: &KvCache, pos0: usize, t_n: usize, q: &[f32], out: &mut [f32], scale: f32) {
+        let c = &self.cfg;
+        let (hd, nq) = (c.head_dim, c.n_embd_q());
+        let group = c.n_head / c.n_head_kv;
+        // One task per (token, head).
+        par::for_each_chunk(out, hd, |i, o| {
+            let (t, h) = (i / c.n_head, i % c.n_head);
+            let n_kv = pos0 + t + 1;
+            let (kr, vr) = kv.head(il, h / group, n_kv);
+            let qh = &q[t * nq + h * hd..t * nq + (h + 1) * hd];
+            let (mut qb, mut acc) = (Vec::new(), Vec::new());
+            ops::attend_head(qh, kr, vr, hd, n_kv, scale, o, &mut qb, &mut acc);
+        });
+    }
+
+    fn moe(&self, il: usize, router: &Weight, shared: Option<&SharedExpert>, cur: &[f32]) -> Result<Vec<f32>, ModelError> {
+        let c = &self.cfg;
+        let e = c.n_embd;
+        let t_n = cur.len() / e;
+        let experts = self.experts.as_ref().expect("MoE model without experts");
+        experts.on_hidden(il, cur, t_n);
+        // Router: logits → softmax → top-k → weights (normalised for llama/qwen3moe).
+        let mut logits = vec![0f32; t_n * c.n_expert];
+        let mut acts = Acts::new(cur, e);
+        matmul(router.as_ref(), &mut acts, &mut logits);
+        let k = c.n_expert_used;
+        let mut sel = vec![0u32; t_n * k];
+        let mut wts = vec![0f32; t_n * k];
+        let mut probs = vec![0f32; c.n_expert];
+        for t in 0..t_n {
+            ops::softmax(&logits[t * c.n_expert..(t + 1) * c.n_expert], &mut probs);
+            let top = ops::top_k(&probs, k);
+            let mut sum = 0f32;
+            for (r, &ex) in top.iter().enumerate() {
+                sel[t * k + r] = ex as u32;
+                wts[t * k + r] = probs[ex];
+                sum += probs[ex];
+            }
+            if c.norm_topk {
+                let sum = sum.max(6.103515625e-5);
+                for w in &mut wts[t * k..(t + 1) * k] {
+                    *w /= sum;
+                }
+            }
+            if c.expert_weights_scale != 0.0 && c.expert_weights_scale != 1.0 {
+                for w in &mut wts[t * k..(t + 1) * k] {
+                    *w *= c.expert_weights_scale;
+                }
+            }
+        }
+        // Union of chosen experts (first-seen order) and, per expert, the (token, rank) pairs.
+        let mut union: Vec<u32> = Vec::new();
+        for &ex in &sel {
+            if !union.contains(&ex) {
+                union.push(ex);
+            }
+        }
+        // Per (token, rank) expert outputs, each already multiplied by its weight.
+        let mut per = vec![0f32; t_n * k * e];
+        let mut err = None;
+        experts.with_experts(il, &union, &mut |ui, blk| {
+            let ex = union[ui];
+            let slots: Vec<usize> = (0..t_n * k).filter(|&s| sel[s] == ex).collect();
+            let mut xin = Vec::with_capacity(slots.len() * e);
+            for &s in &slots {
+                let t = s / k;
+                xin.extend_from_slice(&cur[t * e..(t + 1) * e]);
+            }
+            let (g, u, d) = (blk.gate(), blk.up(), blk.down());
+            if g.cols != e || d.rows != e {
+                err = Some(ExpertError::Invalid { layer: il, expert: ex as usize, why: "expert shape does not match n_embd".into() });
+                return;
+            }
+            let y = swiglu_ffn_ref(g, u, d, &xin, e);
+            for (j, &s) in slots.iter().enumerate() {
+                let w = wts[s];
+                for (o, &yy) in per[s * e..(s + 1) * e].iter_mut().zip(&y[j * e..(j + 1) * e]) {
+                    *o = yy * w;
+                }
+            }
+        })?;
+        if let Some(er) = err {
+            return Err(er.into());
+        }
+        // Combine in rank order (fixed, independent of which experts were resident).
+        let mut out = vec![0f32; t_n * e];
+        for t in 0..t_n {
+            let o = &mut out[t * e..(t + 1) * e];
+            o.copy_from_slice(&per[(t * k) * e..(t * k + 1) * e]);
+            for r in 1..k {
+                let s = t * k + r;
+                for (oo, &p) in o.iter_mut().zip(&per[s * e..(s + 1) * e]) {
+                    *oo += p;
+                }
+            }
+        }
+        if let Some(sh) = shared {
+            let y = swiglu_ffn(&sh.gate, &sh.up, &sh.down, cur, e);
+            let mut gate = vec![1f32; t_n];
+            if let Some(gi) = &sh.gate_inp {
+                matmul(gi.as_ref(), &mut acts, &mut gate);
+                for g in gate.iter_mut() {
+                    *g = ops::sigmoid(*g);
+                }
+            }
+            for t in 0..t_n {
+                for (o, &yy) in out[t * e..(t + 1) * e].iter_mut().zip(&y[t * e..(t + 1) * e]) {
+                    *o += yy * gate[t];
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The output embedding matrix type (for reporting).
+    pub fn output_type(&self) -> GgmlType {
+        self.output.as_ref().unwrap_or(&self.tok_embd).ty
+    }
+}
+
+fn add_bias(x: &mut [f32], b: &Option<Vec<f32>>) {
+    if let Some(b) = b {
+        for (a, &bb) in x.iter_mut().zip(b) {
+            *a += bb;
+        }
+    }
+}
+
+fn swiglu_ffn(gate: &Weight, up: &Weight, down: &Weight, x: &[f32], e: usize) -> Vec<f32> {
+    swiglu_ffn_ref(gate.as_ref(), up.as_ref(), down.as_ref(), x, e)
+}
+
+fn swiglu_ffn_ref(gate: crate::backend::cpu::matmul::WeightRef<'_>, up: crate::backend::cpu::matmul::WeightRef<'_>, down: crate::backend::cpu::matmul::WeightRef<'_>, x: &[f32], e: usize) -> Vec<f32> {
+    let t_n = x.len() / e;
+    let ff = gate.rows;
+    let mut g = vec![0f32; t_n * ff];
+    let mut u = vec![0f32; t_n * ff];
+    {
+        let mut a = Acts::new(x, e);
+        matmul(gate, &mut a, &mut g);
+        matmul(up, &mut a, &mut u);
+    }
+    let mut h = vec![0f32; t_n * ff];
+    ops::swiglu(&g, &u, &mut h);
+    let mut y = vec![0f32; t_n * e];
+    let mut a = Acts::new(&h, ff);
+    matmul(down, &mut a, &mut y);
+    y
+}
