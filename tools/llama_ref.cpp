@@ -1,0 +1,287 @@
+// llama_ref: greedy reference continuations and logits from llama.cpp, for LES's conformance tests.
+//
+// Build and run through tools/make_refs.sh (it holds the compile command and the llama.cpp stamp).
+//
+//   llama_ref MODEL PROMPTS OUT_JSON OUT_LOGITS [--n-gen 32] [--threads 2] [--ctx 512] [--top 32]
+//             [--version STR] [--command STR]
+//
+// For every line of PROMPTS (one prompt a line, "\n" not allowed inside a prompt):
+//   * tokenize like llama-completion does (add_special=true, parse_special=true);
+//   * decode the whole prompt in one batch, then greedily generate n_gen tokens one at a time
+//     (argmax of the logits, lowest id on ties; EOS does NOT stop generation, so positions align;
+//     the first EOS/EOG position is recorded);
+//   * record, for each of the n_gen+1 logit rows (row 0 = last prompt position, row i = after
+//     feeding generated token i-1), the argmax, the top-1/top-2 margin and the top-K (id, logit);
+//   * append the full row-0 logits (n_vocab little-endian f32) to OUT_LOGITS.
+// A fresh context is created for each prompt (empty KV cache, position 0).
+
+#include "llama.h"
+
+#include <algorithm>
+#include <cinttypes>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <numeric>
+#include <string>
+#include <vector>
+
+static void die(const char * msg) {
+    fprintf(stderr, "llama_ref: %s\n", msg);
+    exit(1);
+}
+
+// JSON string escaping. Invalid UTF-8 bytes become U+FFFD (the exact bytes are kept in *_hex fields).
+static bool utf8_valid_at(const std::string & s, size_t i, size_t & len) {
+    unsigned char c = s[i];
+    if (c < 0x80) { len = 1; return true; }
+    int n;
+    uint32_t cp;
+    if ((c & 0xE0) == 0xC0) { n = 1; cp = c & 0x1F; }
+    else if ((c & 0xF0) == 0xE0) { n = 2; cp = c & 0x0F; }
+    else if ((c & 0xF8) == 0xF0) { n = 3; cp = c & 0x07; }
+    else return false;
+    if (i + n >= s.size()) return false;
+    for (int k = 1; k <= n; k++) {
+        unsigned char d = s[i + k];
+        if ((d & 0xC0) != 0x80) return false;
+        cp = (cp << 6) | (d & 0x3F);
+    }
+    if ((n == 1 && cp < 0x80) || (n == 2 && cp < 0x800) || (n == 3 && cp < 0x10000) || cp > 0x10FFFF ||
+        (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+    len = n + 1;
+    return true;
+}
+
+static bool is_valid_utf8(const std::string & s) {
+    size_t i = 0, len = 0;
+    while (i < s.size()) {
+        if (!utf8_valid_at(s, i, len)) return false;
+        i += len;
+    }
+    return true;
+}
+
+static std::string json_str(const std::string & s) {
+    std::string o = "\"";
+    size_t i = 0, len = 0;
+    while (i < s.size()) {
+        if (!utf8_valid_at(s, i, len)) { o += "\\ufffd"; i++; continue; }
+        if (len == 1) {
+            unsigned char c = s[i];
+            switch (c) {
+                case '"': o += "\\\""; break;
+                case '\\': o += "\\\\"; break;
+                case '\n': o += "\\n"; break;
+                case '\r': o += "\\r"; break;
+                case '\t': o += "\\t"; break;
+                default:
+                    if (c < 0x20) { char b[8]; snprintf(b, sizeof b, "\\u%04x", c); o += b; }
+                    else o += (char) c;
+            }
+        } else {
+            o.append(s, i, len);
+        }
+        i += len;
+    }
+    return o + "\"";
+}
+
+static std::string hex(const std::string & s) {
+    static const char * d = "0123456789abcdef";
+    std::string o;
+    for (unsigned char c : s) { o += d[c >> 4]; o += d[c & 15]; }
+    return o;
+}
+
+// shortest decimal that round-trips an f32
+static std::string fmt_f32(float v) {
+    if (std::isnan(v)) return "\"nan\"";
+    if (std::isinf(v)) return v > 0 ? "\"inf\"" : "\"-inf\"";
+    char b[32];
+    for (int p = 6; p <= 9; p++) {
+        snprintf(b, sizeof b, "%.*g", p, v);
+        if (strtof(b, nullptr) == v) break;
+    }
+    return b;
+}
+
+static std::string piece(const llama_vocab * vocab, llama_token t) {
+    std::vector<char> buf(256);
+    int n = llama_token_to_piece(vocab, t, buf.data(), (int) buf.size(), 0, true);
+    if (n < 0) {
+        buf.resize(-n);
+        n = llama_token_to_piece(vocab, t, buf.data(), (int) buf.size(), 0, true);
+    }
+    return std::string(buf.data(), std::max(n, 0));
+}
+
+struct Row {
+    llama_token argmax;
+    float margin;
+    std::vector<std::pair<llama_token, float>> top;
+    int n_nonfinite;
+};
+
+static Row analyse(const float * logits, int n_vocab, int k) {
+    Row r;
+    std::vector<int> idx(n_vocab);
+    std::iota(idx.begin(), idx.end(), 0);
+    r.n_nonfinite = 0;
+    for (int i = 0; i < n_vocab; i++) if (!std::isfinite(logits[i])) r.n_nonfinite++;
+    k = std::min(k, n_vocab);
+    std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int a, int b) {
+        if (logits[a] != logits[b]) return logits[a] > logits[b];
+        return a < b;
+    });
+    for (int i = 0; i < k; i++) r.top.push_back({idx[i], logits[idx[i]]});
+    r.argmax = idx[0];
+    r.margin = k > 1 ? logits[idx[0]] - logits[idx[1]] : INFINITY;
+    return r;
+}
+
+int main(int argc, char ** argv) {
+    if (argc < 5) die("usage: llama_ref MODEL PROMPTS OUT_JSON OUT_LOGITS [--n-gen N] [--threads T] [--ctx C] [--top K] [--version S] [--command S]");
+    std::string model_path = argv[1], prompts_path = argv[2], out_json = argv[3], out_logits = argv[4];
+    int n_gen = 32, n_threads = 2, n_ctx = 512, top_k = 32;
+    std::string version = "unknown", command;
+    for (int i = 5; i < argc; i++) {
+        std::string a = argv[i];
+        if (i + 1 >= argc) die("missing value");
+        if (a == "--n-gen") n_gen = atoi(argv[++i]);
+        else if (a == "--threads") n_threads = atoi(argv[++i]);
+        else if (a == "--ctx") n_ctx = atoi(argv[++i]);
+        else if (a == "--top") top_k = atoi(argv[++i]);
+        else if (a == "--version") version = argv[++i];
+        else if (a == "--command") command = argv[++i];
+        else die(("unknown option " + a).c_str());
+    }
+
+    std::vector<std::string> prompts;
+    {
+        std::ifstream f(prompts_path);
+        if (!f) die("cannot read prompts");
+        std::string line;
+        while (std::getline(f, line)) {
+            if (!line.empty() && line.back() == '\r') line.pop_back();
+            if (!line.empty()) prompts.push_back(line);
+        }
+    }
+
+    llama_log_set([](ggml_log_level level, const char * text, void *) {
+        if (level >= GGML_LOG_LEVEL_WARN) fputs(text, stderr);
+    }, nullptr);
+    llama_backend_init();
+
+    llama_model_params mp = llama_model_default_params();
+    mp.n_gpu_layers = 0;
+    llama_model * model = llama_model_load_from_file(model_path.c_str(), mp);
+    if (!model) die("cannot load model");
+    const llama_vocab * vocab = llama_model_get_vocab(model);
+    const int n_vocab = llama_vocab_n_tokens(vocab);
+
+    char desc[256];
+    llama_model_desc(model, desc, sizeof desc);
+    char arch[128] = "";
+    llama_model_meta_val_str(model, "general.architecture", arch, sizeof arch);
+
+    FILE * fl = fopen(out_logits.c_str(), "wb");
+    if (!fl) die("cannot write logits file");
+
+    std::string js;
+    char tbuf[64];
+    time_t now = time(nullptr);
+    strftime(tbuf, sizeof tbuf, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
+    std::string model_base = model_path.substr(model_path.find_last_of('/') + 1);
+    std::string logits_base = out_logits.substr(out_logits.find_last_of('/') + 1);
+
+    js += "{\n";
+    js += "\"format\": \"les-llama-ref-1\",\n";
+    js += "\"llama_cpp\": " + json_str(version) + ",\n";
+    js += "\"system_info\": " + json_str(llama_print_system_info()) + ",\n";
+    js += "\"command\": " + json_str(command) + ",\n";
+    js += "\"date\": \"" + std::string(tbuf) + "\",\n";
+    js += "\"model\": " + json_str(model_base) + ",\n";
+    js += "\"model_desc\": " + json_str(desc) + ",\n";
+    js += "\"architecture\": " + json_str(arch) + ",\n";
+    js += "\"n_vocab\": " + std::to_string(n_vocab) + ",\n";
+    js += "\"params\": {\"n_ctx\": " + std::to_string(n_ctx) + ", \"n_threads\": " + std::to_string(n_threads) +
+          ", \"n_gen\": " + std::to_string(n_gen) + ", \"top_k\": " + std::to_string(top_k) +
+          ", \"add_special\": true, \"parse_special\": true, \"sampling\": \"greedy argmax, lowest id on ties, no stop at EOS\"" +
+          ", \"prompt_decode\": \"one batch\", \"gen_decode\": \"one token per llama_decode\", \"flash_attn\": \"llama.cpp default\"},\n";
+    js += "\"logits_file\": " + json_str(logits_base) + ",\n";
+    js += "\"logits_layout\": \"for each prompt in order: n_vocab little-endian f32 logits of the last prompt position (the row that chose generated[0])\",\n";
+    js += "\"rows\": \"rows[i] = logits that chose generated[i] (i < n_gen); rows[n_gen] = logits after feeding generated[n_gen-1]\",\n";
+    js += "\"prompts\": [\n";
+
+    for (size_t pi = 0; pi < prompts.size(); pi++) {
+        const std::string & p = prompts[pi];
+        int n = -llama_tokenize(vocab, p.c_str(), (int) p.size(), nullptr, 0, true, true);
+        std::vector<llama_token> toks(n);
+        if (llama_tokenize(vocab, p.c_str(), (int) p.size(), toks.data(), n, true, true) != n) die("tokenize failed");
+        if (n + n_gen + 1 > n_ctx) die("context too small");
+
+        llama_context_params cp = llama_context_default_params();
+        cp.n_ctx = n_ctx;
+        cp.n_batch = std::max(n_ctx, 512);
+        cp.n_threads = n_threads;
+        cp.n_threads_batch = n_threads;
+        llama_context * ctx = llama_init_from_model(model, cp);
+        if (!ctx) die("cannot create context");
+
+        std::vector<Row> rows;
+        std::vector<llama_token> gen;
+        int first_eog = -1;
+        std::string text;
+
+        std::vector<llama_token> cur = toks;
+        for (int step = 0; step <= n_gen; step++) {
+            llama_batch b = llama_batch_get_one(cur.data(), (int) cur.size());
+            if (llama_decode(ctx, b) != 0) die("decode failed");
+            const float * lg = llama_get_logits_ith(ctx, -1);
+            if (step == 0) fwrite(lg, sizeof(float), n_vocab, fl);  // x86/ARM: native order is little-endian
+            rows.push_back(analyse(lg, n_vocab, top_k));
+            if (step == n_gen) break;
+            llama_token t = rows.back().argmax;
+            gen.push_back(t);
+            if (first_eog < 0 && llama_vocab_is_eog(vocab, t)) first_eog = step;
+            text += piece(vocab, t);
+            cur.assign(1, t);
+        }
+        llama_free(ctx);
+
+        js += "{\"index\": " + std::to_string(pi) + ", \"prompt\": " + json_str(p) + ",\n";
+        js += " \"prompt_tokens\": [";
+        for (int i = 0; i < n; i++) js += (i ? "," : "") + std::to_string(toks[i]);
+        js += "],\n \"generated\": [";
+        for (int i = 0; i < n_gen; i++) js += (i ? "," : "") + std::to_string(gen[i]);
+        js += "],\n \"first_eog\": " + std::to_string(first_eog) + ",\n";
+        js += " \"text\": " + json_str(text) + ", \"text_utf8_valid\": " + (is_valid_utf8(text) ? "true" : "false") +
+              ", \"text_hex\": \"" + hex(text) + "\",\n";
+        js += " \"rows\": [\n";
+        for (size_t r = 0; r < rows.size(); r++) {
+            js += "  {\"argmax\": " + std::to_string(rows[r].argmax) + ", \"margin\": " + fmt_f32(rows[r].margin);
+            if (rows[r].n_nonfinite) js += ", \"n_nonfinite\": " + std::to_string(rows[r].n_nonfinite);
+            js += ", \"top\": [";
+            for (size_t k = 0; k < rows[r].top.size(); k++)
+                js += std::string(k ? "," : "") + "[" + std::to_string(rows[r].top[k].first) + "," + fmt_f32(rows[r].top[k].second) + "]";
+            js += "]}" + std::string(r + 1 < rows.size() ? "," : "") + "\n";
+        }
+        js += " ]}" + std::string(pi + 1 < prompts.size() ? "," : "") + "\n";
+        fprintf(stderr, "[%zu] %s|%s\n", pi, p.c_str(), text.c_str());
+    }
+    js += "]\n}\n";
+    fclose(fl);
+
+    FILE * fj = fopen(out_json.c_str(), "wb");
+    if (!fj) die("cannot write json");
+    fwrite(js.data(), 1, js.size(), fj);
+    fclose(fj);
+
+    llama_model_free(model);
+    llama_backend_free();
+    return 0;
+}
