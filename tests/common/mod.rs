@@ -1,0 +1,67 @@
+//! Shared helpers for tests that compare LES with llama.cpp reference files.
+#![allow(dead_code)]
+
+use serde_json::Value;
+use std::path::PathBuf;
+
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Path of a model under models/; panics with set-up instructions when it is missing (CI always
+/// prepares them, so a missing model is a failure, not a skip).
+pub fn model(name: &str) -> PathBuf {
+    let p = root().join("models").join(name);
+    assert!(p.exists(), "{} is missing: run ./build.sh test (or tools/fetch_models.sh / tools/build_models.sh small)", p.display());
+    p
+}
+
+pub struct RefRow {
+    pub argmax: u32,
+    pub margin: f32,
+    pub top: Vec<(u32, f32)>,
+}
+
+pub struct RefPrompt {
+    pub prompt: String,
+    pub prompt_tokens: Vec<u32>,
+    pub generated: Vec<u32>,
+    pub rows: Vec<RefRow>,
+}
+
+pub struct Refs {
+    pub llama_cpp: String,
+    pub prompts: Vec<RefPrompt>,
+}
+
+fn f(v: &Value) -> f32 {
+    v.as_f64().unwrap_or(f64::NAN) as f32
+}
+
+pub fn load_refs(stem: &str) -> Refs {
+    let p = root().join("tests/fixtures/refs").join(format!("{stem}.json"));
+    let s = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    let v: Value = serde_json::from_str(&s).unwrap();
+    let ids = |a: &Value| a.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect::<Vec<_>>();
+    let prompts = v["prompts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| RefPrompt {
+            prompt: p["prompt"].as_str().unwrap().to_string(),
+            prompt_tokens: ids(&p["prompt_tokens"]),
+            generated: ids(&p["generated"]),
+            rows: p["rows"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|r| RefRow {
+                    argmax: r["argmax"].as_u64().unwrap() as u32,
+                    margin: f(&r["margin"]),
+                    top: r["top"].as_array().unwrap().iter().map(|t| (t[0].as_u64().unwrap() as u32, f(&t[1]))).collect(),
+                })
+                .collect(),
+        })
+        .collect();
+    Refs { llama_cpp: v["llama_cpp"].as_str().unwrap_or("").to_string(), prompts }
+}
