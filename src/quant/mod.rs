@@ -1,6 +1,26 @@
-//! GGML block formats: sizes, dequantization and dot products.
+//! GGML block formats: sizes, dequantization, activation quantization and dot products.
 //!
-//! Layouts follow ggml (`ggml/src/ggml-common.h`, `ggml/src/ggml-quants.c` in llama.cpp).
+//! Layouts follow ggml (`ggml/src/ggml-common.h`, `ggml/src/ggml-quants.c` in llama.cpp); the dot
+//! products follow ggml's CPU backend (`ggml/src/ggml-cpu/quants.c` for the portable versions,
+//! `ggml/src/ggml-cpu/arch/x86/quants.c` for AVX2, `ggml/src/ggml-cpu/vec.cpp` for F32/F16/BF16).
+//!
+//! A matrix-vector product works as in ggml: the f32 activation row is first converted to the
+//! weight type's [`vec_dot_type`] with [`quantize_activation`] (Q8_0, Q8_1, Q8_K, F16, …), then
+//! every weight row is dotted with it by [`vec_dot`] / [`matvec`], in integer arithmetic inside a
+//! block and f32 across blocks, exactly as ggml does.
+//!
+//! Code layout: [`float`](self) (F32/F16/BF16), `legacy` (Q4_0 … Q8_1), `kquants` (Q2_K … Q8_K),
+//! `iq` (IQ4_NL, IQ4_XS, MXFP4) hold the portable (scalar) code, which is also what runs on
+//! wasm32; `x86` holds the AVX2+FMA+F16C kernels, chosen at run time (see [`Simd`]).
+
+mod float;
+mod iq;
+mod kquants;
+mod legacy;
+#[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+mod x86;
+
+use std::sync::atomic::{AtomicU8, Ordering};
 
 /// GGML tensor types, with the numeric ids GGUF stores (`enum ggml_type` in `ggml.h`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -136,5 +156,314 @@ impl GgmlType {
             return None;
         }
         (n / bs).checked_mul(self.type_size() as u64)
+    }
+}
+
+impl std::fmt::Display for GgmlType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Errors from the (de)quantization entry points.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum QuantError {
+    #[error("{op} is not supported for ggml type {ty}")]
+    Unsupported { ty: GgmlType, op: &'static str },
+    #[error("{ty}: {n} elements is not a multiple of the block size {block}")]
+    NotBlockMultiple { ty: GgmlType, n: usize, block: usize },
+    #[error("{ty}: {n} elements take {expected} bytes, but {got} bytes were given")]
+    SizeMismatch { ty: GgmlType, n: usize, expected: usize, got: usize },
+}
+
+/// Byte size of a row of `n` elements, with the error [`dequantize_row`] and
+/// [`quantize_activation`] report.
+fn row_size(ty: GgmlType, n: usize) -> Result<usize, QuantError> {
+    let bs = ty.block_size();
+    if n % bs != 0 {
+        return Err(QuantError::NotBlockMultiple { ty, n, block: bs });
+    }
+    Ok(n / bs * ty.type_size())
+}
+
+/// Reads the little-endian IEEE half at `b[i..i + 2]` as f32 (exact).
+#[inline(always)]
+pub(crate) fn f16_at(b: &[u8], i: usize) -> f32 {
+    half::f16::from_bits(u16::from_le_bytes([b[i], b[i + 1]])).to_f32()
+}
+
+/// f32 -> IEEE half bits, round to nearest even (ggml's `GGML_FP32_TO_FP16`).
+#[inline(always)]
+pub(crate) fn f32_to_f16_bits(x: f32) -> u16 {
+    half::f16::from_f32(x).to_bits()
+}
+
+/// Whether [`dequantize_row`] handles `ty`.
+pub fn supports_dequantize(ty: GgmlType) -> bool {
+    use GgmlType::*;
+    matches!(
+        ty,
+        F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q8_1 | Q2K | Q3K | Q4K | Q5K | Q6K | Q8K | IQ4NL | IQ4XS | MXFP4
+    )
+}
+
+/// Whether `ty` can be a weight row for [`vec_dot`] / [`matvec`].
+pub fn supports_vec_dot(ty: GgmlType) -> bool {
+    use GgmlType::*;
+    matches!(ty, F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q2K | Q3K | Q4K | Q5K | Q6K | IQ4NL | IQ4XS | MXFP4)
+}
+
+/// Dequantize `n = dst.len()` elements from `src`, which must hold exactly `row_bytes(n)` bytes.
+///
+/// Each type follows ggml's `dequantize_row_<type>` (`ggml/src/ggml-quants.c`), operation for
+/// operation, so results are bit-identical to ggml's (and to gguf-py's `gguf.quants.dequantize`).
+/// Q8_1 and Q8_K (activation formats) dequantize to `d * q`.
+pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), QuantError> {
+    use GgmlType::*;
+    if !supports_dequantize(ty) {
+        return Err(QuantError::Unsupported { ty, op: "dequantization" });
+    }
+    let n = dst.len();
+    let expected = row_size(ty, n)?;
+    if src.len() != expected {
+        return Err(QuantError::SizeMismatch { ty, n, expected, got: src.len() });
+    }
+    match ty {
+        F32 => float::dequant_f32(src, dst),
+        F16 => float::dequant_f16(src, dst),
+        BF16 => float::dequant_bf16(src, dst),
+        Q4_0 => legacy::dequant_q4_0(src, dst),
+        Q4_1 => legacy::dequant_q4_1(src, dst),
+        Q5_0 => legacy::dequant_q5_0(src, dst),
+        Q5_1 => legacy::dequant_q5_1(src, dst),
+        Q8_0 => legacy::dequant_q8_0(src, dst),
+        Q8_1 => legacy::dequant_q8_1(src, dst),
+        Q2K => kquants::dequant_q2_k(src, dst),
+        Q3K => kquants::dequant_q3_k(src, dst),
+        Q4K => kquants::dequant_q4_k(src, dst),
+        Q5K => kquants::dequant_q5_k(src, dst),
+        Q6K => kquants::dequant_q6_k(src, dst),
+        Q8K => kquants::dequant_q8_k(src, dst),
+        IQ4NL => iq::dequant_iq4_nl(src, dst),
+        IQ4XS => iq::dequant_iq4_xs(src, dst),
+        MXFP4 => iq::dequant_mxfp4(src, dst),
+        I8 | I16 | I32 | I64 | F64 => unreachable!("filtered by supports_dequantize"),
+    }
+    Ok(())
+}
+
+/// The format ggml's CPU backend converts the activation row to before dotting it with a weight
+/// row of type `ty` (`type_traits_cpu[ty].vec_dot_type` in `ggml/src/ggml-cpu/ggml-cpu.c`):
+/// Q4_0/Q5_0/Q8_0/IQ4_NL/MXFP4 -> Q8_0, Q4_1/Q5_1 -> Q8_1, K-quants and IQ4_XS -> Q8_K, and
+/// F32/F16/BF16 to themselves. Types without a dot product (integers, F64, Q8_1, Q8_K) map to
+/// F32, the value ggml's zero-initialised table holds for them.
+pub fn vec_dot_type(ty: GgmlType) -> GgmlType {
+    use GgmlType::*;
+    match ty {
+        F16 => F16,
+        BF16 => BF16,
+        Q4_0 | Q5_0 | Q8_0 | IQ4NL | MXFP4 => Q8_0,
+        Q4_1 | Q5_1 => Q8_1,
+        Q2K | Q3K | Q4K | Q5K | Q6K | IQ4XS => Q8K,
+        F32 | Q8_1 | Q8K | I8 | I16 | I32 | I64 | F64 => F32,
+    }
+}
+
+/// Quantize the f32 activation row `x` into `act_ty` (one of F32, F16, BF16, Q8_0, Q8_1, Q8_K).
+/// `out` is cleared and then holds exactly `act_ty.row_bytes(x.len())` bytes.
+///
+/// Q8_0/Q8_1/Q8_K follow ggml's reference quantizers (`quantize_row_q8_0_ref`,
+/// `quantize_row_q8_1_ref`, `quantize_row_q8_K_ref` in `ggml/src/ggml-quants.c`): Q8_0/Q8_1 use
+/// `d = amax / 127` stored as f16, `q = roundf(x / d)` (halves away from zero) and for Q8_1
+/// `s = f16(d * sum(q))`; Q8_K uses `d = max / -127` as f32, round-half-even, and int16 sums
+/// per 16 values. F16 rounds to nearest even; BF16 rounds to nearest even with NaNs kept quiet
+/// (ggml's `GGML_FP32_TO_BF16`).
+///
+/// Note: ggml's x86 build quantizes Q8_0/Q8_1 with an AVX variant (`127 / amax` as the
+/// multiplier, ties to even) that can differ from the reference by one quantum on rare ties;
+/// this function always produces the reference bytes (identical to gguf-py's `quantize`).
+pub fn quantize_activation(act_ty: GgmlType, x: &[f32], out: &mut Vec<u8>) -> Result<(), QuantError> {
+    use GgmlType::*;
+    if !matches!(act_ty, F32 | F16 | BF16 | Q8_0 | Q8_1 | Q8K) {
+        return Err(QuantError::Unsupported { ty: act_ty, op: "activation quantization" });
+    }
+    let bytes = row_size(act_ty, x.len())?;
+    out.clear();
+    out.resize(bytes, 0);
+    match act_ty {
+        F32 => float::quant_f32(x, out),
+        F16 => float::quant_f16(x, out),
+        BF16 => float::quant_bf16(x, out),
+        Q8_0 => legacy::quantize_q8_0(x, out),
+        Q8_1 => legacy::quantize_q8_1(x, out),
+        Q8K => kquants::quantize_q8_k(x, out),
+        _ => unreachable!("filtered above"),
+    }
+    Ok(())
+}
+
+/// Instruction-set level of the dot-product kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Simd {
+    /// Portable Rust (also the wasm32 path).
+    Scalar,
+    /// x86 AVX2 + FMA + F16C.
+    Avx2,
+}
+
+static SIMD_LEVEL: AtomicU8 = AtomicU8::new(0); // 0 = not yet detected, 1 = Scalar, 2 = Avx2
+
+impl Simd {
+    /// The best level this CPU supports. Setting the environment variable `LES_NO_SIMD` (to any
+    /// value) forces [`Simd::Scalar`]. Detected once, then cached.
+    pub fn best() -> Simd {
+        match SIMD_LEVEL.load(Ordering::Relaxed) {
+            1 => Simd::Scalar,
+            2 => Simd::Avx2,
+            _ => {
+                let forced_scalar = std::env::var_os("LES_NO_SIMD").is_some();
+                let s = if !forced_scalar && Simd::Avx2.is_available() { Simd::Avx2 } else { Simd::Scalar };
+                SIMD_LEVEL.store(if s == Simd::Avx2 { 2 } else { 1 }, Ordering::Relaxed);
+                s
+            }
+        }
+    }
+
+    /// Whether this CPU can run the level.
+    pub fn is_available(self) -> bool {
+        match self {
+            Simd::Scalar => true,
+            Simd::Avx2 => {
+                #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+                {
+                    std::arch::is_x86_feature_detected!("avx2")
+                        && std::arch::is_x86_feature_detected!("fma")
+                        && std::arch::is_x86_feature_detected!("f16c")
+                }
+                #[cfg(not(any(target_arch = "x86", target_arch = "x86_64")))]
+                {
+                    false
+                }
+            }
+        }
+    }
+
+    /// Every level this CPU can run (always includes [`Simd::Scalar`]).
+    pub fn available() -> Vec<Simd> {
+        [Simd::Scalar, Simd::Avx2].into_iter().filter(|s| s.is_available()).collect()
+    }
+}
+
+/// A dot-product kernel: `(n, weight row, quantized activation) -> dot`.
+///
+/// Safety contract for callers: `n` is a multiple of the weight block size, the weight row holds
+/// at least `row_bytes(n)` bytes, the activation at least `vec_dot_type.row_bytes(n)` bytes,
+/// and the kernel's instruction set is available.
+type DotFn = unsafe fn(usize, &[u8], &[u8]) -> f32;
+
+fn scalar_kernel(ty: GgmlType) -> Option<DotFn> {
+    use GgmlType::*;
+    Some(match ty {
+        F32 => float::dot_f32,
+        F16 => float::dot_f16,
+        BF16 => float::dot_bf16,
+        Q4_0 => legacy::dot_q4_0_q8_0,
+        Q4_1 => legacy::dot_q4_1_q8_1,
+        Q5_0 => legacy::dot_q5_0_q8_0,
+        Q5_1 => legacy::dot_q5_1_q8_1,
+        Q8_0 => legacy::dot_q8_0_q8_0,
+        Q2K => kquants::dot_q2_k_q8_k,
+        Q3K => kquants::dot_q3_k_q8_k,
+        Q4K => kquants::dot_q4_k_q8_k,
+        Q5K => kquants::dot_q5_k_q8_k,
+        Q6K => kquants::dot_q6_k_q8_k,
+        IQ4NL => iq::dot_iq4_nl_q8_0,
+        IQ4XS => iq::dot_iq4_xs_q8_k,
+        MXFP4 => iq::dot_mxfp4_q8_0,
+        _ => return None,
+    })
+}
+
+/// The kernel for `ty` at `simd` (falling back to scalar where a type has no SIMD kernel or the
+/// level is unavailable on this CPU).
+fn kernel(simd: Simd, ty: GgmlType) -> Option<DotFn> {
+    #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+    if simd == Simd::Avx2 && simd.is_available() {
+        if let Some(k) = x86::kernel(ty) {
+            return Some(k);
+        }
+    }
+    let _ = simd;
+    scalar_kernel(ty)
+}
+
+/// Checks the sizes of a dot / matvec call; `false` (after a debug assertion) if they are wrong.
+#[inline]
+fn dot_sizes_ok(ty: GgmlType, n: usize, w_len: usize, act_len: usize, rows: usize) -> bool {
+    let bs = ty.block_size();
+    let at = vec_dot_type(ty);
+    let ok_n = n % bs == 0 && n % at.block_size() == 0;
+    let w_need = (n / bs).checked_mul(ty.type_size()).and_then(|r| r.checked_mul(rows));
+    let a_need = n / at.block_size() * at.type_size();
+    let ok = ok_n && w_need.is_some_and(|w| w_len >= w) && act_len >= a_need;
+    debug_assert!(
+        ok,
+        "quant::vec_dot/matvec({ty}, n = {n}, rows = {rows}): weight has {w_len} bytes (needs {w_need:?}), \
+         activation has {act_len} bytes (needs {a_need} of {at})"
+    );
+    ok
+}
+
+/// Dot product of one weight row (type `ty`, `n` elements) with an activation row already
+/// converted by `quantize_activation(vec_dot_type(ty), ..)`. Same arithmetic as ggml's
+/// `ggml_vec_dot_<ty>_<vec_dot_type>`.
+///
+/// Wrong sizes or an unsupported type are a caller bug: debug builds panic with a message,
+/// release builds return NaN (never reading out of bounds).
+pub fn vec_dot(ty: GgmlType, n: usize, w_row: &[u8], act: &[u8]) -> f32 {
+    vec_dot_with(Simd::best(), ty, n, w_row, act)
+}
+
+/// [`vec_dot`] with an explicit kernel level (tests, benchmarks). An unavailable level falls back
+/// to scalar.
+pub fn vec_dot_with(simd: Simd, ty: GgmlType, n: usize, w_row: &[u8], act: &[u8]) -> f32 {
+    let Some(k) = kernel(simd, ty) else {
+        debug_assert!(false, "quant::vec_dot: no dot product for ggml type {ty}");
+        return f32::NAN;
+    };
+    if !dot_sizes_ok(ty, n, w_row.len(), act.len(), 1) {
+        return f32::NAN;
+    }
+    // SAFETY: sizes checked above; `kernel` only returns SIMD kernels the CPU supports.
+    unsafe { k(n, w_row, act) }
+}
+
+/// `y[r] = dot(row r of w, x)` for `r in 0..y.len()`: `w` holds `y.len()` consecutive rows of
+/// `n` elements of type `ty`, `act` is `x` converted by `quantize_activation(vec_dot_type(ty), ..)`.
+/// Single-threaded; callers split rows across threads. Size errors as in [`vec_dot`] (release
+/// builds fill `y` with NaN).
+pub fn matvec(ty: GgmlType, n: usize, w: &[u8], act: &[u8], y: &mut [f32]) {
+    matvec_with(Simd::best(), ty, n, w, act, y)
+}
+
+/// [`matvec`] with an explicit kernel level.
+pub fn matvec_with(simd: Simd, ty: GgmlType, n: usize, w: &[u8], act: &[u8], y: &mut [f32]) {
+    let Some(k) = kernel(simd, ty) else {
+        debug_assert!(false, "quant::matvec: no dot product for ggml type {ty}");
+        y.fill(f32::NAN);
+        return;
+    };
+    if !dot_sizes_ok(ty, n, w.len(), act.len(), y.len()) {
+        y.fill(f32::NAN);
+        return;
+    }
+    let rb = n / ty.block_size() * ty.type_size();
+    if rb == 0 {
+        y.fill(0.0);
+        return;
+    }
+    for (yr, wr) in y.iter_mut().zip(w.chunks_exact(rb)) {
+        // SAFETY: sizes checked above; `kernel` only returns SIMD kernels the CPU supports.
+        *yr = unsafe { k(n, wr, act) };
     }
 }

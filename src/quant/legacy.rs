@@ -1,0 +1,252 @@
+//! The 32-element block formats Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and Q8_1 (portable code).
+//!
+//! Block layouts (`block_q4_0` … `block_q8_1` in `ggml/src/ggml-common.h`), all f16 little-endian:
+//!
+//! | type | bytes | layout                                   | value of element `i`                 |
+//! |------|-------|------------------------------------------|--------------------------------------|
+//! | Q4_0 | 18    | `d`, `qs[16]`                            | `(q - 8) * d`                        |
+//! | Q4_1 | 20    | `d`, `m`, `qs[16]`                       | `q * d + m`                          |
+//! | Q5_0 | 22    | `d`, `qh: u32`, `qs[16]`                 | `(q - 16) * d`, `q = nibble | hbit<<4`|
+//! | Q5_1 | 24    | `d`, `m`, `qh: u32`, `qs[16]`            | `q * d + m`                          |
+//! | Q8_0 | 34    | `d`, `qs: [i8; 32]`                      | `q * d`                              |
+//! | Q8_1 | 36    | `d`, `s = d * sum(qs)`, `qs: [i8; 32]`   | `q * d`                              |
+//!
+//! Nibbles: byte `j` of `qs` holds element `j` in its low nibble and element `j + 16` in its high
+//! nibble; bit `i` of `qh` is the fifth bit of element `i`. Dequantization follows
+//! `dequantize_row_q4_0` … `dequantize_row_q8_0` (`ggml/src/ggml-quants.c`); activation
+//! quantization `quantize_row_q8_0_ref` / `quantize_row_q8_1_ref` (same file); the dot products
+//! `ggml_vec_dot_q4_0_q8_0_generic` … `ggml_vec_dot_q8_0_q8_0_generic`
+//! (`ggml/src/ggml-cpu/quants.c`): an exact i32 sum per block, scaled in f32.
+
+use super::{f16_at, f32_to_f16_bits};
+
+const QK: usize = 32;
+
+#[inline(always)]
+fn u32_at(b: &[u8], i: usize) -> u32 {
+    u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])
+}
+
+pub(super) fn dequant_q4_0(src: &[u8], dst: &mut [f32]) {
+    for (b, y) in src.chunks_exact(18).zip(dst.chunks_exact_mut(QK)) {
+        let d = f16_at(b, 0);
+        let qs = &b[2..18];
+        for j in 0..16 {
+            y[j] = ((qs[j] & 0x0f) as i32 - 8) as f32 * d;
+            y[j + 16] = ((qs[j] >> 4) as i32 - 8) as f32 * d;
+        }
+    }
+}
+
+pub(super) fn dequant_q4_1(src: &[u8], dst: &mut [f32]) {
+    for (b, y) in src.chunks_exact(20).zip(dst.chunks_exact_mut(QK)) {
+        let d = f16_at(b, 0);
+        let m = f16_at(b, 2);
+        let qs = &b[4..20];
+        for j in 0..16 {
+            y[j] = (qs[j] & 0x0f) as f32 * d + m;
+            y[j + 16] = (qs[j] >> 4) as f32 * d + m;
+        }
+    }
+}
+
+pub(super) fn dequant_q5_0(src: &[u8], dst: &mut [f32]) {
+    for (b, y) in src.chunks_exact(22).zip(dst.chunks_exact_mut(QK)) {
+        let d = f16_at(b, 0);
+        let qh = u32_at(b, 2);
+        let qs = &b[6..22];
+        for j in 0..16 {
+            let lo = (qs[j] & 0x0f) as u32 | ((qh >> j) & 1) << 4;
+            let hi = (qs[j] >> 4) as u32 | ((qh >> (j + 16)) & 1) << 4;
+            y[j] = (lo as i32 - 16) as f32 * d;
+            y[j + 16] = (hi as i32 - 16) as f32 * d;
+        }
+    }
+}
+
+pub(super) fn dequant_q5_1(src: &[u8], dst: &mut [f32]) {
+    for (b, y) in src.chunks_exact(24).zip(dst.chunks_exact_mut(QK)) {
+        let d = f16_at(b, 0);
+        let m = f16_at(b, 2);
+        let qh = u32_at(b, 4);
+        let qs = &b[8..24];
+        for j in 0..16 {
+            let lo = (qs[j] & 0x0f) as u32 | ((qh >> j) & 1) << 4;
+            let hi = (qs[j] >> 4) as u32 | ((qh >> (j + 16)) & 1) << 4;
+            y[j] = lo as f32 * d + m;
+            y[j + 16] = hi as f32 * d + m;
+        }
+    }
+}
+
+pub(super) fn dequant_q8_0(src: &[u8], dst: &mut [f32]) {
+    for (b, y) in src.chunks_exact(34).zip(dst.chunks_exact_mut(QK)) {
+        let d = f16_at(b, 0);
+        for (v, &q) in y.iter_mut().zip(&b[2..34]) {
+            *v = q as i8 as f32 * d;
+        }
+    }
+}
+
+pub(super) fn dequant_q8_1(src: &[u8], dst: &mut [f32]) {
+    for (b, y) in src.chunks_exact(36).zip(dst.chunks_exact_mut(QK)) {
+        let d = f16_at(b, 0);
+        for (v, &q) in y.iter_mut().zip(&b[4..36]) {
+            *v = q as i8 as f32 * d;
+        }
+    }
+}
+
+/// Shared by Q8_0 and Q8_1: scale `d = amax / 127` and the quants `roundf(x / d)` of one block.
+#[inline(always)]
+fn q8_block(x: &[f32], qs: &mut [u8]) -> (f32, i32) {
+    let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let d = amax / 127.0;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    let mut sum = 0i32;
+    for (q, &v) in qs.iter_mut().zip(x) {
+        // `f32::round` rounds halves away from zero, like C's roundf.
+        let r = (v * id).round() as i8;
+        sum += r as i32;
+        *q = r as u8;
+    }
+    (d, sum)
+}
+
+pub(super) fn quantize_q8_0(x: &[f32], out: &mut [u8]) {
+    for (xb, b) in x.chunks_exact(QK).zip(out.chunks_exact_mut(34)) {
+        let (d, _) = q8_block(xb, &mut b[2..34]);
+        b[0..2].copy_from_slice(&f32_to_f16_bits(d).to_le_bytes());
+    }
+}
+
+pub(super) fn quantize_q8_1(x: &[f32], out: &mut [u8]) {
+    for (xb, b) in x.chunks_exact(QK).zip(out.chunks_exact_mut(36)) {
+        let (d, sum) = q8_block(xb, &mut b[4..36]);
+        b[0..2].copy_from_slice(&f32_to_f16_bits(d).to_le_bytes());
+        b[2..4].copy_from_slice(&f32_to_f16_bits(sum as f32 * d).to_le_bytes());
+    }
+}
+
+#[inline(always)]
+fn i8s(b: &[u8]) -> impl Iterator<Item = i32> + '_ {
+    b.iter().map(|&v| v as i8 as i32)
+}
+
+/// `ggml_vec_dot_q4_0_q8_0`: `sum_blocks(sumi * d_w * d_a)`.
+pub(super) fn dot_q4_0_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let nb = n / QK;
+    let mut sumf = 0f32;
+    for (x, y) in w.chunks_exact(18).zip(a.chunks_exact(34)).take(nb) {
+        let qs = &x[2..18];
+        let (q8a, q8b) = (&y[2..18], &y[18..34]);
+        let mut sumi = 0i32;
+        for ((&q, ya), yb) in qs.iter().zip(i8s(q8a)).zip(i8s(q8b)) {
+            sumi += ((q & 0x0f) as i32 - 8) * ya + ((q >> 4) as i32 - 8) * yb;
+        }
+        sumf += sumi as f32 * f16_at(x, 0) * f16_at(y, 0);
+    }
+    sumf
+}
+
+/// `ggml_vec_dot_q4_1_q8_1`: `sum_blocks(d_w * d_a * sumi + m_w * s_a)`.
+pub(super) fn dot_q4_1_q8_1(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let nb = n / QK;
+    let mut sumf = 0f32;
+    for (x, y) in w.chunks_exact(20).zip(a.chunks_exact(36)).take(nb) {
+        let qs = &x[4..20];
+        let (q8a, q8b) = (&y[4..20], &y[20..36]);
+        let mut sumi = 0i32;
+        for ((&q, ya), yb) in qs.iter().zip(i8s(q8a)).zip(i8s(q8b)) {
+            sumi += (q & 0x0f) as i32 * ya + (q >> 4) as i32 * yb;
+        }
+        sumf += (f16_at(x, 0) * f16_at(y, 0)) * sumi as f32 + f16_at(x, 2) * f16_at(y, 2);
+    }
+    sumf
+}
+
+/// `ggml_vec_dot_q5_0_q8_0`: `sum_blocks(d_w * d_a * sumi)`.
+pub(super) fn dot_q5_0_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let nb = n / QK;
+    let mut sumf = 0f32;
+    for (x, y) in w.chunks_exact(22).zip(a.chunks_exact(34)).take(nb) {
+        let qh = u32_at(x, 2);
+        let qs = &x[6..22];
+        let mut sumi = 0i32;
+        for j in 0..16 {
+            let lo = ((qs[j] & 0x0f) as u32 | ((qh >> j) & 1) << 4) as i32 - 16;
+            let hi = ((qs[j] >> 4) as u32 | ((qh >> (j + 16)) & 1) << 4) as i32 - 16;
+            sumi += lo * y[2 + j] as i8 as i32 + hi * y[18 + j] as i8 as i32;
+        }
+        sumf += (f16_at(x, 0) * f16_at(y, 0)) * sumi as f32;
+    }
+    sumf
+}
+
+/// `ggml_vec_dot_q5_1_q8_1`: `sum_blocks(d_w * d_a * sumi + m_w * s_a)`.
+pub(super) fn dot_q5_1_q8_1(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let nb = n / QK;
+    let mut sumf = 0f32;
+    for (x, y) in w.chunks_exact(24).zip(a.chunks_exact(36)).take(nb) {
+        let qh = u32_at(x, 4);
+        let qs = &x[8..24];
+        let mut sumi = 0i32;
+        for j in 0..16 {
+            let lo = ((qs[j] & 0x0f) as u32 | ((qh >> j) & 1) << 4) as i32;
+            let hi = ((qs[j] >> 4) as u32 | ((qh >> (j + 16)) & 1) << 4) as i32;
+            sumi += lo * y[4 + j] as i8 as i32 + hi * y[20 + j] as i8 as i32;
+        }
+        sumf += (f16_at(x, 0) * f16_at(y, 0)) * sumi as f32 + f16_at(x, 2) * f16_at(y, 2);
+    }
+    sumf
+}
+
+/// `ggml_vec_dot_q8_0_q8_0`: `sum_blocks(sumi * (d_w * d_a))`.
+pub(super) fn dot_q8_0_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let nb = n / QK;
+    let mut sumf = 0f32;
+    for (x, y) in w.chunks_exact(34).zip(a.chunks_exact(34)).take(nb) {
+        let sumi: i32 = i8s(&x[2..34]).zip(i8s(&y[2..34])).map(|(p, q)| p * q).sum();
+        sumf += sumi as f32 * (f16_at(x, 0) * f16_at(y, 0));
+    }
+    sumf
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn q8_0_rounds_half_away_from_zero() {
+        // amax = 127 gives d = 1, so x * id is x itself: 2.5 -> 3, -2.5 -> -3, 0.5 -> 1.
+        let mut x = [0f32; 32];
+        x[0] = 127.0;
+        x[1] = 2.5;
+        x[2] = -2.5;
+        x[3] = 0.5;
+        x[4] = -127.0;
+        let mut out = [0u8; 34];
+        quantize_q8_0(&x, &mut out);
+        assert_eq!(f16_at(&out, 0), 1.0);
+        assert_eq!(out[2..7].iter().map(|&b| b as i8).collect::<Vec<_>>(), [127, 3, -3, 1, -127]);
+    }
+
+    #[test]
+    fn q8_1_stores_scaled_sum() {
+        let x: Vec<f32> = (0..32).map(|i| i as f32 - 10.0).collect();
+        let mut out = [0u8; 36];
+        quantize_q8_1(&x, &mut out);
+        let d = f16_at(&out, 0);
+        let sum: i32 = out[4..36].iter().map(|&b| b as i8 as i32).sum();
+        assert_eq!(f16_at(&out, 2), half::f16::from_f32(sum as f32 * (21.0f32 / 127.0)).to_f32());
+        assert!((d - 21.0 / 127.0).abs() < 1e-4);
+    }
+
+    #[test]
+    fn zero_block_quantizes_to_zero() {
+        let x = [0f32; 32];
+        let mut out = [0xffu8; 36];
+        quantize_q8_1(&x, &mut out);
+        assert!(out.iter().all(|&b| b == 0));
+    }
+}

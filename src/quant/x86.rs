@@ -1,0 +1,480 @@
+//! AVX2 + FMA + F16C dot-product kernels (x86 / x86_64), selected at run time.
+//!
+//! Same integer arithmetic as the portable code (and as ggml's AVX2 kernels in
+//! `ggml/src/ggml-cpu/arch/x86/quants.c`): quants are widened to bytes, multiplied pairwise with
+//! `vpmaddubsw` (unsigned × signed bytes -> i16; a signed weight is split into its magnitude and
+//! a sign applied to the activation with `vpsignb`), summed with the block / sub-block scale by
+//! `vpmaddwd` into exact i32 lanes, and only then converted to f32 and scaled by `d_w * d_a`
+//! (one FMA per block). No i16 intermediate can saturate: the largest pair sum is
+//! `2 * 128 * 127 = 32512` (Q8_0 weights; activations never hold -128).
+//!
+//! Every kernel is an `unsafe fn` whose callers (see `super::vec_dot_with`) guarantee that the
+//! CPU has AVX2, FMA and F16C and that the slices hold `n` elements' worth of blocks.
+
+#[cfg(target_arch = "x86")]
+use core::arch::x86::*;
+#[cfg(target_arch = "x86_64")]
+use core::arch::x86_64::*;
+
+use super::iq::{e8m0_to_f32_half, iq4_xs_scale, KVALUES_IQ4NL, KVALUES_MXFP4};
+use super::kquants::{scales_mins_k4, scales_q3_k, QK_K};
+use super::{DotFn, GgmlType};
+use core::ptr::read_unaligned;
+
+/// The AVX2 kernel for weight type `ty`, if there is one.
+pub(super) fn kernel(ty: GgmlType) -> Option<DotFn> {
+    use GgmlType::*;
+    Some(match ty {
+        F32 => dot_f32,
+        F16 => dot_f16,
+        BF16 => dot_bf16,
+        Q4_0 => dot_q4_0_q8_0,
+        Q4_1 => dot_q4_1_q8_1,
+        Q5_0 => dot_q5_0_q8_0,
+        Q5_1 => dot_q5_1_q8_1,
+        Q8_0 => dot_q8_0_q8_0,
+        Q2K => dot_q2_k_q8_k,
+        Q3K => dot_q3_k_q8_k,
+        Q4K => dot_q4_k_q8_k,
+        Q5K => dot_q5_k_q8_k,
+        Q6K => dot_q6_k_q8_k,
+        IQ4NL => dot_iq4_nl_q8_0,
+        IQ4XS => dot_iq4_xs_q8_k,
+        MXFP4 => dot_mxfp4_q8_0,
+        _ => return None,
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+
+/// IEEE half at `p` (unaligned) as f32.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn f16_at(p: *const u8) -> f32 {
+    let bits = read_unaligned(p as *const u16);
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn f32_at(p: *const u8) -> f32 {
+    read_unaligned(p as *const f32)
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn load256(p: *const u8) -> __m256i {
+    _mm256_loadu_si256(p as *const __m256i)
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn load128(p: *const u8) -> __m128i {
+    _mm_loadu_si128(p as *const __m128i)
+}
+
+/// Sum of the 8 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn hsum_ps(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    _mm_cvtss_f32(s)
+}
+
+/// Sum of the 8 i32 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn hsum_epi32(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+    let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01>(s));
+    _mm_cvtsi128_si32(s)
+}
+
+/// 16 bytes of packed nibbles -> 32 bytes: low nibbles first (elements 0..16), then high nibbles.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn nibbles32(p: *const u8) -> __m256i {
+    let t = load128(p);
+    let v = _mm256_set_m128i(_mm_srli_epi16::<4>(t), t);
+    _mm256_and_si256(v, _mm256_set1_epi8(0x0f))
+}
+
+/// 32 bits -> 32 bytes, byte `i` = 0xff if bit `i` is set, else 0.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn bits32_to_bytes(bits: u32) -> __m256i {
+    let spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32(bits as i32),
+        _mm256_set_epi64x(0x0303_0303_0303_0303, 0x0202_0202_0202_0202, 0x0101_0101_0101_0101, 0),
+    );
+    let select = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+    _mm256_cmpeq_epi8(_mm256_and_si256(spread, select), select)
+}
+
+/// Pairwise i16 sums of `u * s` (unsigned bytes × signed bytes), then pairs of those times the
+/// i16 lanes of `scale`: 8 exact i32 lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_us(u: __m256i, s: __m256i, scale: __m256i) -> __m256i {
+    _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), scale)
+}
+
+/// As [`dot_us`] for signed × signed bytes (`y` must not hold -128).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_ss(x: __m256i, y: __m256i, scale: __m256i) -> __m256i {
+    dot_us(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x), scale)
+}
+
+/// Per pair `p` of 16-element groups: byte indices `2p` ×8 then `2p + 1` ×8, to spread scale
+/// bytes over the 16 i16 lanes of a 32-element product.
+static PAIR_SHUFFLE: [[u8; 16]; 8] = {
+    let mut t = [[0u8; 16]; 8];
+    let mut p = 0;
+    while p < 8 {
+        let mut i = 0;
+        while i < 16 {
+            t[p][i] = (2 * p + i / 8) as u8;
+            i += 1;
+        }
+        p += 1;
+    }
+    t
+};
+
+/// Scales of groups `2p` and `2p + 1` (signed bytes of `sc`) as 16 i16 lanes (8 + 8).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn pair_scales(sc: __m128i, p: usize) -> __m256i {
+    _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc, load128(PAIR_SHUFFLE[p].as_ptr())))
+}
+
+// ---------------------------------------------------------------------------------------------
+// F32 / F16 / BF16
+
+macro_rules! float_dot {
+    ($name:ident, $esize:expr, $load:expr) => {
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn $name(n: usize, w: &[u8], a: &[u8]) -> f32 {
+            let (wp, ap) = (w.as_ptr(), a.as_ptr());
+            let load = $load;
+            let mut acc = [_mm256_setzero_ps(); 4];
+            let mut i = 0;
+            while i + 32 <= n {
+                for (k, s) in acc.iter_mut().enumerate() {
+                    let o = (i + 8 * k) * $esize;
+                    *s = _mm256_fmadd_ps(load(wp.add(o)), load(ap.add(o)), *s);
+                }
+                i += 32;
+            }
+            while i + 8 <= n {
+                let o = i * $esize;
+                acc[0] = _mm256_fmadd_ps(load(wp.add(o)), load(ap.add(o)), acc[0]);
+                i += 8;
+            }
+            let v = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+            let mut sum = hsum_ps(v);
+            if i < n {
+                let tail = (n - i) * $esize;
+                let mut wb = [0u8; 8 * $esize];
+                let mut ab = [0u8; 8 * $esize];
+                wb[..tail].copy_from_slice(&w[i * $esize..n * $esize]);
+                ab[..tail].copy_from_slice(&a[i * $esize..n * $esize]);
+                sum += hsum_ps(_mm256_mul_ps(load(wb.as_ptr()), load(ab.as_ptr())));
+            }
+            sum
+        }
+    };
+}
+
+float_dot!(dot_f32, 4, |p: *const u8| _mm256_loadu_ps(p as *const f32));
+float_dot!(dot_f16, 2, |p: *const u8| _mm256_cvtph_ps(load128(p)));
+float_dot!(dot_bf16, 2, |p: *const u8| _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(
+    load128(p)
+))));
+
+// ---------------------------------------------------------------------------------------------
+// 32-element blocks × Q8_0 / Q8_1
+
+/// `sum_blocks(d_w * d_a * sumi)` over Q8_0 activations, with `qx(block)` giving the 32 signed
+/// weight quants and `dw(block)` the weight scale. Two blocks per step, two accumulators.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn blocks_q8_0(
+    nb: usize,
+    wp: *const u8,
+    wsize: usize,
+    ap: *const u8,
+    dw: impl Fn(*const u8) -> f32,
+    qx: impl Fn(*const u8) -> __m256i,
+) -> f32 {
+    let ones = _mm256_set1_epi16(1);
+    let mut acc0 = _mm256_setzero_ps();
+    let mut acc1 = _mm256_setzero_ps();
+    let mut i = 0;
+    while i + 2 <= nb {
+        let (x0, y0) = (wp.add(i * wsize), ap.add(i * 34));
+        let (x1, y1) = (x0.add(wsize), y0.add(34));
+        let p0 = _mm256_cvtepi32_ps(dot_ss(qx(x0), load256(y0.add(2)), ones));
+        let p1 = _mm256_cvtepi32_ps(dot_ss(qx(x1), load256(y1.add(2)), ones));
+        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(dw(x0) * f16_at(y0)), p0, acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(dw(x1) * f16_at(y1)), p1, acc1);
+        i += 2;
+    }
+    if i < nb {
+        let (x0, y0) = (wp.add(i * wsize), ap.add(i * 34));
+        let p0 = _mm256_cvtepi32_ps(dot_ss(qx(x0), load256(y0.add(2)), ones));
+        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(dw(x0) * f16_at(y0)), p0, acc0);
+    }
+    hsum_ps(_mm256_add_ps(acc0, acc1))
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q4_0_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let eight = _mm256_set1_epi8(8);
+    blocks_q8_0(n / 32, w.as_ptr(), 18, a.as_ptr(), |x| f16_at(x), |x| _mm256_sub_epi8(nibbles32(x.add(2)), eight))
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q5_0_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let (bit4, sixteen) = (_mm256_set1_epi8(0x10), _mm256_set1_epi8(16));
+    blocks_q8_0(n / 32, w.as_ptr(), 22, a.as_ptr(), |x| f16_at(x), |x| {
+        let hi = _mm256_and_si256(bits32_to_bytes(read_unaligned(x.add(2) as *const u32)), bit4);
+        _mm256_sub_epi8(_mm256_or_si256(nibbles32(x.add(6)), hi), sixteen)
+    })
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q8_0_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    blocks_q8_0(n / 32, w.as_ptr(), 34, a.as_ptr(), |x| f16_at(x), |x| load256(x.add(2)))
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_iq4_nl_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let table = _mm256_broadcastsi128_si256(load128(KVALUES_IQ4NL.as_ptr() as *const u8));
+    blocks_q8_0(n / 32, w.as_ptr(), 18, a.as_ptr(), |x| f16_at(x), |x| _mm256_shuffle_epi8(table, nibbles32(x.add(2))))
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_mxfp4_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let table = _mm256_broadcastsi128_si256(load128(KVALUES_MXFP4.as_ptr() as *const u8));
+    blocks_q8_0(n / 32, w.as_ptr(), 17, a.as_ptr(), |x| e8m0_to_f32_half(*x), |x| {
+        _mm256_shuffle_epi8(table, nibbles32(x.add(1)))
+    })
+}
+
+/// `sum_blocks(d_w * d_a * sumi + m_w * s_a)` over Q8_1 activations, with `qx(block)` giving
+/// the 32 unsigned weight quants. Layout of the weight block: `d`, `m`, then quant bytes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn blocks_q8_1(nb: usize, wp: *const u8, wsize: usize, ap: *const u8, qx: impl Fn(*const u8) -> __m256i) -> f32 {
+    let ones = _mm256_set1_epi16(1);
+    let mut acc0 = _mm256_setzero_ps();
+    let mut acc1 = _mm256_setzero_ps();
+    let mut summs = 0f32;
+    let mut i = 0;
+    while i + 2 <= nb {
+        let (x0, y0) = (wp.add(i * wsize), ap.add(i * 36));
+        let (x1, y1) = (x0.add(wsize), y0.add(36));
+        let p0 = _mm256_cvtepi32_ps(dot_us(qx(x0), load256(y0.add(4)), ones));
+        let p1 = _mm256_cvtepi32_ps(dot_us(qx(x1), load256(y1.add(4)), ones));
+        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(x0) * f16_at(y0)), p0, acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(x1) * f16_at(y1)), p1, acc1);
+        summs += f16_at(x0.add(2)) * f16_at(y0.add(2)) + f16_at(x1.add(2)) * f16_at(y1.add(2));
+        i += 2;
+    }
+    if i < nb {
+        let (x0, y0) = (wp.add(i * wsize), ap.add(i * 36));
+        let p0 = _mm256_cvtepi32_ps(dot_us(qx(x0), load256(y0.add(4)), ones));
+        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(x0) * f16_at(y0)), p0, acc0);
+        summs += f16_at(x0.add(2)) * f16_at(y0.add(2));
+    }
+    hsum_ps(_mm256_add_ps(acc0, acc1)) + summs
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q4_1_q8_1(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    blocks_q8_1(n / 32, w.as_ptr(), 20, a.as_ptr(), |x| nibbles32(x.add(4)))
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q5_1_q8_1(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let bit4 = _mm256_set1_epi8(0x10);
+    blocks_q8_1(n / 32, w.as_ptr(), 24, a.as_ptr(), |x| {
+        let hi = _mm256_and_si256(bits32_to_bytes(read_unaligned(x.add(4) as *const u32)), bit4);
+        _mm256_or_si256(nibbles32(x.add(8)), hi)
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// K-quants × Q8_K (activation block: d f32 @0, qs @4, bsums @260)
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q2_k_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let (wp, ap) = (w.as_ptr(), a.as_ptr());
+    let (m3, m4) = (_mm256_set1_epi8(3), _mm_set1_epi8(0x0f));
+    let mut acc = _mm256_setzero_ps();
+    let mut mins_total = 0f32;
+    for i in 0..n / QK_K {
+        let (x, y) = (wp.add(i * 84), ap.add(i * 292));
+        let yd = f32_at(y);
+        let raw = load128(x);
+        let scales = _mm_and_si128(raw, m4);
+        let mins = _mm_and_si128(_mm_srli_epi16::<4>(raw), m4);
+        let summs = hsum_epi32(_mm256_madd_epi16(load256(y.add(260)), _mm256_cvtepu8_epi16(mins)));
+        mins_total += yd * f16_at(x.add(82)) * summs as f32;
+        let mut sumi = _mm256_setzero_si256();
+        for h in 0..2 {
+            let mut q2 = load256(x.add(16 + 32 * h));
+            for j in 0..4 {
+                let u = _mm256_and_si256(q2, m3);
+                q2 = _mm256_srli_epi16::<2>(q2);
+                let q8 = load256(y.add(4 + 128 * h + 32 * j));
+                sumi = _mm256_add_epi32(sumi, dot_us(u, q8, pair_scales(scales, 4 * h + j)));
+            }
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(yd * f16_at(x.add(80))), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    hsum_ps(acc) - mins_total
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q3_k_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let (wp, ap) = (w.as_ptr(), a.as_ptr());
+    let (m3, m1) = (_mm256_set1_epi8(3), _mm256_set1_epi8(1));
+    let mut acc = _mm256_setzero_ps();
+    for i in 0..n / QK_K {
+        let (x, y) = (wp.add(i * 110), ap.add(i * 292));
+        let sc_arr = scales_q3_k(core::slice::from_raw_parts(x.add(96), 12));
+        let scales = load128(sc_arr.as_ptr() as *const u8);
+        // Quants are stored as u = q + 4 in 0..8; subtract 4 * sum(scale * bsum) at the end.
+        let offset = _mm256_slli_epi32::<2>(_mm256_madd_epi16(load256(y.add(260)), _mm256_cvtepi8_epi16(scales)));
+        let mut hm = load256(x);
+        let mut sumi = _mm256_setzero_si256();
+        for h in 0..2 {
+            let mut q2 = load256(x.add(32 + 32 * h));
+            for j in 0..4 {
+                let hi = _mm256_slli_epi16::<2>(_mm256_and_si256(hm, m1));
+                let u = _mm256_or_si256(_mm256_and_si256(q2, m3), hi);
+                q2 = _mm256_srli_epi16::<2>(q2);
+                hm = _mm256_srli_epi16::<1>(hm);
+                let q8 = load256(y.add(4 + 128 * h + 32 * j));
+                sumi = _mm256_add_epi32(sumi, dot_us(u, q8, pair_scales(scales, 4 * h + j)));
+            }
+        }
+        sumi = _mm256_sub_epi32(sumi, offset);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(x.add(108)) * f32_at(y)), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    hsum_ps(acc)
+}
+
+/// Q4_K (`FIVE = false`) and Q5_K.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q45_k<const FIVE: bool>(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let (wp, ap) = (w.as_ptr(), a.as_ptr());
+    let (bytes, qs_at) = if FIVE { (176, 48) } else { (144, 16) };
+    let (m4, m1) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(1));
+    let mut acc = _mm256_setzero_ps();
+    let mut mins_total = 0f32;
+    for i in 0..n / QK_K {
+        let (x, y) = (wp.add(i * bytes), ap.add(i * 292));
+        let yd = f32_at(y);
+        let (sc, mn) = scales_mins_k4(core::slice::from_raw_parts(x.add(4), 12));
+        // sum over 32-element groups g of min[g] * (bsum[2g] + bsum[2g + 1]).
+        let mn16 = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(
+            _mm_loadl_epi64(mn.as_ptr() as *const __m128i),
+            _mm_set_epi8(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0),
+        ));
+        let summ = hsum_epi32(_mm256_madd_epi16(load256(y.add(260)), mn16));
+        mins_total += yd * f16_at(x.add(2)) * summ as f32;
+        let mut qh = if FIVE { load256(x.add(16)) } else { _mm256_setzero_si256() };
+        let mut sumi = _mm256_setzero_si256();
+        for c in 0..4 {
+            let q4 = load256(x.add(qs_at + 32 * c));
+            let mut lo = _mm256_and_si256(q4, m4);
+            let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q4), m4);
+            if FIVE {
+                lo = _mm256_or_si256(lo, _mm256_slli_epi16::<4>(_mm256_and_si256(qh, m1)));
+                hi = _mm256_or_si256(hi, _mm256_slli_epi16::<3>(_mm256_and_si256(qh, _mm256_set1_epi8(2))));
+                qh = _mm256_srli_epi16::<2>(qh);
+            }
+            let y_lo = load256(y.add(4 + 64 * c));
+            let y_hi = load256(y.add(36 + 64 * c));
+            let p_lo = dot_us(lo, y_lo, _mm256_set1_epi16(sc[2 * c] as i16));
+            let p_hi = dot_us(hi, y_hi, _mm256_set1_epi16(sc[2 * c + 1] as i16));
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p_lo, p_hi));
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(yd * f16_at(x)), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    hsum_ps(acc) - mins_total
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q4_k_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    dot_q45_k::<false>(n, w, a)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q5_k_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    dot_q45_k::<true>(n, w, a)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q6_k_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let (wp, ap) = (w.as_ptr(), a.as_ptr());
+    let m4 = _mm256_set1_epi8(0x0f);
+    let mut acc = _mm256_setzero_ps();
+    for i in 0..n / QK_K {
+        let (x, y) = (wp.add(i * 210), ap.add(i * 292));
+        let scales = load128(x.add(192));
+        // Quants are stored as u = q + 32 in 0..64; subtract 32 * sum(scale * bsum) at the end.
+        let offset = _mm256_slli_epi32::<5>(_mm256_madd_epi16(load256(y.add(260)), _mm256_cvtepi8_epi16(scales)));
+        let mut sumi = _mm256_setzero_si256();
+        for h in 0..2 {
+            let ql0 = load256(x.add(64 * h));
+            let ql1 = load256(x.add(64 * h + 32));
+            let qh = load256(x.add(128 + 32 * h));
+            let u = [
+                _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_slli_epi16::<4>(_mm256_and_si256(qh, _mm256_set1_epi8(0x03)))),
+                _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_slli_epi16::<2>(_mm256_and_si256(qh, _mm256_set1_epi8(0x0c)))),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4), _mm256_and_si256(qh, _mm256_set1_epi8(0x30))),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4),
+                    _mm256_srli_epi16::<2>(_mm256_and_si256(qh, _mm256_set1_epi8(0xc0u8 as i8))),
+                ),
+            ];
+            for (k, &uk) in u.iter().enumerate() {
+                let q8 = load256(y.add(4 + 128 * h + 32 * k));
+                sumi = _mm256_add_epi32(sumi, dot_us(uk, q8, pair_scales(scales, 4 * h + k)));
+            }
+        }
+        sumi = _mm256_sub_epi32(sumi, offset);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(x.add(208)) * f32_at(y)), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    hsum_ps(acc)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_iq4_xs_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let (wp, ap) = (w.as_ptr(), a.as_ptr());
+    let table = _mm256_broadcastsi128_si256(load128(KVALUES_IQ4NL.as_ptr() as *const u8));
+    let mut acc = _mm256_setzero_ps();
+    for i in 0..n / QK_K {
+        let (x, y) = (wp.add(i * 136), ap.add(i * 292));
+        let xs = core::slice::from_raw_parts(x, 136);
+        let mut sumi = _mm256_setzero_si256();
+        for ib in 0..8 {
+            let qx = _mm256_shuffle_epi8(table, nibbles32(x.add(8 + 16 * ib)));
+            let q8 = load256(y.add(4 + 32 * ib));
+            let scale = _mm256_set1_epi16(iq4_xs_scale(xs, ib) as i16);
+            sumi = _mm256_add_epi32(sumi, dot_ss(qx, q8, scale));
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(x) * f32_at(y)), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    hsum_ps(acc)
+}
