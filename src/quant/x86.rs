@@ -48,12 +48,26 @@ pub(super) fn kernel(ty: GgmlType) -> Option<DotFn> {
 // ---------------------------------------------------------------------------------------------
 // Helpers
 
-/// IEEE half at `p` (unaligned) as f32.
+/// The two IEEE halves at `p..p + 4` (unaligned) as lanes 0 and 1 (lanes 2, 3 are zero).
+/// A 32-bit `vmovd` load, so the conversion carries no false dependency on an old register.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn f16x2(p: *const u8) -> __m128 {
+    _mm_cvtph_ps(_mm_cvtsi32_si128(read_unaligned(p as *const i32)))
+}
+
+/// IEEE half at `p` (unaligned; `p..p + 4` must be readable) as f32.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn f16_at(p: *const u8) -> f32 {
-    let bits = read_unaligned(p as *const u16);
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+    _mm_cvtss_f32(f16x2(p))
+}
+
+/// IEEE half at `p + 2` (unaligned; reads `p..p + 4`) as f32: for a half at the end of a block.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn f16_hi(p: *const u8) -> f32 {
+    _mm_cvtss_f32(_mm_movehdup_ps(f16x2(p)))
 }
 
 #[inline]
@@ -201,7 +215,8 @@ float_dot!(dot_bf16, 2, |p: *const u8| _mm256_castsi256_ps(_mm256_slli_epi32::<1
 // 32-element blocks × Q8_0 / Q8_1
 
 /// `sum_blocks(d_w * d_a * sumi)` over Q8_0 activations, with `qx(block)` giving the 32 signed
-/// weight quants and `dw(block)` the weight scale. Two blocks per step, two accumulators.
+/// weight quants and `dw(block)` the weight scale in lane 0. Two blocks per step, two
+/// accumulators.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn blocks_q8_0(
@@ -209,7 +224,7 @@ unsafe fn blocks_q8_0(
     wp: *const u8,
     wsize: usize,
     ap: *const u8,
-    dw: impl Fn(*const u8) -> f32,
+    dw: impl Fn(*const u8) -> __m128,
     qx: impl Fn(*const u8) -> __m256i,
 ) -> f32 {
     let ones = _mm256_set1_epi16(1);
@@ -221,14 +236,16 @@ unsafe fn blocks_q8_0(
         let (x1, y1) = (x0.add(wsize), y0.add(34));
         let p0 = _mm256_cvtepi32_ps(dot_ss(qx(x0), load256(y0.add(2)), ones));
         let p1 = _mm256_cvtepi32_ps(dot_ss(qx(x1), load256(y1.add(2)), ones));
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(dw(x0) * f16_at(y0)), p0, acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(dw(x1) * f16_at(y1)), p1, acc1);
+        let d0 = _mm256_broadcastss_ps(_mm_mul_ps(dw(x0), f16x2(y0)));
+        let d1 = _mm256_broadcastss_ps(_mm_mul_ps(dw(x1), f16x2(y1)));
+        acc0 = _mm256_fmadd_ps(d0, p0, acc0);
+        acc1 = _mm256_fmadd_ps(d1, p1, acc1);
         i += 2;
     }
     if i < nb {
         let (x0, y0) = (wp.add(i * wsize), ap.add(i * 34));
         let p0 = _mm256_cvtepi32_ps(dot_ss(qx(x0), load256(y0.add(2)), ones));
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(dw(x0) * f16_at(y0)), p0, acc0);
+        acc0 = _mm256_fmadd_ps(_mm256_broadcastss_ps(_mm_mul_ps(dw(x0), f16x2(y0))), p0, acc0);
     }
     hsum_ps(_mm256_add_ps(acc0, acc1))
 }
@@ -236,13 +253,13 @@ unsafe fn blocks_q8_0(
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_q4_0_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let eight = _mm256_set1_epi8(8);
-    blocks_q8_0(n / 32, w.as_ptr(), 18, a.as_ptr(), |x| f16_at(x), |x| _mm256_sub_epi8(nibbles32(x.add(2)), eight))
+    blocks_q8_0(n / 32, w.as_ptr(), 18, a.as_ptr(), |x| f16x2(x), |x| _mm256_sub_epi8(nibbles32(x.add(2)), eight))
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_q5_0_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let (bit4, sixteen) = (_mm256_set1_epi8(0x10), _mm256_set1_epi8(16));
-    blocks_q8_0(n / 32, w.as_ptr(), 22, a.as_ptr(), |x| f16_at(x), |x| {
+    blocks_q8_0(n / 32, w.as_ptr(), 22, a.as_ptr(), |x| f16x2(x), |x| {
         let hi = _mm256_and_si256(bits32_to_bytes(read_unaligned(x.add(2) as *const u32)), bit4);
         _mm256_sub_epi8(_mm256_or_si256(nibbles32(x.add(6)), hi), sixteen)
     })
@@ -250,50 +267,54 @@ unsafe fn dot_q5_0_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_q8_0_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    blocks_q8_0(n / 32, w.as_ptr(), 34, a.as_ptr(), |x| f16_at(x), |x| load256(x.add(2)))
+    blocks_q8_0(n / 32, w.as_ptr(), 34, a.as_ptr(), |x| f16x2(x), |x| load256(x.add(2)))
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_iq4_nl_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let table = _mm256_broadcastsi128_si256(load128(KVALUES_IQ4NL.as_ptr() as *const u8));
-    blocks_q8_0(n / 32, w.as_ptr(), 18, a.as_ptr(), |x| f16_at(x), |x| _mm256_shuffle_epi8(table, nibbles32(x.add(2))))
+    blocks_q8_0(n / 32, w.as_ptr(), 18, a.as_ptr(), |x| f16x2(x), |x| _mm256_shuffle_epi8(table, nibbles32(x.add(2))))
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_mxfp4_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let table = _mm256_broadcastsi128_si256(load128(KVALUES_MXFP4.as_ptr() as *const u8));
-    blocks_q8_0(n / 32, w.as_ptr(), 17, a.as_ptr(), |x| e8m0_to_f32_half(*x), |x| {
+    blocks_q8_0(n / 32, w.as_ptr(), 17, a.as_ptr(), |x| _mm_set_ss(e8m0_to_f32_half(*x)), |x| {
         _mm256_shuffle_epi8(table, nibbles32(x.add(1)))
     })
 }
 
 /// `sum_blocks(d_w * d_a * sumi + m_w * s_a)` over Q8_1 activations, with `qx(block)` giving
-/// the 32 unsigned weight quants. Layout of the weight block: `d`, `m`, then quant bytes.
+/// the 32 unsigned weight quants. Both blocks start with a pair of halves, `(d, m)` and
+/// `(d, s)`: one multiply gives `d_w * d_a` in lane 0 and `m_w * s_a` in lane 1.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn blocks_q8_1(nb: usize, wp: *const u8, wsize: usize, ap: *const u8, qx: impl Fn(*const u8) -> __m256i) -> f32 {
     let ones = _mm256_set1_epi16(1);
     let mut acc0 = _mm256_setzero_ps();
     let mut acc1 = _mm256_setzero_ps();
-    let mut summs = 0f32;
+    let mut acc_ms = _mm_setzero_ps();
     let mut i = 0;
     while i + 2 <= nb {
         let (x0, y0) = (wp.add(i * wsize), ap.add(i * 36));
         let (x1, y1) = (x0.add(wsize), y0.add(36));
         let p0 = _mm256_cvtepi32_ps(dot_us(qx(x0), load256(y0.add(4)), ones));
         let p1 = _mm256_cvtepi32_ps(dot_us(qx(x1), load256(y1.add(4)), ones));
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(x0) * f16_at(y0)), p0, acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(x1) * f16_at(y1)), p1, acc1);
-        summs += f16_at(x0.add(2)) * f16_at(y0.add(2)) + f16_at(x1.add(2)) * f16_at(y1.add(2));
+        let s0 = _mm_mul_ps(f16x2(x0), f16x2(y0));
+        let s1 = _mm_mul_ps(f16x2(x1), f16x2(y1));
+        acc0 = _mm256_fmadd_ps(_mm256_broadcastss_ps(s0), p0, acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_broadcastss_ps(s1), p1, acc1);
+        acc_ms = _mm_add_ps(acc_ms, _mm_add_ps(s0, s1));
         i += 2;
     }
     if i < nb {
         let (x0, y0) = (wp.add(i * wsize), ap.add(i * 36));
         let p0 = _mm256_cvtepi32_ps(dot_us(qx(x0), load256(y0.add(4)), ones));
-        acc0 = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(x0) * f16_at(y0)), p0, acc0);
-        summs += f16_at(x0.add(2)) * f16_at(y0.add(2));
+        let s0 = _mm_mul_ps(f16x2(x0), f16x2(y0));
+        acc0 = _mm256_fmadd_ps(_mm256_broadcastss_ps(s0), p0, acc0);
+        acc_ms = _mm_add_ps(acc_ms, s0);
     }
-    hsum_ps(_mm256_add_ps(acc0, acc1)) + summs
+    hsum_ps(_mm256_add_ps(acc0, acc1)) + _mm_cvtss_f32(_mm_movehdup_ps(acc_ms))
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -326,7 +347,8 @@ unsafe fn dot_q2_k_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
         let scales = _mm_and_si128(raw, m4);
         let mins = _mm_and_si128(_mm_srli_epi16::<4>(raw), m4);
         let summs = hsum_epi32(_mm256_madd_epi16(load256(y.add(260)), _mm256_cvtepu8_epi16(mins)));
-        mins_total += yd * f16_at(x.add(82)) * summs as f32;
+        let dm = _mm_mul_ps(f16x2(x.add(80)), _mm_set1_ps(yd)); // (d, dmin) * d_a
+        mins_total += _mm_cvtss_f32(_mm_movehdup_ps(dm)) * summs as f32;
         let mut sumi = _mm256_setzero_si256();
         for h in 0..2 {
             let mut q2 = load256(x.add(16 + 32 * h));
@@ -337,7 +359,7 @@ unsafe fn dot_q2_k_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
                 sumi = _mm256_add_epi32(sumi, dot_us(u, q8, pair_scales(scales, 4 * h + j)));
             }
         }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(yd * f16_at(x.add(80))), _mm256_cvtepi32_ps(sumi), acc);
+        acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(dm), _mm256_cvtepi32_ps(sumi), acc);
     }
     hsum_ps(acc) - mins_total
 }
@@ -367,7 +389,8 @@ unsafe fn dot_q3_k_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
             }
         }
         sumi = _mm256_sub_epi32(sumi, offset);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(x.add(108)) * f32_at(y)), _mm256_cvtepi32_ps(sumi), acc);
+        let d = f16_hi(x.add(106)) * f32_at(y);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     }
     hsum_ps(acc)
 }
@@ -391,7 +414,8 @@ unsafe fn dot_q45_k<const FIVE: bool>(n: usize, w: &[u8], a: &[u8]) -> f32 {
             _mm_set_epi8(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0),
         ));
         let summ = hsum_epi32(_mm256_madd_epi16(load256(y.add(260)), mn16));
-        mins_total += yd * f16_at(x.add(2)) * summ as f32;
+        let dm = _mm_mul_ps(f16x2(x), _mm_set1_ps(yd)); // (d, dmin) * d_a
+        mins_total += _mm_cvtss_f32(_mm_movehdup_ps(dm)) * summ as f32;
         let mut qh = if FIVE { load256(x.add(16)) } else { _mm256_setzero_si256() };
         let mut sumi = _mm256_setzero_si256();
         for c in 0..4 {
@@ -409,7 +433,7 @@ unsafe fn dot_q45_k<const FIVE: bool>(n: usize, w: &[u8], a: &[u8]) -> f32 {
             let p_hi = dot_us(hi, y_hi, _mm256_set1_epi16(sc[2 * c + 1] as i16));
             sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p_lo, p_hi));
         }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(yd * f16_at(x)), _mm256_cvtepi32_ps(sumi), acc);
+        acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(dm), _mm256_cvtepi32_ps(sumi), acc);
     }
     hsum_ps(acc) - mins_total
 }
@@ -454,7 +478,8 @@ unsafe fn dot_q6_k_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
             }
         }
         sumi = _mm256_sub_epi32(sumi, offset);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(x.add(208)) * f32_at(y)), _mm256_cvtepi32_ps(sumi), acc);
+        let d = f16_hi(x.add(206)) * f32_at(y);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     }
     hsum_ps(acc)
 }
