@@ -128,22 +128,40 @@ pub(super) fn quantize_q8_1(x: &[f32], out: &mut [u8]) {
     }
 }
 
+/// Block fields as fixed-size arrays (lets the compiler unroll and vectorize the inner loops).
 #[inline(always)]
-fn i8s(b: &[u8]) -> impl Iterator<Item = i32> + '_ {
-    b.iter().map(|&v| v as i8 as i32)
+fn arr<const N: usize>(b: &[u8], at: usize) -> &[u8; N] {
+    b[at..at + N].try_into().unwrap()
+}
+
+/// Integer dot of 16 packed nibbles (minus `offset`) with the 32 int8 quants `q8`.
+#[inline(always)]
+fn nibble_dot(qs: &[u8; 16], q8: &[u8; 32], offset: i32) -> i32 {
+    let mut s = 0i32;
+    for j in 0..16 {
+        s += ((qs[j] & 0x0f) as i32 - offset) * q8[j] as i8 as i32;
+        s += ((qs[j] >> 4) as i32 - offset) * q8[j + 16] as i8 as i32;
+    }
+    s
+}
+
+/// Integer dot of 32 five-bit quants (nibbles + `qh` bits, minus `offset`) with `q8`.
+#[inline(always)]
+fn nibble5_dot(qs: &[u8; 16], qh: u32, q8: &[u8; 32], offset: i32) -> i32 {
+    let mut s = 0i32;
+    for j in 0..16 {
+        let lo = ((qs[j] & 0x0f) as u32 | ((qh >> j) & 1) << 4) as i32 - offset;
+        let hi = ((qs[j] >> 4) as u32 | ((qh >> (j + 16)) & 1) << 4) as i32 - offset;
+        s += lo * q8[j] as i8 as i32 + hi * q8[j + 16] as i8 as i32;
+    }
+    s
 }
 
 /// `ggml_vec_dot_q4_0_q8_0`: `sum_blocks(sumi * d_w * d_a)`.
 pub(super) fn dot_q4_0_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let nb = n / QK;
     let mut sumf = 0f32;
-    for (x, y) in w.chunks_exact(18).zip(a.chunks_exact(34)).take(nb) {
-        let qs = &x[2..18];
-        let (q8a, q8b) = (&y[2..18], &y[18..34]);
-        let mut sumi = 0i32;
-        for ((&q, ya), yb) in qs.iter().zip(i8s(q8a)).zip(i8s(q8b)) {
-            sumi += ((q & 0x0f) as i32 - 8) * ya + ((q >> 4) as i32 - 8) * yb;
-        }
+    for (x, y) in w.chunks_exact(18).zip(a.chunks_exact(34)).take(n / QK) {
+        let sumi = nibble_dot(arr(x, 2), arr(y, 2), 8);
         sumf += sumi as f32 * f16_at(x, 0) * f16_at(y, 0);
     }
     sumf
@@ -151,15 +169,9 @@ pub(super) fn dot_q4_0_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
 
 /// `ggml_vec_dot_q4_1_q8_1`: `sum_blocks(d_w * d_a * sumi + m_w * s_a)`.
 pub(super) fn dot_q4_1_q8_1(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let nb = n / QK;
     let mut sumf = 0f32;
-    for (x, y) in w.chunks_exact(20).zip(a.chunks_exact(36)).take(nb) {
-        let qs = &x[4..20];
-        let (q8a, q8b) = (&y[4..20], &y[20..36]);
-        let mut sumi = 0i32;
-        for ((&q, ya), yb) in qs.iter().zip(i8s(q8a)).zip(i8s(q8b)) {
-            sumi += (q & 0x0f) as i32 * ya + (q >> 4) as i32 * yb;
-        }
+    for (x, y) in w.chunks_exact(20).zip(a.chunks_exact(36)).take(n / QK) {
+        let sumi = nibble_dot(arr(x, 4), arr(y, 4), 0);
         sumf += (f16_at(x, 0) * f16_at(y, 0)) * sumi as f32 + f16_at(x, 2) * f16_at(y, 2);
     }
     sumf
@@ -167,17 +179,9 @@ pub(super) fn dot_q4_1_q8_1(n: usize, w: &[u8], a: &[u8]) -> f32 {
 
 /// `ggml_vec_dot_q5_0_q8_0`: `sum_blocks(d_w * d_a * sumi)`.
 pub(super) fn dot_q5_0_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let nb = n / QK;
     let mut sumf = 0f32;
-    for (x, y) in w.chunks_exact(22).zip(a.chunks_exact(34)).take(nb) {
-        let qh = u32_at(x, 2);
-        let qs = &x[6..22];
-        let mut sumi = 0i32;
-        for j in 0..16 {
-            let lo = ((qs[j] & 0x0f) as u32 | ((qh >> j) & 1) << 4) as i32 - 16;
-            let hi = ((qs[j] >> 4) as u32 | ((qh >> (j + 16)) & 1) << 4) as i32 - 16;
-            sumi += lo * y[2 + j] as i8 as i32 + hi * y[18 + j] as i8 as i32;
-        }
+    for (x, y) in w.chunks_exact(22).zip(a.chunks_exact(34)).take(n / QK) {
+        let sumi = nibble5_dot(arr(x, 6), u32_at(x, 2), arr(y, 2), 16);
         sumf += (f16_at(x, 0) * f16_at(y, 0)) * sumi as f32;
     }
     sumf
@@ -185,17 +189,9 @@ pub(super) fn dot_q5_0_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
 
 /// `ggml_vec_dot_q5_1_q8_1`: `sum_blocks(d_w * d_a * sumi + m_w * s_a)`.
 pub(super) fn dot_q5_1_q8_1(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let nb = n / QK;
     let mut sumf = 0f32;
-    for (x, y) in w.chunks_exact(24).zip(a.chunks_exact(36)).take(nb) {
-        let qh = u32_at(x, 4);
-        let qs = &x[8..24];
-        let mut sumi = 0i32;
-        for j in 0..16 {
-            let lo = ((qs[j] & 0x0f) as u32 | ((qh >> j) & 1) << 4) as i32;
-            let hi = ((qs[j] >> 4) as u32 | ((qh >> (j + 16)) & 1) << 4) as i32;
-            sumi += lo * y[4 + j] as i8 as i32 + hi * y[20 + j] as i8 as i32;
-        }
+    for (x, y) in w.chunks_exact(24).zip(a.chunks_exact(36)).take(n / QK) {
+        let sumi = nibble5_dot(arr(x, 8), u32_at(x, 4), arr(y, 4), 0);
         sumf += (f16_at(x, 0) * f16_at(y, 0)) * sumi as f32 + f16_at(x, 2) * f16_at(y, 2);
     }
     sumf
@@ -203,10 +199,13 @@ pub(super) fn dot_q5_1_q8_1(n: usize, w: &[u8], a: &[u8]) -> f32 {
 
 /// `ggml_vec_dot_q8_0_q8_0`: `sum_blocks(sumi * (d_w * d_a))`.
 pub(super) fn dot_q8_0_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let nb = n / QK;
     let mut sumf = 0f32;
-    for (x, y) in w.chunks_exact(34).zip(a.chunks_exact(34)).take(nb) {
-        let sumi: i32 = i8s(&x[2..34]).zip(i8s(&y[2..34])).map(|(p, q)| p * q).sum();
+    for (x, y) in w.chunks_exact(34).zip(a.chunks_exact(34)).take(n / QK) {
+        let (qx, qy) = (arr::<32>(x, 2), arr::<32>(y, 2));
+        let mut sumi = 0i32;
+        for j in 0..32 {
+            sumi += qx[j] as i8 as i32 * qy[j] as i8 as i32;
+        }
         sumf += sumi as f32 * (f16_at(x, 0) * f16_at(y, 0));
     }
     sumf

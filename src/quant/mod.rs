@@ -186,10 +186,27 @@ fn row_size(ty: GgmlType, n: usize) -> Result<usize, QuantError> {
     Ok(n / bs * ty.type_size())
 }
 
+/// IEEE half bits -> f32, exact, branch-light and inlinable on every target (the scalar kernels
+/// convert a few scales per block; `half`'s conversion is an out-of-line call with a CPU check).
+/// The 15 exponent+mantissa bits are placed in an f32 (biased as if f32) and rescaled by 2^112,
+/// which is exact for normal and subnormal halves; infinities and NaNs (quieted, as F16C does)
+/// take the other branch.
+#[inline(always)]
+pub(crate) fn f16_to_f32(h: u16) -> f32 {
+    let sign = ((h as u32) & 0x8000) << 16;
+    let em = (h as u32) & 0x7fff;
+    let mag = if em < 0x7c00 {
+        (f32::from_bits(em << 13) * f32::from_bits(0x7780_0000)).to_bits() // 0x7780_0000 = 2^112
+    } else {
+        0x7f80_0000 | (em & 0x3ff) << 13 | if em > 0x7c00 { 0x0040_0000 } else { 0 }
+    };
+    f32::from_bits(sign | mag)
+}
+
 /// Reads the little-endian IEEE half at `b[i..i + 2]` as f32 (exact).
 #[inline(always)]
 pub(crate) fn f16_at(b: &[u8], i: usize) -> f32 {
-    half::f16::from_bits(u16::from_le_bytes([b[i], b[i + 1]])).to_f32()
+    f16_to_f32(u16::from_le_bytes([b[i], b[i + 1]]))
 }
 
 /// f32 -> IEEE half bits, round to nearest even (ggml's `GGML_FP32_TO_FP16`).
@@ -465,5 +482,31 @@ pub fn matvec_with(simd: Simd, ty: GgmlType, n: usize, w: &[u8], act: &[u8], y: 
     for (yr, wr) in y.iter_mut().zip(w.chunks_exact(rb)) {
         // SAFETY: sizes checked above; `kernel` only returns SIMD kernels the CPU supports.
         *yr = unsafe { k(n, wr, act) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn f16_conversion_is_exact_for_every_half() {
+        for h in 0..=u16::MAX {
+            let want = half::f16::from_bits(h).to_f32();
+            let got = f16_to_f32(h);
+            if want.is_nan() {
+                assert!(got.is_nan(), "{h:#06x}");
+                assert_eq!(got.is_sign_negative(), want.is_sign_negative(), "{h:#06x}");
+            } else {
+                assert_eq!(got.to_bits(), want.to_bits(), "{h:#06x}: {got} vs {want}");
+            }
+        }
+    }
+
+    #[test]
+    fn simd_levels() {
+        assert!(Simd::Scalar.is_available());
+        assert!(Simd::available().contains(&Simd::best()));
+        assert_eq!(Simd::available()[0], Simd::Scalar);
     }
 }
