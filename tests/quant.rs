@@ -21,7 +21,8 @@ fn fixture_dir() -> PathBuf {
 
 fn manifest() -> Value {
     let p = fixture_dir().join("manifest.json");
-    let s = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e} (run tools/gen_quant_fixtures.py)", p.display()));
+    let s = std::fs::read_to_string(&p)
+        .unwrap_or_else(|e| panic!("{}: {e} (run tools/gen_quant_fixtures.py)", p.display()));
     serde_json::from_str(&s).expect("manifest.json")
 }
 
@@ -151,7 +152,11 @@ fn activation_quantization_matches_reference() {
         // And the activation formats dequantize to the reference values.
         let mut deq = vec![0f32; n];
         quant::dequantize_row(fmt, &got, &mut deq).unwrap();
-        assert_bits_eq(&format!("dequantize activation {fmt}"), &deq, &f32s(s(&act.formats[fmt.name()], "dequantized")));
+        assert_bits_eq(
+            &format!("dequantize activation {fmt}"),
+            &deq,
+            &f32s(s(&act.formats[fmt.name()], "dequantized")),
+        );
     }
 }
 
@@ -227,7 +232,11 @@ fn vec_dot_matches_f64_reference() {
         for simd in Simd::available() {
             let got = quant::vec_dot_with(simd, t, n, &w, &a) as f64;
             let tol = dot_tol(t, n, abs);
-            assert!((got - want).abs() <= tol, "{t} {simd:?}: got {got}, want {want} (|err| {:e} > tol {tol:e})", (got - want).abs());
+            assert!(
+                (got - want).abs() <= tol,
+                "{t} {simd:?}: got {got}, want {want} (|err| {:e} > tol {tol:e})",
+                (got - want).abs()
+            );
         }
     }
 }
@@ -313,7 +322,10 @@ fn simd_agrees_with_scalar() {
                 for &simd in &levels[1..] {
                     let v = quant::vec_dot_with(simd, t, n, &w, &a);
                     let err = (v as f64 - scalar as f64).abs();
-                    assert!(err <= 1e-5 * abs, "{t} n={n} {simd:?}: {v} vs scalar {scalar} (err {err:e}, scale {abs:e})");
+                    assert!(
+                        err <= 1e-5 * abs,
+                        "{t} n={n} {simd:?}: {v} vs scalar {scalar} (err {err:e}, scale {abs:e})"
+                    );
                     checked += 1;
                 }
             }

@@ -47,30 +47,39 @@ fn bench(model: &str) {
     let mut y = vec![0f32; max_rows];
     let bytes: usize = mats.iter().map(|m| m.data.len()).sum();
     println!("{model}: {} matrices, {:.1} MB of weights, {iters} steps", mats.len(), bytes as f64 / 1e6);
+    // "matvec" is quant::matvec; "vec_dot" calls quant::vec_dot row by row (for comparison).
     for simd in Simd::available() {
-        let mut by_type: BTreeMap<&str, f64> = BTreeMap::new();
-        let mut act = Vec::new();
-        let t_all = Instant::now();
-        for it in 0..iters + 1 {
-            for m in &mats {
-                let t0 = Instant::now();
-                quant::quantize_activation(quant::vec_dot_type(m.ty), &x[..m.n], &mut act).unwrap();
-                quant::matvec_with(simd, m.ty, m.n, &m.data, &act, &mut y[..m.rows]);
-                if it > 0 {
-                    *by_type.entry(m.ty.name()).or_default() += t0.elapsed().as_secs_f64();
+        for how in ["matvec", "vec_dot"] {
+            let mut by_type: BTreeMap<&str, f64> = BTreeMap::new();
+            let mut act = Vec::new();
+            for it in 0..iters + 1 {
+                for m in &mats {
+                    let t0 = Instant::now();
+                    quant::quantize_activation(quant::vec_dot_type(m.ty), &x[..m.n], &mut act).unwrap();
+                    if how == "matvec" {
+                        quant::matvec_with(simd, m.ty, m.n, &m.data, &act, &mut y[..m.rows]);
+                    } else {
+                        let rb = m.data.len() / m.rows;
+                        for (yr, w) in y[..m.rows].iter_mut().zip(m.data.chunks_exact(rb)) {
+                            *yr = quant::vec_dot_with(simd, m.ty, m.n, w, &act);
+                        }
+                    }
+                    if it > 0 {
+                        *by_type.entry(m.ty.name()).or_default() += t0.elapsed().as_secs_f64();
+                    }
                 }
+                std::hint::black_box(&y);
             }
-            std::hint::black_box(&y);
+            let total: f64 = by_type.values().sum::<f64>() / iters as f64;
+            let parts: Vec<String> =
+                by_type.iter().map(|(k, v)| format!("{k} {:.2} ms", v / iters as f64 * 1e3)).collect();
+            println!(
+                "  {simd:?} {how}: {:.2} ms per step ({:.1} GB/s): {}",
+                total * 1e3,
+                bytes as f64 / total / 1e9,
+                parts.join(", ")
+            );
         }
-        let total: f64 = by_type.values().sum::<f64>() / iters as f64;
-        let _ = t_all;
-        let parts: Vec<String> = by_type.iter().map(|(k, v)| format!("{k} {:.2} ms", v / iters as f64 * 1e3)).collect();
-        println!(
-            "  {simd:?}: {:.2} ms per step ({:.1} GB/s): {}",
-            total * 1e3,
-            bytes as f64 / total / 1e9,
-            parts.join(", ")
-        );
     }
 }
 

@@ -220,14 +220,33 @@ pub fn supports_dequantize(ty: GgmlType) -> bool {
     use GgmlType::*;
     matches!(
         ty,
-        F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q8_1 | Q2K | Q3K | Q4K | Q5K | Q6K | Q8K | IQ4NL | IQ4XS | MXFP4
+        F32 | F16
+            | BF16
+            | Q4_0
+            | Q4_1
+            | Q5_0
+            | Q5_1
+            | Q8_0
+            | Q8_1
+            | Q2K
+            | Q3K
+            | Q4K
+            | Q5K
+            | Q6K
+            | Q8K
+            | IQ4NL
+            | IQ4XS
+            | MXFP4
     )
 }
 
 /// Whether `ty` can be a weight row for [`vec_dot`] / [`matvec`].
 pub fn supports_vec_dot(ty: GgmlType) -> bool {
     use GgmlType::*;
-    matches!(ty, F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q2K | Q3K | Q4K | Q5K | Q6K | IQ4NL | IQ4XS | MXFP4)
+    matches!(
+        ty,
+        F32 | F16 | BF16 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q2K | Q3K | Q4K | Q5K | Q6K | IQ4NL | IQ4XS | MXFP4
+    )
 }
 
 /// Dequantize `n = dst.len()` elements from `src`, which must hold exactly `row_bytes(n)` bytes.

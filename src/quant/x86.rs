@@ -207,9 +207,7 @@ macro_rules! float_dot {
 
 float_dot!(dot_f32, 4, |p: *const u8| _mm256_loadu_ps(p as *const f32));
 float_dot!(dot_f16, 2, |p: *const u8| _mm256_cvtph_ps(load128(p)));
-float_dot!(dot_bf16, 2, |p: *const u8| _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(
-    load128(p)
-))));
+float_dot!(dot_bf16, 2, |p: *const u8| _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(load128(p)))));
 
 // ---------------------------------------------------------------------------------------------
 // 32-element blocks × Q8_0 / Q8_1
@@ -259,10 +257,17 @@ unsafe fn dot_q4_0_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_q5_0_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let (bit4, sixteen) = (_mm256_set1_epi8(0x10), _mm256_set1_epi8(16));
-    blocks_q8_0(n / 32, w.as_ptr(), 22, a.as_ptr(), |x| f16x2(x), |x| {
-        let hi = _mm256_and_si256(bits32_to_bytes(read_unaligned(x.add(2) as *const u32)), bit4);
-        _mm256_sub_epi8(_mm256_or_si256(nibbles32(x.add(6)), hi), sixteen)
-    })
+    blocks_q8_0(
+        n / 32,
+        w.as_ptr(),
+        22,
+        a.as_ptr(),
+        |x| f16x2(x),
+        |x| {
+            let hi = _mm256_and_si256(bits32_to_bytes(read_unaligned(x.add(2) as *const u32)), bit4);
+            _mm256_sub_epi8(_mm256_or_si256(nibbles32(x.add(6)), hi), sixteen)
+        },
+    )
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -279,9 +284,14 @@ unsafe fn dot_iq4_nl_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_mxfp4_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let table = _mm256_broadcastsi128_si256(load128(KVALUES_MXFP4.as_ptr() as *const u8));
-    blocks_q8_0(n / 32, w.as_ptr(), 17, a.as_ptr(), |x| _mm_set_ss(e8m0_to_f32_half(*x)), |x| {
-        _mm256_shuffle_epi8(table, nibbles32(x.add(1)))
-    })
+    blocks_q8_0(
+        n / 32,
+        w.as_ptr(),
+        17,
+        a.as_ptr(),
+        |x| _mm_set_ss(e8m0_to_f32_half(*x)),
+        |x| _mm256_shuffle_epi8(table, nibbles32(x.add(1))),
+    )
 }
 
 /// `sum_blocks(d_w * d_a * sumi + m_w * s_a)` over Q8_1 activations, with `qx(block)` giving
@@ -464,9 +474,18 @@ unsafe fn dot_q6_k_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
             let ql1 = load256(x.add(64 * h + 32));
             let qh = load256(x.add(128 + 32 * h));
             let u = [
-                _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_slli_epi16::<4>(_mm256_and_si256(qh, _mm256_set1_epi8(0x03)))),
-                _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_slli_epi16::<2>(_mm256_and_si256(qh, _mm256_set1_epi8(0x0c)))),
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4), _mm256_and_si256(qh, _mm256_set1_epi8(0x30))),
+                _mm256_or_si256(
+                    _mm256_and_si256(ql0, m4),
+                    _mm256_slli_epi16::<4>(_mm256_and_si256(qh, _mm256_set1_epi8(0x03))),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(ql1, m4),
+                    _mm256_slli_epi16::<2>(_mm256_and_si256(qh, _mm256_set1_epi8(0x0c))),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(ql0), m4),
+                    _mm256_and_si256(qh, _mm256_set1_epi8(0x30)),
+                ),
                 _mm256_or_si256(
                     _mm256_and_si256(_mm256_srli_epi16::<4>(ql1), m4),
                     _mm256_srli_epi16::<2>(_mm256_and_si256(qh, _mm256_set1_epi8(0xc0u8 as i8))),
