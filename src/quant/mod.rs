@@ -9,7 +9,7 @@
 //! every weight row is dotted with it by [`vec_dot`] / [`matvec`], in integer arithmetic inside a
 //! block and f32 across blocks, exactly as ggml does.
 //!
-//! Code layout: [`float`](self) (F32/F16/BF16), `legacy` (Q4_0 … Q8_1), `kquants` (Q2_K … Q8_K),
+//! Code layout: `float` (F32/F16/BF16), `legacy` (Q4_0 … Q8_1), `kquants` (Q2_K … Q8_K),
 //! `iq` (IQ4_NL, IQ4_XS, MXFP4) hold the portable (scalar) code, which is also what runs on
 //! wasm32; `x86` holds the AVX2+FMA+F16C kernels, chosen at run time (see [`Simd`]).
 
@@ -370,15 +370,21 @@ impl Simd {
         match self {
             Simd::Scalar => true,
             Simd::Avx2 => {
-                #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
-                {
-                    std::arch::is_x86_feature_detected!("avx2")
-                        && std::arch::is_x86_feature_detected!("fma")
-                        && std::arch::is_x86_feature_detected!("f16c")
-                }
-                #[cfg(not(any(target_arch = "x86", target_arch = "x86_64")))]
-                {
-                    false
+                // Cached: `vec_dot` checks this on every call.
+                static AVX2: AtomicU8 = AtomicU8::new(0); // 0 = unknown, 1 = no, 2 = yes
+                match AVX2.load(Ordering::Relaxed) {
+                    1 => false,
+                    2 => true,
+                    _ => {
+                        #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+                        let ok = std::arch::is_x86_feature_detected!("avx2")
+                            && std::arch::is_x86_feature_detected!("fma")
+                            && std::arch::is_x86_feature_detected!("f16c");
+                        #[cfg(not(any(target_arch = "x86", target_arch = "x86_64")))]
+                        let ok = false;
+                        AVX2.store(if ok { 2 } else { 1 }, Ordering::Relaxed);
+                        ok
+                    }
                 }
             }
         }
