@@ -136,6 +136,10 @@ pub struct Tokenizer {
     /// Control / user-defined / unknown tokens, longest text first (llama.cpp's
     /// `cache_special_tokens`).
     special: Vec<u32>,
+    /// Positions in `special`, ordered by token text (bytes), to find which special tokens occur
+    /// in a text; `first[b]` is the range of those starting with byte b.
+    special_sorted: Vec<u32>,
+    special_first: Vec<(u32, u32)>,
     bos: Option<u32>,
     eos: Option<u32>,
     eot: Option<u32>,
@@ -571,10 +575,21 @@ impl Tokenizer {
             set(&mut attrs, "[MASK]", ATTR_LSTRIP, true);
         }
 
+        let mut special_sorted: Vec<u32> = (0..special.len() as u32).collect();
+        special_sorted.sort_by(|&a, &b| texts[special[a as usize] as usize].cmp(&texts[special[b as usize] as usize]));
+        let mut special_first = vec![(0u32, 0u32); 256];
+        for (b, range) in special_first.iter_mut().enumerate() {
+            let first = |k: &u32| texts[special[*k as usize] as usize].as_bytes()[0];
+            let lo = special_sorted.partition_point(|k| first(k) < b as u8);
+            let hi = special_sorted.partition_point(|k| first(k) <= b as u8);
+            *range = (lo as u32, hi as u32);
+        }
         Ok(Self {
             kind,
             vocab: Vocab { texts, scores, attrs, index },
             special,
+            special_sorted,
+            special_first,
             bos: id32(Sp::Bos),
             eos: id32(Sp::Eos),
             eot: id32(Sp::Eot),
@@ -650,21 +665,18 @@ impl Tokenizer {
         if text.is_empty() {
             return Vec::new();
         }
-        let mut present = [false; 256];
-        for &b in text.as_bytes() {
-            present[b as usize] = true;
-        }
+        let present = self.specials_in(text.as_bytes());
         let mut frags = vec![Frag::Text(0, text.len())];
         let mut next = Vec::new();
-        for &id in &self.special {
+        for (pos, &id) in self.special.iter().enumerate() {
+            if !present[pos] {
+                continue;
+            }
             let attr = self.vocab.attrs[id as usize];
             if !parse_special && attr & (ATTR_CONTROL | ATTR_UNKNOWN) != 0 {
                 continue;
             }
             let tok = self.vocab.texts[id as usize].as_str();
-            if tok.is_empty() || !present[tok.as_bytes()[0] as usize] || tok.len() > text.len() {
-                continue;
-            }
             let mut found = false;
             next.clear();
             for f in &frags {
@@ -710,6 +722,38 @@ impl Tokenizer {
             }
         }
         frags
+    }
+
+    /// Which special tokens (positions in `self.special`) occur anywhere in `text`. Only those
+    /// can split a fragment, so the partition skips the others; the result is unchanged.
+    fn specials_in(&self, text: &[u8]) -> Vec<bool> {
+        let mut present = vec![false; self.special.len()];
+        let texts = &self.vocab.texts;
+        let byte_at = |k: u32, d: usize| texts[self.special[k as usize] as usize].as_bytes().get(d).copied();
+        for i in 0..text.len() {
+            let (lo, hi) = self.special_first[text[i] as usize];
+            let (mut lo, mut hi) = (lo as usize, hi as usize);
+            let mut d = 1;
+            loop {
+                // [lo, hi): tokens starting with text[i..i + d]; the ones of length d sort first.
+                let mut k = lo;
+                while k < hi && byte_at(self.special_sorted[k], d).is_none() {
+                    present[self.special_sorted[k] as usize] = true;
+                    k += 1;
+                }
+                lo = k;
+                if lo >= hi || i + d >= text.len() {
+                    break;
+                }
+                let b = Some(text[i + d]);
+                let range = &self.special_sorted[lo..hi];
+                let a = range.partition_point(|&k| byte_at(k, d) < b);
+                let z = range.partition_point(|&k| byte_at(k, d) <= b);
+                (lo, hi) = (lo + a, lo + z);
+                d += 1;
+            }
+        }
+        present
     }
 
     /// The bytes of one token as llama.cpp's `llama_token_to_piece(vocab, id, buf, len, 0,

@@ -1,0 +1,374 @@
+//! Tokenizers against llama.cpp.
+//!
+//! For every string of tests/fixtures/tokenizer/corpus.json and every tokenizer, the ids of
+//! `Tokenizer::encode` must equal llama.cpp's `llama-tokenize` output recorded in
+//! tests/fixtures/tokenizer/refs/<name>.json (three modes: the model's add_special with and without
+//! special-token parsing, and no add_special), every token's piece must equal llama.cpp's, and the
+//! decoded text must equal llama.cpp's concatenated pieces.
+//!
+//! The models come from tools/fetch_models.sh (real models) and
+//! `tools/make_tokenizer_refs.sh vocabs` (vocabulary-only variants); a missing file fails the test.
+//! The references are rebuilt with `tools/make_tokenizer_refs.sh refs`.
+
+use les::gguf::GgufFile;
+use les::store::{FileSource, MemSource};
+use les::tokenizer::{Tokenizer, TokenizerError};
+use serde_json::Value as Json;
+use std::path::PathBuf;
+use std::time::Instant;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn load_model(rel: &str) -> Tokenizer {
+    let path = root().join(rel);
+    assert!(
+        path.exists(),
+        "{} is missing: run tools/fetch_models.sh (real models) and then tools/make_tokenizer_refs.sh vocabs \
+         (vocabulary-only variants models/vocab-*.gguf)",
+        path.display()
+    );
+    let src = FileSource::open(&path).unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
+    let g = GgufFile::read(&src).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    let t0 = Instant::now();
+    let tok = Tokenizer::from_gguf(&g).unwrap_or_else(|e| panic!("tokenizer of {}: {e}", path.display()));
+    eprintln!("{rel}: from_gguf {:?} ({} tokens)", t0.elapsed(), tok.n_vocab());
+    tok
+}
+
+fn corpus() -> Vec<String> {
+    let p = root().join("tests/fixtures/tokenizer/corpus.json");
+    serde_json::from_str(&std::fs::read_to_string(p).expect("corpus.json")).expect("corpus.json is a string array")
+}
+
+/// The bytes up to the first NUL.
+fn c_str(b: &[u8]) -> &[u8] {
+    &b[..b.iter().position(|&x| x == 0).unwrap_or(b.len())]
+}
+
+fn hex(s: &str) -> Vec<u8> {
+    (0..s.len() / 2).map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).expect("hex")).collect()
+}
+
+/// Compare one tokenizer with its reference file; panics with a summary of all mismatches.
+fn check(name: &str) {
+    let refp = root().join(format!("tests/fixtures/tokenizer/refs/{name}.json"));
+    let doc: Json = serde_json::from_str(&std::fs::read_to_string(&refp).expect("reference file")).expect("json");
+    let tok = load_model(doc["model"].as_str().expect("model"));
+    let corpus = corpus();
+    let cases = doc["cases"].as_array().expect("cases");
+    let mut failures = Vec::new();
+    let (mut n_ids, mut n_pieces, mut n_decode, mut n_exact) = (0, 0, 0, 0);
+    let mut no_round_trip = Vec::new();
+    for case in cases {
+        let ti = case["text"].as_u64().expect("text index") as usize;
+        let text = &corpus[ti];
+        let add_special = match &case["add_special"] {
+            Json::Bool(b) => *b,
+            _ => tok.add_bos(), // llama-tokenize passes the model's add_bos as add_special
+        };
+        let parse_special = case["parse_special"].as_bool().expect("parse_special");
+        let want: Vec<u32> = case["ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+        let got = tok.encode(text, add_special, parse_special);
+        let mode = format!("add_special={add_special} parse_special={parse_special}");
+        if got == want {
+            n_ids += 1;
+        } else {
+            failures.push(format!("ids of #{ti} {text:?} ({mode}):\n    llama.cpp {want:?}\n    les       {got:?}"));
+        }
+        // Pieces (special = true), against llama.cpp's for its own ids. llama-tokenize prints
+        // pieces with printf("%s"), so a reference piece ends at its first NUL byte.
+        let pieces: Vec<Vec<u8>> = case["pieces_hex"].as_array().unwrap().iter().map(|v| hex(v.as_str().unwrap())).collect();
+        let mut pieces_ok = true;
+        for (&id, p) in want.iter().zip(&pieces) {
+            let mine = tok.token_to_piece(id, true);
+            if c_str(&mine) != &p[..] {
+                pieces_ok = false;
+                failures.push(format!(
+                    "piece of token {id} ({:?}): llama.cpp {:?}, les {:?}",
+                    tok.token_text(id),
+                    String::from_utf8_lossy(p),
+                    String::from_utf8_lossy(&mine)
+                ));
+            }
+        }
+        if pieces_ok {
+            n_pieces += 1;
+        }
+        // Decoding our ids gives llama.cpp's concatenated pieces; where those are the input text,
+        // decode(encode(s)) == s.
+        let llama_text: Vec<u8> = pieces.concat();
+        let ours: Vec<u8> = got.iter().flat_map(|&id| c_str(&tok.token_to_piece(id, true)).to_vec()).collect();
+        if ours == llama_text {
+            n_decode += 1;
+        } else {
+            failures.push(format!(
+                "decode of #{ti} {text:?} ({mode}): llama.cpp {:?}, les {:?}",
+                String::from_utf8_lossy(&llama_text),
+                String::from_utf8_lossy(&ours)
+            ));
+        }
+        if case["add_special"] == Json::Bool(false) {
+            if llama_text == text.as_bytes() {
+                n_exact += 1;
+                assert_eq!(&tok.decode(&got, true), text, "round trip of #{ti}");
+            } else {
+                no_round_trip.push(ti);
+            }
+        }
+    }
+    eprintln!(
+        "{name}: {n_ids}/{} id sequences match llama.cpp, {n_pieces} with equal pieces, {n_decode} equal decodes; \
+         {n_exact}/{} strings round-trip (llama.cpp does not for {no_round_trip:?}) (commit {})",
+        cases.len(),
+        corpus.len(),
+        doc["llama_cpp_commit"].as_str().unwrap_or("?")
+    );
+    if !failures.is_empty() {
+        let n = failures.len();
+        failures.truncate(20);
+        panic!("{name}: {n} mismatches with llama.cpp; first ones:\n{}", failures.join("\n"));
+    }
+}
+
+#[test]
+fn smollm_matches_llama_cpp() {
+    check("smollm");
+}
+#[test]
+fn gemma_matches_llama_cpp() {
+    check("gemma");
+}
+#[test]
+fn gemma_space_prefix_matches_llama_cpp() {
+    check("gemma-prefix");
+}
+#[test]
+fn qwen2_matches_llama_cpp() {
+    check("qwen2");
+}
+#[test]
+fn llama_bpe_matches_llama_cpp() {
+    check("llama-bpe");
+}
+#[test]
+fn olmo_matches_llama_cpp() {
+    check("olmo");
+}
+#[test]
+fn default_matches_llama_cpp() {
+    check("default");
+}
+#[test]
+fn gpt2_matches_llama_cpp() {
+    check("gpt2");
+}
+
+#[test]
+fn special_ids_and_flags() {
+    let smol = load_model("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert_eq!(smol.n_vocab(), 49152);
+    assert_eq!(smol.model(), "gpt2");
+    assert_eq!(smol.pre(), "smollm");
+    assert_eq!((smol.bos(), smol.eos()), (Some(1), Some(2)));
+    assert!(!smol.add_bos());
+    assert_eq!(smol.token_text(2), "<|im_end|>");
+    assert!(smol.is_eog(2));
+    assert!(smol.is_eog(0), "<|endoftext|> ends generation");
+    assert!(!smol.is_eog(1));
+    assert!(!smol.is_eog(100));
+    assert_eq!(smol.token_to_piece(1, false), b"");
+    assert_eq!(smol.token_to_piece(1, true), b"<|im_start|>");
+    assert_eq!(smol.token_text(u32::MAX), "");
+    assert!(smol.token_to_piece(u32::MAX, true).is_empty());
+    assert_eq!(smol.decode(&[u32::MAX, 19556, 7_000_000], true), "Hello");
+
+    let gemma = load_model("models/gemma-3-270m-q4_k_m.gguf");
+    assert_eq!(gemma.n_vocab(), 262144);
+    assert_eq!(gemma.model(), "llama");
+    assert_eq!((gemma.bos(), gemma.eos()), (Some(2), Some(1)));
+    assert!(gemma.add_bos());
+    let eot = gemma.token_id("<end_of_turn>").expect("<end_of_turn>");
+    assert!(gemma.is_eog(eot) && gemma.is_eog(1));
+    assert_eq!(gemma.encode("", true, true), vec![2]);
+    assert_eq!(gemma.encode("", false, true), Vec::<u32>::new());
+    let bytes = gemma.token_id("<0x0A>").expect("byte token");
+    assert_eq!(gemma.token_to_piece(bytes, false), b"\n");
+}
+
+#[test]
+fn from_gguf_is_fast() {
+    // Gemma: 262144 tokens. Loading builds every map once; the budget is generous for slow CI.
+    let path = root().join("models/gemma-3-270m-q4_k_m.gguf");
+    assert!(path.exists(), "{} is missing: run tools/fetch_models.sh", path.display());
+    let g = GgufFile::read(&FileSource::open(&path).unwrap()).unwrap();
+    let t0 = Instant::now();
+    let tok = Tokenizer::from_gguf(&g).unwrap();
+    let dt = t0.elapsed();
+    eprintln!("gemma from_gguf: {dt:?}");
+    assert!(dt.as_secs_f64() < 3.0, "from_gguf took {dt:?}");
+    // A long text with many special-token candidates stays fast.
+    let text = "<start_of_turn>user\n Hello, world! 1234 ".repeat(2000);
+    let t0 = Instant::now();
+    let ids = tok.encode(&text, true, true);
+    eprintln!("encode of {} bytes: {:?} ({} tokens)", text.len(), t0.elapsed(), ids.len());
+    assert!(t0.elapsed().as_secs_f64() < 5.0);
+}
+
+// ---- hostile / incomplete metadata ----
+
+/// A minimal GGUF writer for metadata-only files.
+struct Kv(Vec<u8>, u64);
+
+impl Kv {
+    fn new() -> Self {
+        Kv(Vec::new(), 0)
+    }
+    fn key(&mut self, k: &str, ty: u32) {
+        self.0.extend((k.len() as u64).to_le_bytes());
+        self.0.extend(k.as_bytes());
+        self.0.extend(ty.to_le_bytes());
+        self.1 += 1;
+    }
+    fn s(mut self, k: &str, v: &str) -> Self {
+        self.key(k, 8);
+        self.0.extend((v.len() as u64).to_le_bytes());
+        self.0.extend(v.as_bytes());
+        self
+    }
+    fn u32(mut self, k: &str, v: u32) -> Self {
+        self.key(k, 4);
+        self.0.extend(v.to_le_bytes());
+        self
+    }
+    fn bool(mut self, k: &str, v: bool) -> Self {
+        self.key(k, 7);
+        self.0.push(v as u8);
+        self
+    }
+    fn strs(mut self, k: &str, v: &[&str]) -> Self {
+        self.key(k, 9);
+        self.0.extend(8u32.to_le_bytes());
+        self.0.extend((v.len() as u64).to_le_bytes());
+        for s in v {
+            self.0.extend((s.len() as u64).to_le_bytes());
+            self.0.extend(s.as_bytes());
+        }
+        self
+    }
+    fn i32s(mut self, k: &str, v: &[i32]) -> Self {
+        self.key(k, 9);
+        self.0.extend(5u32.to_le_bytes());
+        self.0.extend((v.len() as u64).to_le_bytes());
+        for x in v {
+            self.0.extend(x.to_le_bytes());
+        }
+        self
+    }
+    fn f32s(mut self, k: &str, v: &[f32]) -> Self {
+        self.key(k, 9);
+        self.0.extend(6u32.to_le_bytes());
+        self.0.extend((v.len() as u64).to_le_bytes());
+        for x in v {
+            self.0.extend(x.to_le_bytes());
+        }
+        self
+    }
+    fn build(self) -> Result<Tokenizer, TokenizerError> {
+        let mut f = Vec::new();
+        f.extend(b"GGUF");
+        f.extend(3u32.to_le_bytes());
+        f.extend(0u64.to_le_bytes());
+        f.extend(self.1.to_le_bytes());
+        f.extend(self.0);
+        let g = GgufFile::read(&MemSource::new(f)).expect("valid gguf");
+        Tokenizer::from_gguf(&g)
+    }
+}
+
+fn tiny_bpe() -> Kv {
+    let toks = ["a", "b", "ab", "Ġ", "Ġab", "<|end|>", "<s>"];
+    Kv::new()
+        .s("tokenizer.ggml.model", "gpt2")
+        .s("tokenizer.ggml.pre", "gpt-2")
+        .strs("tokenizer.ggml.tokens", &toks)
+        .strs("tokenizer.ggml.merges", &["a b", "Ġ ab"])
+        .i32s("tokenizer.ggml.token_type", &[1, 1, 1, 1, 1, 3, 3])
+}
+
+#[test]
+fn tiny_vocabularies() {
+    let t = tiny_bpe().u32("tokenizer.ggml.bos_token_id", 6).bool("tokenizer.ggml.add_bos_token", true).build().unwrap();
+    assert_eq!(t.encode("ab ab", true, true), vec![6, 2, 4]);
+    assert_eq!(t.encode("ab<|end|>", false, true), vec![2, 5]);
+    assert_eq!(t.encode("a<s>", false, false), vec![0], "unknown characters are dropped");
+    assert!(t.is_eog(5));
+    assert_eq!(t.decode(&[2, 4, 5], false), "ab ab");
+    assert_eq!(t.decode(&[2, 4, 5], true), "ab ab<|end|>");
+
+    let spm = Kv::new()
+        .s("tokenizer.ggml.model", "llama")
+        .strs("tokenizer.ggml.tokens", &["<unk>", "<s>", "</s>", "▁a", "a", "▁", "<0x62>"])
+        .f32s("tokenizer.ggml.scores", &[0.0, 0.0, 0.0, -1.0, -2.0, -3.0, 0.0])
+        .i32s("tokenizer.ggml.token_type", &[2, 3, 3, 1, 1, 1, 6])
+        .build()
+        .unwrap();
+    assert!(spm.add_bos());
+    assert_eq!(spm.encode("a b", true, false), vec![1, 3, 5, 6]);
+    assert_eq!(spm.decode(&[1, 3, 5, 6], false), " a b");
+}
+
+#[test]
+fn hostile_metadata_gives_errors() {
+    use TokenizerError as E;
+    let r = Kv::new().build();
+    assert!(matches!(r, Err(E::MissingKey(_))), "{r:?}");
+    let r = Kv::new().s("tokenizer.ggml.model", "bert").strs("tokenizer.ggml.tokens", &["a"]).build();
+    assert!(matches!(r, Err(E::UnsupportedModel(_))), "{r:?}");
+    let r = Kv::new().s("tokenizer.ggml.model", "gpt2").strs("tokenizer.ggml.tokens", &["a"]).build();
+    assert!(matches!(r, Err(E::MissingKey(_))), "no merges: {r:?}");
+    let r = tiny_bpe().s("tokenizer.ggml.pre", "no-such-pre").build();
+    // Second key of the same name: the reader keeps the last one.
+    assert!(matches!(r, Err(E::UnsupportedPre(_))), "{r:?}");
+    let r = Kv::new().s("tokenizer.ggml.model", "llama").u32("tokenizer.ggml.tokens", 3).build();
+    assert!(matches!(r, Err(E::BadMetadata { .. })), "{r:?}");
+    let r = Kv::new().s("tokenizer.ggml.model", "llama").i32s("tokenizer.ggml.tokens", &[1, 2]).build();
+    assert!(matches!(r, Err(E::BadMetadata { .. })), "{r:?}");
+    let r = Kv::new().s("tokenizer.ggml.model", "llama").strs("tokenizer.ggml.tokens", &[]).build();
+    assert!(matches!(r, Err(E::BadMetadata { .. })), "{r:?}");
+    let r = Kv::new()
+        .s("tokenizer.ggml.model", "llama")
+        .strs("tokenizer.ggml.tokens", &["a", "b"])
+        .f32s("tokenizer.ggml.scores", &[1.0])
+        .build();
+    assert!(matches!(r, Err(E::BadMetadata { .. })), "short scores: {r:?}");
+    let r = Kv::new()
+        .s("tokenizer.ggml.model", "llama")
+        .strs("tokenizer.ggml.tokens", &["a", "b"])
+        .i32s("tokenizer.ggml.token_type", &[1])
+        .build();
+    assert!(matches!(r, Err(E::BadMetadata { .. })), "short types: {r:?}");
+    let r = tiny_bpe().s("tokenizer.ggml.bos_token_id", "x").build();
+    assert!(matches!(r, Err(E::BadMetadata { .. })), "{r:?}");
+
+    // Out-of-range ids, odd token types, empty and duplicate tokens: accepted without panics.
+    let t = Kv::new()
+        .s("tokenizer.ggml.model", "llama")
+        .strs("tokenizer.ggml.tokens", &["", "x", "x", "<0xZZ>", "▁"])
+        .i32s("tokenizer.ggml.token_type", &[99, -5, 1, 6, 1])
+        .u32("tokenizer.ggml.bos_token_id", 1_000_000)
+        .u32("tokenizer.ggml.eos_token_id", 4_000_000_000)
+        .build()
+        .unwrap();
+    assert_eq!(t.bos(), Some(1), "invalid key keeps the default");
+    assert_eq!(t.eos(), Some(2));
+    assert_eq!(t.token_text(0), "[EMPTY_0]");
+    let ids = t.encode("x x \u{1F600}", true, true);
+    assert_eq!(ids[0], 1);
+    for id in [0, 1, 2, 3, 4, 5, u32::MAX] {
+        let _ = t.token_to_piece(id, true);
+        let _ = t.token_to_piece(id, false);
+    }
+    let _ = t.decode(&ids, true);
+}
