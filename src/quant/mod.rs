@@ -11,12 +11,15 @@
 //!
 //! Code layout: `float` (F32/F16/BF16), `legacy` (Q4_0 … Q8_1), `kquants` (Q2_K … Q8_K),
 //! `iq` (IQ4_NL, IQ4_XS, MXFP4) hold the portable (scalar) code, which is also what runs on
-//! wasm32; `x86` holds the AVX2+FMA+F16C kernels, chosen at run time (see [`Simd`]).
+//! wasm32; `x86` holds the AVX2+FMA+F16C kernels, chosen at run time, and `wasm` the
+//! WebAssembly SIMD128 kernels, compiled in when the build enables `simd128` (see [`Simd`]).
 
 mod float;
 mod iq;
 mod kquants;
 mod legacy;
+#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+mod wasm;
 #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
 mod x86;
 
@@ -345,9 +348,11 @@ pub enum Simd {
     Scalar,
     /// x86 AVX2 + FMA + F16C.
     Avx2,
+    /// WebAssembly SIMD128 (only in builds with `-C target-feature=+simd128`).
+    Simd128,
 }
 
-static SIMD_LEVEL: AtomicU8 = AtomicU8::new(0); // 0 = not yet detected, 1 = Scalar, 2 = Avx2
+static SIMD_LEVEL: AtomicU8 = AtomicU8::new(0); // 0 = not yet detected, 1 = Scalar, 2 = Avx2, 3 = Simd128
 
 impl Simd {
     /// The best level this CPU supports. Setting the environment variable `LES_NO_SIMD` (to any
@@ -356,10 +361,21 @@ impl Simd {
         match SIMD_LEVEL.load(Ordering::Relaxed) {
             1 => Simd::Scalar,
             2 => Simd::Avx2,
+            3 => Simd::Simd128,
             _ => {
                 let forced_scalar = std::env::var_os("LES_NO_SIMD").is_some();
-                let s = if !forced_scalar && Simd::Avx2.is_available() { Simd::Avx2 } else { Simd::Scalar };
-                SIMD_LEVEL.store(if s == Simd::Avx2 { 2 } else { 1 }, Ordering::Relaxed);
+                let s = [Simd::Avx2, Simd::Simd128]
+                    .into_iter()
+                    .find(|s| !forced_scalar && s.is_available())
+                    .unwrap_or(Simd::Scalar);
+                SIMD_LEVEL.store(
+                    match s {
+                        Simd::Scalar => 1,
+                        Simd::Avx2 => 2,
+                        Simd::Simd128 => 3,
+                    },
+                    Ordering::Relaxed,
+                );
                 s
             }
         }
@@ -387,12 +403,13 @@ impl Simd {
                     }
                 }
             }
+            Simd::Simd128 => cfg!(all(target_arch = "wasm32", target_feature = "simd128")),
         }
     }
 
     /// Every level this CPU can run (always includes [`Simd::Scalar`]).
     pub fn available() -> Vec<Simd> {
-        [Simd::Scalar, Simd::Avx2].into_iter().filter(|s| s.is_available()).collect()
+        [Simd::Scalar, Simd::Avx2, Simd::Simd128].into_iter().filter(|s| s.is_available()).collect()
     }
 }
 
@@ -432,6 +449,12 @@ fn kernel(simd: Simd, ty: GgmlType) -> Option<DotFn> {
     #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
     if simd == Simd::Avx2 && simd.is_available() {
         if let Some(k) = x86::kernel(ty) {
+            return Some(k);
+        }
+    }
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    if simd == Simd::Simd128 {
+        if let Some(k) = wasm::kernel(ty) {
             return Some(k);
         }
     }
