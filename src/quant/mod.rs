@@ -294,8 +294,9 @@ pub fn dequantize_row(ty: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<(), Q
 /// The format ggml's CPU backend converts the activation row to before dotting it with a weight
 /// row of type `ty` (`type_traits_cpu[ty].vec_dot_type` in `ggml/src/ggml-cpu/ggml-cpu.c`):
 /// Q4_0/Q5_0/Q8_0/IQ4_NL/MXFP4 -> Q8_0, Q4_1/Q5_1 -> Q8_1, K-quants and IQ4_XS -> Q8_K, and
-/// F32/F16/BF16 to themselves. Types without a dot product (integers, F64, Q8_1, Q8_K) map to
-/// F32, the value ggml's zero-initialised table holds for them.
+/// F32/F16/BF16 to themselves. As in that table, Q8_1 maps to itself and the types without an
+/// entry (integers, F64, Q8_K) to F32, the value of its zero-initialised fields; none of these
+/// has a [`vec_dot`] (see [`supports_vec_dot`]).
 pub fn vec_dot_type(ty: GgmlType) -> GgmlType {
     use GgmlType::*;
     match ty {
@@ -304,7 +305,8 @@ pub fn vec_dot_type(ty: GgmlType) -> GgmlType {
         Q4_0 | Q5_0 | Q8_0 | IQ4NL | MXFP4 => Q8_0,
         Q4_1 | Q5_1 => Q8_1,
         Q2K | Q3K | Q4K | Q5K | Q6K | IQ4XS => Q8K,
-        F32 | Q8_1 | Q8K | I8 | I16 | I32 | I64 | F64 => F32,
+        Q8_1 => Q8_1,
+        F32 | Q8K | I8 | I16 | I32 | I64 | F64 => F32,
     }
 }
 
