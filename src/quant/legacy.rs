@@ -97,16 +97,19 @@ pub(super) fn dequant_q8_1(src: &[u8], dst: &mut [f32]) {
     }
 }
 
-/// Shared by Q8_0 and Q8_1: scale `d = amax / 127` and the quants `roundf(x / d)` of one block.
+/// Shared by Q8_0 and Q8_1: scale `d = amax / 127` and the quants `round_half_even(x * 127 / amax)`
+/// of one block. This is what ggml's x86 (AVX/AVX2) `quantize_row_q8_0` / `quantize_row_q8_1`
+/// compute (`ggml-cpu/arch/x86/quants.c`: `id = 127.f / max`, `_mm256_round_ps(.., _MM_ROUND_NEAREST)`),
+/// which is the path llama.cpp takes on the reference machine; the portable
+/// `quantize_row_q8_0_ref` (`1/d`, `roundf`) can differ in the last bit of `id` and on ties.
 #[inline(always)]
 fn q8_block(x: &[f32], qs: &mut [u8]) -> (f32, i32) {
     let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
     let d = amax / 127.0;
-    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
     let mut sum = 0i32;
     for (q, &v) in qs.iter_mut().zip(x) {
-        // `f32::round` rounds halves away from zero, like C's roundf.
-        let r = (v * id).round() as i8;
+        let r = (v * id).round_ties_even() as i8;
         sum += r as i32;
         *q = r as u8;
     }

@@ -315,10 +315,11 @@ pub fn vec_dot_type(ty: GgmlType) -> GgmlType {
 ///
 /// Q8_0/Q8_1/Q8_K follow ggml's reference quantizers (`quantize_row_q8_0_ref`,
 /// `quantize_row_q8_1_ref`, `quantize_row_q8_K_ref` in `ggml/src/ggml-quants.c`): Q8_0/Q8_1 use
-/// `d = amax / 127` stored as f16, `q = roundf(x / d)` (halves away from zero) and for Q8_1
-/// `s = f16(d * sum(q))`; Q8_K uses `d = max / -127` as f32, round-half-even, and int16 sums
-/// per 16 values. F16 rounds to nearest even; BF16 rounds to nearest even with NaNs kept quiet
-/// (ggml's `GGML_FP32_TO_BF16`).
+/// `d = amax / 127` (stored as f16) and `q = roundf(x * (1 / d))` (halves away from zero), Q8_1
+/// also `s = f16(d * sum(q))`; Q8_K uses `iscale = -127 / max` (`max`: the first element of
+/// largest magnitude), `q = min(127, round_half_even(x * iscale))`, `d = 1 / iscale` as f32 and
+/// int16 sums of each 16 quants. F16 rounds to nearest even; BF16 rounds to nearest even with
+/// NaNs kept quiet (ggml's `GGML_FP32_TO_BF16`).
 ///
 /// Note: ggml's x86 build quantizes Q8_0/Q8_1 with an AVX variant (`127 / amax` as the
 /// multiplier, ties to even) that can differ from the reference by one quantum on rare ties;
@@ -471,12 +472,12 @@ fn dot_sizes_ok(ty: GgmlType, n: usize, w_len: usize, act_len: usize, rows: usiz
     let at = vec_dot_type(ty);
     let ok_n = n % bs == 0 && n % at.block_size() == 0;
     let w_need = (n / bs).checked_mul(ty.type_size()).and_then(|r| r.checked_mul(rows));
-    let a_need = n / at.block_size() * at.type_size();
-    let ok = ok_n && w_need.is_some_and(|w| w_len >= w) && act_len >= a_need;
+    let a_need = (n / at.block_size()).checked_mul(at.type_size());
+    let ok = ok_n && w_need.is_some_and(|w| w_len >= w) && a_need.is_some_and(|a| act_len >= a);
     debug_assert!(
         ok,
         "quant::vec_dot/matvec({ty}, n = {n}, rows = {rows}): weight has {w_len} bytes (needs {w_need:?}), \
-         activation has {act_len} bytes (needs {a_need} of {at})"
+         activation has {act_len} bytes (needs {a_need:?} of {at})"
     );
     ok
 }
