@@ -37,8 +37,8 @@ fn load_model(rel: &str) -> Tokenizer {
     tok
 }
 
-fn corpus() -> Vec<String> {
-    let p = root().join("tests/fixtures/tokenizer/corpus.json");
+fn corpus(dir: &std::path::Path) -> Vec<String> {
+    let p = dir.join("corpus.json");
     serde_json::from_str(&std::fs::read_to_string(p).expect("corpus.json")).expect("corpus.json is a string array")
 }
 
@@ -53,10 +53,15 @@ fn hex(s: &str) -> Vec<u8> {
 
 /// Compare one tokenizer with its reference file; panics with a summary of all mismatches.
 fn check(name: &str) {
-    let refp = root().join(format!("tests/fixtures/tokenizer/refs/{name}.json"));
+    check_in(&root().join("tests/fixtures/tokenizer"), name);
+}
+
+/// Like [`check`] for `dir/corpus.json` and `dir/refs/<name>.json`.
+fn check_in(dir: &std::path::Path, name: &str) {
+    let refp = dir.join(format!("refs/{name}.json"));
     let doc: Json = serde_json::from_str(&std::fs::read_to_string(&refp).expect("reference file")).expect("json");
     let tok = load_model(doc["model"].as_str().expect("model"));
-    let corpus = corpus();
+    let corpus = corpus(dir);
     let cases = doc["cases"].as_array().expect("cases");
     let mut failures = Vec::new();
     let (mut n_ids, mut n_pieces, mut n_decode, mut n_exact) = (0, 0, 0, 0);
@@ -163,6 +168,23 @@ fn default_matches_llama_cpp() {
 #[test]
 fn gpt2_matches_llama_cpp() {
     check("gpt2");
+}
+
+/// Differential run on a corpus made by `tools/tokenizer_refs.py fuzz-corpus DIR N SEED` and
+/// `tools/tokenizer_refs.py refs LLAMA_TOKENIZE DIR`: `LES_TOKENIZER_REFS=DIR cargo test --test
+/// tokenizer -- --ignored`.
+#[test]
+#[ignore]
+fn differential_corpus() {
+    let dir = PathBuf::from(std::env::var("LES_TOKENIZER_REFS").expect("set LES_TOKENIZER_REFS=DIR"));
+    let mut names: Vec<String> = std::fs::read_dir(dir.join("refs"))
+        .expect("DIR/refs")
+        .filter_map(|e| e.ok()?.file_name().to_str()?.strip_suffix(".json").map(str::to_owned))
+        .collect();
+    names.sort();
+    let failed: Vec<String> =
+        names.iter().filter(|n| std::panic::catch_unwind(|| check_in(&dir, n)).is_err()).cloned().collect();
+    assert!(failed.is_empty(), "mismatches for {failed:?}");
 }
 
 #[test]
@@ -371,4 +393,96 @@ fn hostile_metadata_gives_errors() {
         let _ = t.token_to_piece(id, false);
     }
     let _ = t.decode(&ids, true);
+}
+
+// ---- properties on arbitrary text ----
+
+mod props {
+    use super::*;
+    use proptest::prelude::*;
+    use std::sync::OnceLock;
+
+    fn smol() -> &'static Tokenizer {
+        static T: OnceLock<Tokenizer> = OnceLock::new();
+        T.get_or_init(|| load_model("models/SmolLM2-135M-Instruct.Q4_1.gguf"))
+    }
+    fn llama_bpe() -> &'static Tokenizer {
+        static T: OnceLock<Tokenizer> = OnceLock::new();
+        T.get_or_init(|| load_model("models/vocab-llama-bpe.gguf"))
+    }
+    fn default_pre() -> &'static Tokenizer {
+        static T: OnceLock<Tokenizer> = OnceLock::new();
+        T.get_or_init(|| load_model("models/vocab-default.gguf"))
+    }
+    fn gemma() -> &'static Tokenizer {
+        static T: OnceLock<Tokenizer> = OnceLock::new();
+        T.get_or_init(|| load_model("models/gemma-3-270m-q4_k_m.gguf"))
+    }
+
+    /// GPT-2's printable stand-in for a byte.
+    fn gpt2_byte(b: u8) -> char {
+        let direct = |b: u8| matches!(b, 0x21..=0x7e | 0xa1..=0xac | 0xae..=0xff);
+        if direct(b) {
+            return b as char;
+        }
+        let n = (0..b).filter(|&x| !direct(x)).count() as u32;
+        char::from_u32(256 + n).unwrap()
+    }
+
+    /// Text from a mix of hard pieces and arbitrary characters.
+    fn text() -> impl Strategy<Value = String> {
+        let piece = prop_oneof![
+            Just(" ".to_owned()),
+            Just("\n".to_owned()),
+            Just("\r\n".to_owned()),
+            Just("\t".to_owned()),
+            Just("'s".to_owned()),
+            Just("'LL".to_owned()),
+            Just("123".to_owned()),
+            Just("<|im_start|>".to_owned()),
+            Just("<start_of_turn>".to_owned()),
+            "[a-zA-Z]{1,6}",
+            "[ \\t\\n\\u{a0}\\u{3000}\\u{85}]{1,4}",
+            "[0-9٠-٩]{1,5}",
+            "[!-/:-@\\[-`{-~]{1,3}",
+            "[À-ɏ]{1,3}",
+            "[一-龥]{1,3}",
+            "[\\u{1F300}-\\u{1FAFF}\\u{200D}\\u{FE0F}]{1,3}",
+            any::<char>().prop_map(String::from),
+        ];
+        prop::collection::vec(piece, 0..16).prop_map(|v| v.concat())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+        /// Byte-level BPE loses nothing where the vocabulary has a token for every byte of the
+        /// text (SmolLM2 lacks a few, e.g. 0xF1; llama.cpp then drops the byte too).
+        #[test]
+        fn bpe_round_trips(s in text()) {
+            for tok in [smol(), llama_bpe(), default_pre()] {
+                prop_assume!(s.bytes().all(|b| tok.token_id(&gpt2_byte(b).to_string()).is_some()));
+                let ids = tok.encode(&s, false, true);
+                prop_assert_eq!(tok.decode(&ids, true), s.clone());
+                let ids = tok.encode(&s, false, false);
+                prop_assert_eq!(tok.decode(&ids, true), s.clone());
+            }
+        }
+
+        /// SentencePiece with byte fallback loses nothing but turns U+2581 into spaces.
+        #[test]
+        fn spm_round_trips(s in text()) {
+            let tok = gemma();
+            let ids = tok.encode(&s, false, true);
+            let want = s.replace('\u{2581}', " ");
+            prop_assert_eq!(tok.decode(&ids, true), want);
+            prop_assert!(ids.iter().all(|&id| (id as usize) < tok.n_vocab()));
+        }
+    }
+}
+
+#[test]
+fn tokenizer_is_send_and_sync() {
+    fn check<T: Send + Sync>() {}
+    check::<Tokenizer>();
 }

@@ -2,9 +2,14 @@
 """Vocabulary-only GGUF files and llama.cpp reference token ids for tests/tokenizer.rs.
 
     tokenizer_refs.py vocabs            write models/vocab-*.gguf (needs only Python + gguf)
-    tokenizer_refs.py refs LLAMA_TOKENIZE
-                                        run llama.cpp's llama-tokenize over the corpus for every
-                                        tokenizer; write tests/fixtures/tokenizer/refs/*.json
+    tokenizer_refs.py refs LLAMA_TOKENIZE [DIR]
+                                        run llama.cpp's llama-tokenize over DIR/corpus.json for
+                                        every tokenizer; write DIR/refs/*.json
+                                        (DIR: tests/fixtures/tokenizer)
+    tokenizer_refs.py fuzz-corpus DIR N SEED
+                                        write DIR/corpus.json with N random strings, for a
+                                        differential run: refs LLAMA_TOKENIZE DIR, then
+                                        LES_TOKENIZER_REFS=DIR cargo test --test tokenizer -- --ignored
 
 Run through tools/make_tokenizer_refs.sh. The vocab files copy the metadata (no tensors) of the
 two real models in models/ and change a few tokenizer keys, so one real vocabulary exercises
@@ -147,11 +152,22 @@ def parse_pieces(out, ids):
     return pieces
 
 
-def refs(llama_tokenize):
-    with open(os.path.join(FIXTURES, "corpus.json"), encoding="utf-8") as f:
+def write_json(doc, path):
+    """JSON with one line per case."""
+    head = {k: v for k, v in doc.items() if k != "cases"}
+    text = json.dumps(head, ensure_ascii=False, indent=1)[:-2]
+    lines = [json.dumps(c, ensure_ascii=False) for c in doc["cases"]]
+    text += ',\n "cases": [\n  ' + ",\n  ".join(lines) + "\n ]\n}\n"
+    assert json.loads(text) == doc
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+def refs(llama_tokenize, fixtures=FIXTURES):
+    with open(os.path.join(fixtures, "corpus.json"), encoding="utf-8") as f:
         corpus = json.load(f)
     commit, version = llama_cpp_commit(llama_tokenize)
-    os.makedirs(os.path.join(FIXTURES, "refs"), exist_ok=True)
+    os.makedirs(os.path.join(fixtures, "refs"), exist_ok=True)
     base = ["llama-tokenize", "-m", "MODEL", "-f", "TEXT_FILE", "--no-escape", "--log-disable"]
     modes = [
         # (add_special flag or None = model default, parse_special, extra args)
@@ -159,8 +175,14 @@ def refs(llama_tokenize):
         (False, True, ["--no-bos"]),
         ("model", False, ["--no-parse-special"]),
     ]
+    # Subsets for quick differential runs: TOKREFS_TOKENIZERS=smollm,gemma TOKREFS_MODES=0,2
+    only = os.environ.get("TOKREFS_TOKENIZERS")
+    if os.environ.get("TOKREFS_MODES"):
+        modes = [modes[int(i)] for i in os.environ["TOKREFS_MODES"].split(",")]
     with tempfile.TemporaryDirectory() as tmp:
         for name, model in TOKENIZERS.items():
+            if only and name not in only.split(","):
+                continue
             path = os.path.join(MODELS, model)
             need(path, "run tools/fetch_models.sh and tools/make_tokenizer_refs.sh vocabs")
             cases = []
@@ -192,22 +214,63 @@ def refs(llama_tokenize):
                     "extra": {"model/parse": "", "no-bos/parse": "--no-bos", "model/no-parse": "--no-parse-special"},
                     "note": "TEXT_FILE holds corpus.json[text] as UTF-8 without a trailing newline; "
                     "add_special 'model' means llama-tokenize's default (add_special = the model's add_bos); "
-                    "pieces are common_token_to_piece(ctx, id) (special=true), parsed from the default output",
+                    "pieces are common_token_to_piece(ctx, id) (special=true), parsed from the default output; "
+                    "llama-tokenize prints them with printf(\"%s\"), so a piece ends at its first NUL byte",
                 },
                 "cases": cases,
             }
-            out = os.path.join(FIXTURES, "refs", f"{name}.json")
-            with open(out, "w", encoding="utf-8") as f:
-                json.dump(doc, f, ensure_ascii=False, indent=1)
-                f.write("\n")
+            out = os.path.join(fixtures, "refs", f"{name}.json")
+            write_json(doc, out)
             print(f"wrote {os.path.relpath(out, ROOT)} ({len(cases)} cases)", file=sys.stderr)
+
+
+# Pieces random strings are made of.
+FUZZ_PIECES = [
+    " ", "  ", "   ", "\t", "\n", "\r\n", "\r", "\n\n", " \n", "\u00a0", "\u3000", "\u2003", "\u0085", "\u2028",
+    "\u200b", "\u200d", "\u200c", "\ufeff", "a", "Z", "hello", "World", "the", "I", "'s", "'S", "'t", "'re", "'ll",
+    "'LL", "'ve", "'d", "'m", "'", "''", "0", "7", "12", "123", "2024", "1234567", "٣", "४", "５", "½", "²", "Ⅻ",
+    ".", ",", "!", "?", "...", "-", "--", "_", "$", "+", "=", "<", ">", "^", "~", "|", "`", "\\", "/", "#", "@",
+    "(", ")", "[", "]", "{", "}", "\"", "*", "&", "%", "é", "e\u0301", "ñ", "ß", "ﬁ", "Å", "日本", "語", "中文",
+    "한국", "ไทย", "مرحبا", "नमस्ते", "Привет", "Ωμέγα", "עברית", "😀", "👍🏽", "👨‍👩‍👧", "🏳️‍🌈", "𝄞", "𐍈",
+    "\u1c89", "\U000e0080", "\x00", "\x07", "\x1b", "\x7f", "▁", "▁▁", "<0x41>", "<|im_start|>", "<|im_end|>",
+    "<|endoftext|>", "<start_of_turn>", "<end_of_turn>", "<bos>", "<eos>", "<pad>", "<unk>", "<mask>", "<s>",
+    "</s>", "<fim_prefix>", "<unused0>", "<|im_start", "im_end|>",
+]
+
+
+def fuzz_corpus(out_dir, n, seed):
+    import random
+
+    rng = random.Random(seed)
+    corpus = []
+    for _ in range(n):
+        parts = []
+        for _ in range(rng.randint(1, 24)):
+            r = rng.random()
+            if r < 0.8:
+                parts.append(rng.choice(FUZZ_PIECES))
+            else:
+                # any scalar value, weighted toward the BMP
+                hi = 0x10000 if r < 0.95 else 0x110000
+                while True:
+                    c = rng.randrange(1, hi)
+                    if not 0xD800 <= c < 0xE000:
+                        break
+                parts.append(chr(c))
+        corpus.append("".join(parts))
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "corpus.json"), "w", encoding="utf-8") as f:
+        json.dump(corpus, f, ensure_ascii=False, indent=1)
+        f.write("\n")
 
 
 def main():
     if len(sys.argv) >= 2 and sys.argv[1] == "vocabs":
         vocabs()
     elif len(sys.argv) >= 3 and sys.argv[1] == "refs":
-        refs(sys.argv[2])
+        refs(sys.argv[2], *sys.argv[3:4])
+    elif len(sys.argv) == 5 and sys.argv[1] == "fuzz-corpus":
+        fuzz_corpus(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
     else:
         sys.exit(__doc__)
 
