@@ -48,7 +48,9 @@ fn c_str(b: &[u8]) -> &[u8] {
 }
 
 fn hex(s: &str) -> Vec<u8> {
-    (0..s.len() / 2).map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).expect("hex")).collect()
+    (0..s.len() / 2)
+        .map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).expect("hex"))
+        .collect()
 }
 
 /// Compare one tokenizer with its reference file; panics with a summary of all mismatches.
@@ -74,17 +76,29 @@ fn check_in(dir: &std::path::Path, name: &str) {
             _ => tok.add_bos(), // llama-tokenize passes the model's add_bos as add_special
         };
         let parse_special = case["parse_special"].as_bool().expect("parse_special");
-        let want: Vec<u32> = case["ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+        let want: Vec<u32> = case["ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect();
         let got = tok.encode(text, add_special, parse_special);
         let mode = format!("add_special={add_special} parse_special={parse_special}");
         if got == want {
             n_ids += 1;
         } else {
-            failures.push(format!("ids of #{ti} {text:?} ({mode}):\n    llama.cpp {want:?}\n    les       {got:?}"));
+            failures.push(format!(
+                "ids of #{ti} {text:?} ({mode}):\n    llama.cpp {want:?}\n    les       {got:?}"
+            ));
         }
         // Pieces (special = true), against llama.cpp's for its own ids. llama-tokenize prints
         // pieces with printf("%s"), so a reference piece ends at its first NUL byte.
-        let pieces: Vec<Vec<u8>> = case["pieces_hex"].as_array().unwrap().iter().map(|v| hex(v.as_str().unwrap())).collect();
+        let pieces: Vec<Vec<u8>> = case["pieces_hex"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| hex(v.as_str().unwrap()))
+            .collect();
         let mut pieces_ok = true;
         for (&id, p) in want.iter().zip(&pieces) {
             let mine = tok.token_to_piece(id, true);
@@ -104,7 +118,10 @@ fn check_in(dir: &std::path::Path, name: &str) {
         // Decoding our ids gives llama.cpp's concatenated pieces; where those are the input text,
         // decode(encode(s)) == s.
         let llama_text: Vec<u8> = pieces.concat();
-        let ours: Vec<u8> = got.iter().flat_map(|&id| c_str(&tok.token_to_piece(id, true)).to_vec()).collect();
+        let ours: Vec<u8> = got
+            .iter()
+            .flat_map(|&id| c_str(&tok.token_to_piece(id, true)).to_vec())
+            .collect();
         if ours == llama_text {
             n_decode += 1;
         } else {
@@ -133,7 +150,10 @@ fn check_in(dir: &std::path::Path, name: &str) {
     if !failures.is_empty() {
         let n = failures.len();
         failures.truncate(20);
-        panic!("{name}: {n} mismatches with llama.cpp; first ones:\n{}", failures.join("\n"));
+        panic!(
+            "{name}: {n} mismatches with llama.cpp; first ones:\n{}",
+            failures.join("\n")
+        );
     }
 }
 
@@ -182,8 +202,11 @@ fn differential_corpus() {
         .filter_map(|e| e.ok()?.file_name().to_str()?.strip_suffix(".json").map(str::to_owned))
         .collect();
     names.sort();
-    let failed: Vec<String> =
-        names.iter().filter(|n| std::panic::catch_unwind(|| check_in(&dir, n)).is_err()).cloned().collect();
+    let failed: Vec<String> = names
+        .iter()
+        .filter(|n| std::panic::catch_unwind(|| check_in(&dir, n)).is_err())
+        .cloned()
+        .collect();
     assert!(failed.is_empty(), "mismatches for {failed:?}");
 }
 
@@ -223,7 +246,11 @@ fn special_ids_and_flags() {
 fn from_gguf_is_fast() {
     // Gemma: 262144 tokens. Loading builds every map once; the budget is generous for slow CI.
     let path = root().join("models/gemma-3-270m-q4_k_m.gguf");
-    assert!(path.exists(), "{} is missing: run tools/fetch_models.sh", path.display());
+    assert!(
+        path.exists(),
+        "{} is missing: run tools/fetch_models.sh",
+        path.display()
+    );
     let g = GgufFile::read(&FileSource::open(&path).unwrap()).unwrap();
     let t0 = Instant::now();
     let tok = Tokenizer::from_gguf(&g).unwrap();
@@ -234,7 +261,12 @@ fn from_gguf_is_fast() {
     let text = "<start_of_turn>user\n Hello, world! 1234 ".repeat(2000);
     let t0 = Instant::now();
     let ids = tok.encode(&text, true, true);
-    eprintln!("encode of {} bytes: {:?} ({} tokens)", text.len(), t0.elapsed(), ids.len());
+    eprintln!(
+        "encode of {} bytes: {:?} ({} tokens)",
+        text.len(),
+        t0.elapsed(),
+        ids.len()
+    );
     assert!(t0.elapsed().as_secs_f64() < 5.0);
 }
 
@@ -321,17 +353,28 @@ fn tiny_bpe() -> Kv {
 
 #[test]
 fn tiny_vocabularies() {
-    let t = tiny_bpe().u32("tokenizer.ggml.bos_token_id", 6).bool("tokenizer.ggml.add_bos_token", true).build().unwrap();
+    let t = tiny_bpe()
+        .u32("tokenizer.ggml.bos_token_id", 6)
+        .bool("tokenizer.ggml.add_bos_token", true)
+        .build()
+        .unwrap();
     assert_eq!(t.encode("ab ab", true, true), vec![6, 2, 4]);
     assert_eq!(t.encode("ab<|end|>", false, true), vec![2, 5]);
-    assert_eq!(t.encode("a<s>", false, false), vec![0], "unknown characters are dropped");
+    assert_eq!(
+        t.encode("a<s>", false, false),
+        vec![0],
+        "unknown characters are dropped"
+    );
     assert!(t.is_eog(5));
     assert_eq!(t.decode(&[2, 4, 5], false), "ab ab");
     assert_eq!(t.decode(&[2, 4, 5], true), "ab ab<|end|>");
 
     let spm = Kv::new()
         .s("tokenizer.ggml.model", "llama")
-        .strs("tokenizer.ggml.tokens", &["<unk>", "<s>", "</s>", "▁a", "a", "▁", "<0x62>"])
+        .strs(
+            "tokenizer.ggml.tokens",
+            &["<unk>", "<s>", "</s>", "▁a", "a", "▁", "<0x62>"],
+        )
         .f32s("tokenizer.ggml.scores", &[0.0, 0.0, 0.0, -1.0, -2.0, -3.0, 0.0])
         .i32s("tokenizer.ggml.token_type", &[2, 3, 3, 1, 1, 1, 6])
         .build()
@@ -346,18 +389,33 @@ fn hostile_metadata_gives_errors() {
     use TokenizerError as E;
     let r = Kv::new().build();
     assert!(matches!(r, Err(E::MissingKey(_))), "{r:?}");
-    let r = Kv::new().s("tokenizer.ggml.model", "bert").strs("tokenizer.ggml.tokens", &["a"]).build();
+    let r = Kv::new()
+        .s("tokenizer.ggml.model", "bert")
+        .strs("tokenizer.ggml.tokens", &["a"])
+        .build();
     assert!(matches!(r, Err(E::UnsupportedModel(_))), "{r:?}");
-    let r = Kv::new().s("tokenizer.ggml.model", "gpt2").strs("tokenizer.ggml.tokens", &["a"]).build();
+    let r = Kv::new()
+        .s("tokenizer.ggml.model", "gpt2")
+        .strs("tokenizer.ggml.tokens", &["a"])
+        .build();
     assert!(matches!(r, Err(E::MissingKey(_))), "no merges: {r:?}");
     let r = tiny_bpe().s("tokenizer.ggml.pre", "no-such-pre").build();
     // Second key of the same name: the reader keeps the last one.
     assert!(matches!(r, Err(E::UnsupportedPre(_))), "{r:?}");
-    let r = Kv::new().s("tokenizer.ggml.model", "llama").u32("tokenizer.ggml.tokens", 3).build();
+    let r = Kv::new()
+        .s("tokenizer.ggml.model", "llama")
+        .u32("tokenizer.ggml.tokens", 3)
+        .build();
     assert!(matches!(r, Err(E::BadMetadata { .. })), "{r:?}");
-    let r = Kv::new().s("tokenizer.ggml.model", "llama").i32s("tokenizer.ggml.tokens", &[1, 2]).build();
+    let r = Kv::new()
+        .s("tokenizer.ggml.model", "llama")
+        .i32s("tokenizer.ggml.tokens", &[1, 2])
+        .build();
     assert!(matches!(r, Err(E::BadMetadata { .. })), "{r:?}");
-    let r = Kv::new().s("tokenizer.ggml.model", "llama").strs("tokenizer.ggml.tokens", &[]).build();
+    let r = Kv::new()
+        .s("tokenizer.ggml.model", "llama")
+        .strs("tokenizer.ggml.tokens", &[])
+        .build();
     assert!(matches!(r, Err(E::BadMetadata { .. })), "{r:?}");
     let r = Kv::new()
         .s("tokenizer.ggml.model", "llama")

@@ -94,15 +94,16 @@ pub(crate) fn bpe_word(vocab: &Vocab, ranks: &BpeRanks, word: &str, ignore_merge
     // Min-heap on (rank, left); `size` detects stale entries.
     let mut queue: BinaryHeap<Reverse<(u32, u32, u32, u32)>> = BinaryHeap::new();
     let mut key = String::new();
-    let push = |queue: &mut BinaryHeap<Reverse<(u32, u32, u32, u32)>>, key: &mut String, syms: &[Sym], l: i32, r: i32| {
-        if l < 0 || r < 0 {
-            return;
-        }
-        let (ls, rs) = (&syms[l as usize], &syms[r as usize]);
-        if let Some(rank) = ranks.rank(key, word, ls, rs) {
-            queue.push(Reverse((rank, l as u32, r as u32, ls.len + rs.len)));
-        }
-    };
+    let push =
+        |queue: &mut BinaryHeap<Reverse<(u32, u32, u32, u32)>>, key: &mut String, syms: &[Sym], l: i32, r: i32| {
+            if l < 0 || r < 0 {
+                return;
+            }
+            let (ls, rs) = (&syms[l as usize], &syms[r as usize]);
+            if let Some(rank) = ranks.rank(key, word, ls, rs) {
+                queue.push(Reverse((rank, l as u32, r as u32, ls.len + rs.len)));
+            }
+        };
     for i in 1..syms.len() {
         push(&mut queue, &mut key, &syms, i as i32 - 1, i as i32);
     }

@@ -33,7 +33,9 @@ pub enum TokenizerError {
     MissingKey(String),
     #[error("metadata key '{key}': {why}")]
     BadMetadata { key: String, why: String },
-    #[error("unsupported tokenizer model '{0}' (LES reads 'gpt2' byte-level BPE and 'llama' SentencePiece vocabularies)")]
+    #[error(
+        "unsupported tokenizer model '{0}' (LES reads 'gpt2' byte-level BPE and 'llama' SentencePiece vocabularies)"
+    )]
     UnsupportedModel(String),
     #[error("unsupported BPE pre-tokenizer '{0}'")]
     UnsupportedPre(String),
@@ -125,7 +127,11 @@ impl Vocab {
 }
 
 enum Kind {
-    Bpe { stages: Vec<Stage>, ranks: merge::BpeRanks, ignore_merges: bool },
+    Bpe {
+        stages: Vec<Stage>,
+        ranks: merge::BpeRanks,
+        ignore_merges: bool,
+    },
     Spm,
 }
 
@@ -226,18 +232,48 @@ const AUTO_DETECT: [(Sp, &[&str]); 8] = [
     (Sp::Eom, &["<|eom_id|>"]),
     (
         Sp::FimPre,
-        &["<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>", "<|code_prefix|>", "<|prefix|>"],
+        &[
+            "<|fim_prefix|>",
+            "<fim-prefix>",
+            "<fim_prefix>",
+            "<｜fim▁begin｜>",
+            "<PRE>",
+            "▁<PRE>",
+            "<|code_prefix|>",
+            "<|prefix|>",
+        ],
     ),
     (
         Sp::FimSuf,
-        &["<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>", "▁<SUF>", "<|code_suffix|>", "<|suffix|>"],
+        &[
+            "<|fim_suffix|>",
+            "<fim-suffix>",
+            "<fim_suffix>",
+            "<｜fim▁hole｜>",
+            "<SUF>",
+            "▁<SUF>",
+            "<|code_suffix|>",
+            "<|suffix|>",
+        ],
     ),
     (
         Sp::FimMid,
-        &["<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>", "<|code_middle|>", "<|middle|>"],
+        &[
+            "<|fim_middle|>",
+            "<fim-middle>",
+            "<fim_middle>",
+            "<｜fim▁end｜>",
+            "<MID>",
+            "▁<MID>",
+            "<|code_middle|>",
+            "<|middle|>",
+        ],
     ),
     (Sp::FimPad, &["<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"]),
-    (Sp::FimRep, &["<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"]),
+    (
+        Sp::FimRep,
+        &["<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"],
+    ),
     (Sp::FimSep, &["<|file_sep|>"]),
 ];
 
@@ -284,7 +320,14 @@ const RE_QWEN2: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD
 /// for the names, `llm_tokenizer_bpe` for the expressions).
 fn pre_spec(pre: &str) -> Option<PreSpec> {
     use pretokenize::RE_GPT2;
-    let spec = |exprs, ignore_merges, add_bos, no_bos| Some(PreSpec { exprs, ignore_merges, add_bos, no_bos });
+    let spec = |exprs, ignore_merges, add_bos, no_bos| {
+        Some(PreSpec {
+            exprs,
+            ignore_merges,
+            add_bos,
+            no_bos,
+        })
+    };
     const GPT2: &[&str] = &[RE_GPT2];
     const SMOLLM: &[&str] = &[r"\p{N}", RE_GPT2];
     const LLAMA3: &[&str] = &[RE_LLAMA3];
@@ -292,15 +335,13 @@ fn pre_spec(pre: &str) -> Option<PreSpec> {
     const DEFAULT: &[&str] = &[r"[\p{P}\$\+<=>\^~\|]+", RE_GPT2, r"\p{N}+", "[0-9][0-9][0-9]"];
     match pre {
         "" | "default" => spec(DEFAULT, false, None, false),
-        "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral" | "midm-2.0" | "lfm2" | "jina-v5-nano" => {
-            spec(LLAMA3, true, Some(true), false)
-        }
+        "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral" | "midm-2.0" | "lfm2"
+        | "jina-v5-nano" => spec(LLAMA3, true, Some(true), false),
         "dbrx" | "smaug-bpe" => spec(LLAMA3, false, None, false),
         "chatglm-bpe" => spec(LLAMA3, false, None, true),
         "glm4" | "glm5" => spec(LLAMA3, true, None, true),
-        "qwen2" | "deepseek-r1-qwen" | "kormo" | "f2llmv2" | "stablelm2" | "hunyuan" | "solar-open" | "megrez" | "grok-2" => {
-            spec(QWEN2, false, None, false)
-        }
+        "qwen2" | "deepseek-r1-qwen" | "kormo" | "f2llmv2" | "stablelm2" | "hunyuan" | "solar-open" | "megrez"
+        | "grok-2" => spec(QWEN2, false, None, false),
         "gpt-2" | "phi-2" | "jina-es" | "jina-de" | "gigachat" | "jina-v2-es" | "jina-v2-de" | "a.x-4.0" | "mellum"
         | "modern-bert" | "jina-v1-en" | "jina-v2-code" | "roberta-bpe" | "mpt" | "olmo" | "jais" | "trillion"
         | "granite-docling" | "exaone4" => spec(GPT2, false, None, false),
@@ -323,7 +364,10 @@ fn stage_for(expr: &str) -> Result<Stage, TokenizerError> {
 // ---- metadata access with typed errors ----
 
 fn bad(key: &str, why: impl Into<String>) -> TokenizerError {
-    TokenizerError::BadMetadata { key: key.to_owned(), why: why.into() }
+    TokenizerError::BadMetadata {
+        key: key.to_owned(),
+        why: why.into(),
+    }
 }
 
 fn opt_str<'a>(g: &'a GgufFile, key: &str) -> Result<Option<&'a str>, TokenizerError> {
@@ -364,7 +408,10 @@ fn opt_array<'a>(g: &'a GgufFile, key: &str) -> Result<Option<&'a [Value]>, Toke
 fn str_array<'a>(key: &str, a: &'a [Value]) -> Result<Vec<&'a str>, TokenizerError> {
     a.iter()
         .enumerate()
-        .map(|(i, v)| v.as_str().ok_or_else(|| bad(key, format!("element {i} is a {}, expected a string", v.type_name()))))
+        .map(|(i, v)| {
+            v.as_str()
+                .ok_or_else(|| bad(key, format!("element {i} is a {}, expected a string", v.type_name())))
+        })
         .collect()
 }
 
@@ -403,7 +450,11 @@ impl Tokenizer {
                     ids[Sp::Bos as usize] = None;
                 }
                 let stages = spec.exprs.iter().map(|e| stage_for(e)).collect::<Result<Vec<_>, _>>()?;
-                Kind::Bpe { stages, ranks: merge::BpeRanks::new(&merges), ignore_merges: spec.ignore_merges }
+                Kind::Bpe {
+                    stages,
+                    ranks: merge::BpeRanks::new(&merges),
+                    ignore_merges: spec.ignore_merges,
+                }
             }
             other => return Err(TokenizerError::UnsupportedModel(other.to_owned())),
         };
@@ -422,9 +473,18 @@ impl Tokenizer {
         }
         let mut texts = Vec::with_capacity(n);
         for (i, v) in tokens_v.iter().enumerate() {
-            let s = v.as_str().ok_or_else(|| bad(K_TOKENS, format!("element {i} is a {}, expected a string", v.type_name())))?;
+            let s = v.as_str().ok_or_else(|| {
+                bad(
+                    K_TOKENS,
+                    format!("element {i} is a {}, expected a string", v.type_name()),
+                )
+            })?;
             // llama.cpp renames empty tokens so that every text is distinct and non-empty.
-            texts.push(if s.is_empty() { format!("[EMPTY_{i}]") } else { s.to_owned() });
+            texts.push(if s.is_empty() {
+                format!("[EMPTY_{i}]")
+            } else {
+                s.to_owned()
+            });
         }
         let scores = match opt_array(g, K_SCORES)? {
             None => vec![0.0; n],
@@ -436,7 +496,9 @@ impl Tokenizer {
                     .iter()
                     .enumerate()
                     .map(|(i, v)| {
-                        v.as_f64().map(|x| x as f32).ok_or_else(|| bad(K_SCORES, format!("element {i} is a {}", v.type_name())))
+                        v.as_f64()
+                            .map(|x| x as f32)
+                            .ok_or_else(|| bad(K_SCORES, format!("element {i} is a {}", v.type_name())))
                     })
                     .collect::<Result<Vec<f32>, _>>()?
             }
@@ -451,7 +513,9 @@ impl Tokenizer {
                     .iter()
                     .enumerate()
                     .map(|(i, v)| {
-                        let t = v.as_i64().ok_or_else(|| bad(K_TYPES, format!("element {i} is a {}", v.type_name())))?;
+                        let t = v
+                            .as_i64()
+                            .ok_or_else(|| bad(K_TYPES, format!("element {i} is a {}", v.type_name())))?;
                         Ok(match t {
                             1 => ATTR_NORMAL,
                             2 => ATTR_UNKNOWN,
@@ -507,7 +571,10 @@ impl Tokenizer {
             }
         }
         let id32 = |sp: Sp| ids[sp as usize].map(|v| v as u32);
-        let mut eog: Vec<u32> = [Sp::FimPad, Sp::FimRep, Sp::FimSep].iter().filter_map(|&s| id32(s)).collect();
+        let mut eog: Vec<u32> = [Sp::FimPad, Sp::FimRep, Sp::FimSep]
+            .iter()
+            .filter_map(|&s| id32(s))
+            .collect();
         for &t in EOG_TEXTS {
             if let Some(&id) = index.get(t) {
                 eog.push(id);
@@ -528,7 +595,7 @@ impl Tokenizer {
             let ret = in_eog(&eog, "<|return|>").is_some();
             let call = in_eog(&eog, "<|call|>").is_some() || in_eog(&eog, "<|calls|>").is_some();
             let flush = in_eog(&eog, "<|flush|>").is_some();
-            if (ret && call) || (call && flush) {
+            if call && (ret || flush) {
                 eog.retain(|&id| id != end);
                 attrs[end as usize] = ATTR_USER_DEFINED;
             }
@@ -559,7 +626,9 @@ impl Tokenizer {
                 }
             }
         };
-        if ["jina-v2-de", "jina-v2-es", "jina-v2-code"].iter().any(|s| pre_name.contains(s))
+        if ["jina-v2-de", "jina-v2-es", "jina-v2-code"]
+            .iter()
+            .any(|s| pre_name.contains(s))
             || ["nomic-bert-moe", "jina-bert-v3"].iter().any(|s| arch.contains(s))
         {
             set(&mut attrs, "<mask>", ATTR_LSTRIP, true);
@@ -586,7 +655,12 @@ impl Tokenizer {
         }
         Ok(Self {
             kind,
-            vocab: Vocab { texts, scores, attrs, index },
+            vocab: Vocab {
+                texts,
+                scores,
+                attrs,
+                index,
+            },
             special,
             special_sorted,
             special_first,
@@ -635,7 +709,11 @@ impl Tokenizer {
                     }
                 }
             }
-            Kind::Bpe { stages, ranks, ignore_merges } => {
+            Kind::Bpe {
+                stages,
+                ranks,
+                ignore_merges,
+            } => {
                 let mut word = String::new();
                 for f in frags {
                     match f {
@@ -760,7 +838,9 @@ impl Tokenizer {
     /// special)`: control and unknown tokens are empty unless `special`; byte-level BPE pieces
     /// are mapped back to bytes, SentencePiece's U+2581 to a space, `<0xXX>` tokens to the byte.
     pub fn token_to_piece(&self, id: u32, special: bool) -> Vec<u8> {
-        let Some(text) = self.vocab.texts.get(id as usize) else { return Vec::new() };
+        let Some(text) = self.vocab.texts.get(id as usize) else {
+            return Vec::new();
+        };
         let attr = self.vocab.attrs[id as usize];
         if !special && attr & (ATTR_UNKNOWN | ATTR_CONTROL) != 0 {
             return Vec::new();

@@ -67,7 +67,10 @@ fn class_contents(name: &str) -> Option<&'static str> {
 impl CollapsedRegex {
     /// Rewrite and compile an expression.
     pub(crate) fn new(expr: &str) -> Result<Self, TokenizerError> {
-        let bad = |why: String| TokenizerError::BadRegex { expr: expr.to_owned(), why };
+        let bad = |why: String| TokenizerError::BadRegex {
+            expr: expr.to_owned(),
+            why,
+        };
         let mut out = String::with_capacity(expr.len() * 2);
         let mut collapsed = false;
         let mut inside = false;
@@ -263,7 +266,13 @@ impl Chunk<'_> {
         if self.cp(pos) != '\'' as u32 || pos + 1 >= self.end {
             return None;
         }
-        let low = |c: u32| if fold && (b'A' as u32..=b'Z' as u32).contains(&c) { c + 32 } else { c };
+        let low = |c: u32| {
+            if fold && (b'A' as u32..=b'Z' as u32).contains(&c) {
+                c + 32
+            } else {
+                c
+            }
+        };
         let a = low(self.cp(pos + 1));
         if [b's', b't', b'm', b'd'].iter().any(|&x| a == x as u32) {
             return Some(2);
@@ -297,7 +306,11 @@ fn is_other(f: Flags) -> bool {
 fn for_chunks(cps: &[u32], chunks: &[usize], out: &mut Vec<usize>, mut scan: impl FnMut(&Chunk, &mut Vec<usize>)) {
     let mut start = 0;
     for &len in chunks {
-        let c = Chunk { cps, start, end: start + len };
+        let c = Chunk {
+            cps,
+            start,
+            end: start + len,
+        };
         scan(&c, out);
         start += len;
     }
@@ -444,7 +457,10 @@ mod tests {
     #[test]
     fn llama3_words() {
         let st = [Stage::Llama3 { digits: 3 }];
-        assert_eq!(words(&st, "I'LL pay 1234567!!\n\n ok"), ["I", "'LL", " pay", " ", "123", "456", "7", "!!\n\n", " ok"]);
+        assert_eq!(
+            words(&st, "I'LL pay 1234567!!\n\n ok"),
+            ["I", "'LL", " pay", " ", "123", "456", "7", "!!\n\n", " ok"]
+        );
         let q = [Stage::Llama3 { digits: 1 }];
         assert_eq!(words(&q, "ab 12"), ["ab", " ", "1", "2"]);
     }
