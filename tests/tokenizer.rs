@@ -223,6 +223,9 @@ fn special_ids_and_flags() {
     assert!(smol.is_eog(0), "<|endoftext|> ends generation");
     assert!(!smol.is_eog(1));
     assert!(!smol.is_eog(100));
+    // llama.cpp (load log, "EOG token"): <|endoftext|>, <|im_end|>, <reponame> (FIM repo).
+    assert_eq!(smol.eog_ids(), &[0, 2, 4]);
+    assert_eq!(smol.eot(), Some(0));
     assert_eq!(smol.token_to_piece(1, false), b"");
     assert_eq!(smol.token_to_piece(1, true), b"<|im_start|>");
     assert_eq!(smol.token_text(u32::MAX), "");
@@ -236,6 +239,9 @@ fn special_ids_and_flags() {
     assert!(gemma.add_bos());
     let eot = gemma.token_id("<end_of_turn>").expect("<end_of_turn>");
     assert!(gemma.is_eog(eot) && gemma.is_eog(1));
+    // llama.cpp: <eos>, <end_of_turn>, and "</s>" (a user-defined HTML tag it takes for EOS).
+    assert_eq!(gemma.eog_ids(), &[1, 106, 212]);
+    assert_eq!(gemma.eot(), Some(106));
     assert_eq!(gemma.encode("", true, true), vec![2]);
     assert_eq!(gemma.encode("", false, true), Vec::<u32>::new());
     let bytes = gemma.token_id("<0x0A>").expect("byte token");
