@@ -132,42 +132,53 @@ fn dequantize_row_rejects_bad_sizes_and_types() {
 // ------------------------------------------------------------------------------------------
 // 2. Activation quantization
 
+fn assert_bytes_eq(what: &str, got: &[u8], want: &[u8]) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    if let Some(i) = (0..got.len()).find(|&i| got[i] != want[i]) {
+        panic!("{what}: byte {i} differs: got {:#04x}, want {:#04x}", got[i], want[i]);
+    }
+}
+
 #[test]
 fn activation_quantization_matches_reference() {
     let m = manifest();
     let act = Act::load(&m);
     let n = act.x.len();
     for fmt in [GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q8_1, GgmlType::Q8K] {
+        let f = &act.formats[fmt.name()];
+        // quantize_activation: ggml's x86 quantizers.
         let got = quantized(fmt, &act.x);
-        let want = act.bytes(fmt, n);
-        assert_eq!(got.len(), want.len(), "{fmt} length");
-        if let Some(i) = (0..got.len()).find(|&i| got[i] != want[i]) {
-            panic!(
-                "{fmt} ({}): byte {i} differs: got {:#04x}, want {:#04x}",
-                s(&act.formats[fmt.name()], "source"),
-                got[i],
-                want[i]
-            );
-        }
+        assert_bytes_eq(&format!("quantize_activation {fmt} ({})", s(f, "source")), &got, &act.bytes(fmt, n));
         // And the activation formats dequantize to the reference values.
         let mut deq = vec![0f32; n];
         quant::dequantize_row(fmt, &got, &mut deq).unwrap();
-        assert_bits_eq(
-            &format!("dequantize activation {fmt}"),
-            &deq,
-            &f32s(s(&act.formats[fmt.name()], "dequantized")),
-        );
+        assert_bits_eq(&format!("dequantize activation {fmt}"), &deq, &f32s(s(f, "dequantized")));
+        // quantize_activation_reference: ggml's portable reference quantizers (gguf-py's bytes);
+        // the same as quantize_activation except for Q8_0 / Q8_1.
+        let mut got_ref = Vec::new();
+        quant::quantize_activation_reference(fmt, &act.x, &mut got_ref).unwrap();
+        let want_ref = match f.get("reference_bytes") {
+            Some(file) => bytes(file.as_str().unwrap()),
+            None => act.bytes(fmt, n),
+        };
+        let src = f.get("reference_source").and_then(Value::as_str).unwrap_or(s(f, "source"));
+        assert_bytes_eq(&format!("quantize_activation_reference {fmt} ({src})"), &got_ref, &want_ref);
     }
 }
 
 #[test]
-fn q8_0_rounding_ties_follow_roundf() {
-    // The fixture's first block has amax 127 (d = 1) and exact halves: gguf-py / ggml round
-    // them away from zero for Q8_0, to even for Q8_K.
+fn q8_rounding_of_ties() {
+    // The fixture's first block has amax 127 with a negative extreme (Q8_0 d = 1, Q8_K iscale = 1)
+    // and exact halves: ggml's reference Q8_0 rounds them away from zero (gguf-py agrees), its
+    // x86 Q8_0 and its Q8_K to even.
     let m = manifest();
     let act = Act::load(&m);
     let q8_0 = quantized(GgmlType::Q8_0, &act.x[..32]);
     let q: Vec<i8> = q8_0[2..14].iter().map(|&b| b as i8).collect();
+    assert_eq!(q, [-127, 2, -2, 0, 0, 2, -2, 4, 4, -4, 126, -126]);
+    let mut q8_0_ref = Vec::new();
+    quant::quantize_activation_reference(GgmlType::Q8_0, &act.x[..32], &mut q8_0_ref).unwrap();
+    let q: Vec<i8> = q8_0_ref[2..14].iter().map(|&b| b as i8).collect();
     assert_eq!(q, [-127, 3, -3, 1, -1, 2, -2, 4, 5, -5, 127, -127]);
     let q8_k = quantized(GgmlType::Q8K, &act.x[..256]);
     let q: Vec<i8> = q8_k[4..16].iter().map(|&b| b as i8).collect();

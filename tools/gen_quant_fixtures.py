@@ -8,11 +8,13 @@ Python port of ggml's reference code), never from LES:
    (f16 scales with |d| in [0.001, 0.1], random quant bits), its bytes (`weights_<T>.bin`) and
    gguf-py's dequantization (`weights_<T>.f32`, little-endian f32).
 2. Activations: a deterministic f32 vector `act_x.f32` (with a block of exact rounding ties and
-   a block of zeros) and its conversion to every vec-dot format: Q8_0 by gguf-py's `quantize`,
-   F16 by numpy (round to nearest even), BF16 by gguf-py, and Q8_1 / Q8_K by the small numpy
-   transcriptions of ggml's `quantize_row_q8_1_ref` / `quantize_row_q8_K_ref` below (gguf-py has
-   no Q8_1/Q8_K; the Q8_1 quants and scale are checked against gguf-py's Q8_0, which uses the
-   same formula). `act_<fmt>.bin` holds the bytes, `act_<fmt>.f32` their dequantized values.
+   a block of zeros) and its conversion to every vec-dot format (`act_<fmt>.bin`, dequantized
+   in `act_<fmt>.f32`): F16 by numpy (round to nearest even), BF16 by gguf-py, Q8_K by a numpy
+   transcription of ggml's `quantize_row_q8_K_ref`, Q8_0 / Q8_1 by a numpy transcription of
+   ggml's x86 `quantize_row_q8_0` / `_q8_1` (multiplier 127/amax, ties to even: what llama.cpp
+   runs on x86 and LES's `quantize_activation` mirrors). Q8_0 / Q8_1 in ggml's portable reference
+   rounding (`quantize_row_q8_*_ref`, ties away from zero) are in `act_<fmt>_ref.bin`: gguf-py's
+   `quantize` for Q8_0, the numpy transcription (checked against gguf-py's Q8_0) for Q8_1.
 3. Dot products: for each synthetic row and each real row, the f64 dot of the gguf-py weights with
    the dequantized activation (`dot_ref` in the manifest), plus `dot_abs` (sum of |terms|) to
    scale the tolerance. For Q4_1/Q5_1 the reference uses the activation's stored f16 sum `s` as
@@ -134,16 +136,25 @@ def np_roundf(v: np.ndarray) -> np.ndarray:
     return np.sign(v) * (f + np.floor(2 * (a - f)))
 
 
-def quant_q8_1(x: np.ndarray) -> bytes:
-    """ggml quantize_row_q8_1_ref in f32 arithmetic."""
+def quant_q8(x: np.ndarray, x86: bool, with_sum: bool) -> bytes:
+    """Q8_0 (`with_sum` False) or Q8_1 blocks in f32 arithmetic, as ggml's portable
+    quantize_row_q8_{0,1}_ref (`x86` False: multiplier 1/d, roundf) or its x86 AVX/AVX2
+    quantize_row_q8_{0,1} in ggml-cpu/arch/x86/quants.c (`x86` True: multiplier 127/amax,
+    round half to even, saturating pack to int8)."""
     out = bytearray()
     for blk in x.reshape(-1, 32).astype(np.float32):
         amax = np.float32(np.max(np.abs(blk)))
         d = np.float32(amax / np.float32(127))
-        inv = np.float32(1) / d if d != 0 else np.float32(0)
-        q = np_roundf((blk * inv).astype(np.float32)).astype(np.int8)
-        s = np.float32(np.float32(int(q.astype(np.int32).sum())) * d)
-        out += np.float16(d).tobytes() + np.float16(s).tobytes() + q.tobytes()
+        if x86:
+            inv = np.float32(np.float32(127) / amax) if amax != 0 else np.float32(0)
+            q = np.clip(np.rint((blk * inv).astype(np.float32)), -128, 127).astype(np.int8)
+        else:
+            inv = np.float32(1) / d if d != 0 else np.float32(0)
+            q = np_roundf((blk * inv).astype(np.float32)).astype(np.int8)
+        out += np.float16(d).tobytes()
+        if with_sum:
+            out += np.float16(np.float32(np.float32(int(q.astype(np.int32).sum())) * d)).tobytes()
+        out += q.tobytes()
     return bytes(out)
 
 
@@ -234,20 +245,28 @@ def main() -> int:
 
     # Activations.
     x = make_activation(rng)
-    q8_0 = np.asarray(quantize(x.reshape(1, -1), T.Q8_0), dtype=np.uint8).tobytes()
-    q8_1 = quant_q8_1(x)
-    # Cross-check the Q8_1 transcription against gguf-py's Q8_0 (same d and quants).
-    b0 = np.frombuffer(q8_0, dtype=np.uint8).reshape(-1, 34)
-    b1 = np.frombuffer(q8_1, dtype=np.uint8).reshape(-1, 36)
+    # Q8_0 / Q8_1 in ggml's portable reference rounding: gguf-py's quantize for Q8_0, and the
+    # numpy transcription for Q8_1, checked against gguf-py's Q8_0 (same d and quants).
+    q8_0_ref = np.asarray(quantize(x.reshape(1, -1), T.Q8_0), dtype=np.uint8).tobytes()
+    assert quant_q8(x, x86=False, with_sum=False) == q8_0_ref, "Q8_0 transcription disagrees with gguf-py"
+    q8_1_ref = quant_q8(x, x86=False, with_sum=True)
+    b0 = np.frombuffer(q8_0_ref, dtype=np.uint8).reshape(-1, 34)
+    b1 = np.frombuffer(q8_1_ref, dtype=np.uint8).reshape(-1, 36)
     assert (b0[:, 0:2] == b1[:, 0:2]).all() and (b0[:, 2:] == b1[:, 4:]).all(), "Q8_1 oracle disagrees with gguf-py Q8_0"
+    # ... and in ggml's x86 rounding (what LES's quantize_activation produces).
+    q8_0_x86 = quant_q8(x, x86=True, with_sum=False)
+    q8_1_x86 = quant_q8(x, x86=True, with_sum=True)
+    n_diff = int((np.frombuffer(q8_0_x86, np.uint8) != b0.reshape(-1)).sum())
+    print(f"Q8_0: x86 and reference rounding differ in {n_diff} of {len(q8_0_ref)} bytes")
     acts_raw = {
         "F32": x.tobytes(),
         "F16": x.astype(np.float16).tobytes(),
         "BF16": np.asarray(quantize(x.reshape(1, -1), T.BF16), dtype=np.uint8).tobytes(),
-        "Q8_0": q8_0,
-        "Q8_1": q8_1,
+        "Q8_0": q8_0_x86,
+        "Q8_1": q8_1_x86,
         "Q8_K": quant_q8_k(x),
     }
+    reference_raw = {"Q8_0": q8_0_ref, "Q8_1": q8_1_ref}
     act = {}
     act_manifest = {"n": N_ACT, "x": write("act_x.f32", x.astype("<f4").tobytes()), "formats": {}}
     for fmt, raw in acts_raw.items():
@@ -255,7 +274,8 @@ def main() -> int:
         act[fmt] = {"raw": raw, "deq": deq}
         source = {
             "F32": "identity", "F16": "numpy float16 (round to nearest even)", "BF16": "gguf.quants.quantize",
-            "Q8_0": "gguf.quants.quantize", "Q8_1": "numpy transcription of quantize_row_q8_1_ref",
+            "Q8_0": "numpy transcription of ggml x86 quantize_row_q8_0",
+            "Q8_1": "numpy transcription of ggml x86 quantize_row_q8_1",
             "Q8_K": "numpy transcription of quantize_row_q8_K_ref",
         }[fmt]
         act_manifest["formats"][fmt] = {
@@ -263,6 +283,12 @@ def main() -> int:
             "dequantized": write(f"act_{fmt}.f32", deq.astype("<f4").tobytes()),
             "source": source,
         }
+        if fmt in reference_raw:
+            act_manifest["formats"][fmt]["reference_bytes"] = write(f"act_{fmt}_ref.bin", reference_raw[fmt])
+            act_manifest["formats"][fmt]["reference_source"] = {
+                "Q8_0": "gguf.quants.quantize (= quantize_row_q8_0_ref)",
+                "Q8_1": "numpy transcription of quantize_row_q8_1_ref",
+            }[fmt]
 
     # Synthetic rows.
     synth = []
@@ -332,13 +358,15 @@ def main() -> int:
     (OUT / "README.md").write_text(
         "# Quant fixtures\n\n"
         f"Generated by `tools/gen_quant_fixtures.py` with gguf-py (`gguf` package) {manifest['gguf_version']} "
-        f"and numpy {manifest['numpy_version']}, seed {SEED:#x}; do not edit. Every expected value is gguf-py's\n"
-        "(`gguf.quants.dequantize` / `quantize`), except the Q8_1 and Q8_K activation bytes, which gguf-py\n"
-        "cannot produce: those come from the script's numpy transcription of ggml's `quantize_row_q8_1_ref` /\n"
-        "`quantize_row_q8_K_ref` (the Q8_1 quants and scales are checked against gguf-py's Q8_0).\n\n"
+        f"and numpy {manifest['numpy_version']}, seed {SEED:#x}; do not edit.\n"
+        "Every expected value is gguf-py's (`gguf.quants.dequantize` / `quantize`), except activation bytes\n"
+        "gguf-py cannot produce (Q8_1, Q8_K, and Q8_0 in ggml's x86 rounding): those come from the script's\n"
+        "numpy transcriptions of ggml's quantizers (see its docstring).\n\n"
         "- `manifest.json`: versions, file list, dot-product references (`dot_ref`, f64) and term magnitudes (`dot_abs`).\n"
         "- `weights_<T>.bin` / `.f32`: one synthetic row per type and its dequantized values (little-endian f32).\n"
-        "- `act_x.f32`, `act_<F>.bin` / `.f32`: the activation vector, its vec-dot formats and their dequantized values.\n"
+        "- `act_x.f32`, `act_<F>.bin` / `.f32`: the activation vector, its vec-dot formats (as\n"
+        "  `quant::quantize_activation` makes them) and their dequantized values; `act_Q8_0_ref.bin`,\n"
+        "  `act_Q8_1_ref.bin`: Q8_0 / Q8_1 in ggml's portable reference rounding (`quantize_activation_reference`).\n"
         "- `real_<model>_<T>.f32`: dequantized rows of real tensors (names and rows in the manifest) of the models\n"
         "  fetched by `tools/fetch_models.sh`.\n\n"
         "Used by `tests/quant.rs`.\n"

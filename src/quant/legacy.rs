@@ -97,35 +97,59 @@ pub(super) fn dequant_q8_1(src: &[u8], dst: &mut [f32]) {
     }
 }
 
-/// Shared by Q8_0 and Q8_1: scale `d = amax / 127` and the quants `round_half_even(x * 127 / amax)`
-/// of one block. This is what ggml's x86 (AVX/AVX2) `quantize_row_q8_0` / `quantize_row_q8_1`
-/// compute (`ggml-cpu/arch/x86/quants.c`: `id = 127.f / max`, `_mm256_round_ps(.., _MM_ROUND_NEAREST)`),
-/// which is the path llama.cpp takes on the reference machine; the portable
-/// `quantize_row_q8_0_ref` (`1/d`, `roundf`) can differ in the last bit of `id` and on ties.
+/// Which of ggml's Q8_0 / Q8_1 activation quantizers to follow (they differ only on exact ties
+/// and, rarely, in the last bit of the multiplier).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Q8Rounding {
+    /// ggml's x86 (AVX/AVX2) `quantize_row_q8_0` / `quantize_row_q8_1`
+    /// (`ggml/src/ggml-cpu/arch/x86/quants.c`): multiplier `127 / amax`, round half to even
+    /// (`_mm256_round_ps(.., _MM_ROUND_NEAREST)`), saturating to int8. This is what llama.cpp
+    /// runs on the x86-64 machines LES is compared against.
+    X86,
+    /// ggml's portable `quantize_row_q8_0_ref` / `quantize_row_q8_1_ref`
+    /// (`ggml/src/ggml-quants.c`): multiplier `1 / d`, `roundf` (halves away from zero). gguf-py's
+    /// `quantize(.., Q8_0)` reproduces it bit for bit.
+    Reference,
+}
+
+/// Shared by Q8_0 and Q8_1: scale `d = amax / 127` and the 32 quants of one block, with their sum.
 #[inline(always)]
-fn q8_block(x: &[f32], qs: &mut [u8]) -> (f32, i32) {
+fn q8_block(x: &[f32], qs: &mut [u8], mode: Q8Rounding) -> (f32, i32) {
     let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
     let d = amax / 127.0;
-    let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
     let mut sum = 0i32;
-    for (q, &v) in qs.iter_mut().zip(x) {
-        let r = (v * id).round_ties_even() as i8;
-        sum += r as i32;
-        *q = r as u8;
+    match mode {
+        Q8Rounding::X86 => {
+            let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+            for (q, &v) in qs.iter_mut().zip(x) {
+                let r = (v * id).round_ties_even() as i8;
+                sum += r as i32;
+                *q = r as u8;
+            }
+        }
+        Q8Rounding::Reference => {
+            let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+            for (q, &v) in qs.iter_mut().zip(x) {
+                // `f32::round` rounds halves away from zero, like C's roundf.
+                let r = (v * id).round() as i8;
+                sum += r as i32;
+                *q = r as u8;
+            }
+        }
     }
     (d, sum)
 }
 
-pub(super) fn quantize_q8_0(x: &[f32], out: &mut [u8]) {
+pub(super) fn quantize_q8_0(x: &[f32], out: &mut [u8], mode: Q8Rounding) {
     for (xb, b) in x.chunks_exact(QK).zip(out.chunks_exact_mut(34)) {
-        let (d, _) = q8_block(xb, &mut b[2..34]);
+        let (d, _) = q8_block(xb, &mut b[2..34], mode);
         b[0..2].copy_from_slice(&f32_to_f16_bits(d).to_le_bytes());
     }
 }
 
-pub(super) fn quantize_q8_1(x: &[f32], out: &mut [u8]) {
+pub(super) fn quantize_q8_1(x: &[f32], out: &mut [u8], mode: Q8Rounding) {
     for (xb, b) in x.chunks_exact(QK).zip(out.chunks_exact_mut(36)) {
-        let (d, sum) = q8_block(xb, &mut b[4..36]);
+        let (d, sum) = q8_block(xb, &mut b[4..36], mode);
         b[0..2].copy_from_slice(&f32_to_f16_bits(d).to_le_bytes());
         b[2..4].copy_from_slice(&f32_to_f16_bits(sum as f32 * d).to_le_bytes());
     }
@@ -219,25 +243,27 @@ mod tests {
     use super::*;
 
     #[test]
-    fn q8_0_rounds_half_away_from_zero() {
-        // amax = 127 gives d = 1, so x * id is x itself: 2.5 -> 3, -2.5 -> -3, 0.5 -> 1.
+    fn q8_0_tie_rounding_per_mode() {
+        // amax = 127 gives d = 1, so the scaled values are x itself: exact ties.
         let mut x = [0f32; 32];
         x[0] = 127.0;
         x[1] = 2.5;
         x[2] = -2.5;
         x[3] = 0.5;
         x[4] = -127.0;
-        let mut out = [0u8; 34];
-        quantize_q8_0(&x, &mut out);
-        assert_eq!(f16_at(&out, 0), 1.0);
-        assert_eq!(out[2..7].iter().map(|&b| b as i8).collect::<Vec<_>>(), [127, 3, -3, 1, -127]);
+        for (mode, want) in [(Q8Rounding::Reference, [127, 3, -3, 1, -127]), (Q8Rounding::X86, [127, 2, -2, 0, -127])] {
+            let mut out = [0u8; 34];
+            quantize_q8_0(&x, &mut out, mode);
+            assert_eq!(f16_at(&out, 0), 1.0);
+            assert_eq!(out[2..7].iter().map(|&b| b as i8).collect::<Vec<_>>(), want, "{mode:?}");
+        }
     }
 
     #[test]
     fn q8_1_stores_scaled_sum() {
         let x: Vec<f32> = (0..32).map(|i| i as f32 - 10.0).collect();
         let mut out = [0u8; 36];
-        quantize_q8_1(&x, &mut out);
+        quantize_q8_1(&x, &mut out, Q8Rounding::X86);
         let d = f16_at(&out, 0);
         let sum: i32 = out[4..36].iter().map(|&b| b as i8 as i32).sum();
         assert_eq!(f16_at(&out, 2), half::f16::from_f32(sum as f32 * (21.0f32 / 127.0)).to_f32());
@@ -248,7 +274,7 @@ mod tests {
     fn zero_block_quantizes_to_zero() {
         let x = [0f32; 32];
         let mut out = [0xffu8; 36];
-        quantize_q8_1(&x, &mut out);
+        quantize_q8_1(&x, &mut out, Q8Rounding::Reference);
         assert!(out.iter().all(|&b| b == 0));
     }
 }

@@ -310,21 +310,40 @@ pub fn vec_dot_type(ty: GgmlType) -> GgmlType {
     }
 }
 
-/// Quantize the f32 activation row `x` into `act_ty` (one of F32, F16, BF16, Q8_0, Q8_1, Q8_K).
+/// Quantize the f32 activation row `x` into `act_ty` (one of F32, F16, BF16, Q8_0, Q8_1, Q8_K),
+/// as ggml's CPU backend does on x86-64 (the platform LES's reference logits come from).
 /// `out` is cleared and then holds exactly `act_ty.row_bytes(x.len())` bytes.
 ///
-/// Q8_0/Q8_1/Q8_K follow ggml's reference quantizers (`quantize_row_q8_0_ref`,
-/// `quantize_row_q8_1_ref`, `quantize_row_q8_K_ref` in `ggml/src/ggml-quants.c`): Q8_0/Q8_1 use
-/// `d = amax / 127` (stored as f16) and `q = roundf(x * (1 / d))` (halves away from zero), Q8_1
-/// also `s = f16(d * sum(q))`; Q8_K uses `iscale = -127 / max` (`max`: the first element of
-/// largest magnitude), `q = min(127, round_half_even(x * iscale))`, `d = 1 / iscale` as f32 and
-/// int16 sums of each 16 quants. F16 rounds to nearest even; BF16 rounds to nearest even with
-/// NaNs kept quiet (ggml's `GGML_FP32_TO_BF16`).
+/// Q8_0/Q8_1 follow ggml's x86 `quantize_row_q8_0` / `quantize_row_q8_1`
+/// (`ggml/src/ggml-cpu/arch/x86/quants.c`): `d = amax / 127` (stored as f16),
+/// `q = round_half_even(x * (127 / amax))`, and for Q8_1 `s = f16(d * sum(q))`. Q8_K follows
+/// `quantize_row_q8_K_ref` (`ggml/src/ggml-quants.c`, also what x86 runs): `iscale = -127 / max`
+/// (`max`: the first element of largest magnitude), `q = min(127, round_half_even(x * iscale))`,
+/// `d = 1 / iscale` as f32 and int16 sums of each 16 quants. F16 rounds to nearest even; BF16
+/// rounds to nearest even with NaNs kept quiet (ggml's `GGML_FP32_TO_BF16`). The result is the
+/// same on every platform LES runs on (wasm included).
 ///
-/// Note: ggml's x86 build quantizes Q8_0/Q8_1 with an AVX variant (`127 / amax` as the
-/// multiplier, ties to even) that can differ from the reference by one quantum on rare ties;
-/// this function always produces the reference bytes (identical to gguf-py's `quantize`).
+/// [`quantize_activation_reference`] gives ggml's portable reference quantizers instead; the two
+/// differ only on exact ties and, rarely, by one quantum where `127 / amax` and `1 / d` round
+/// differently.
 pub fn quantize_activation(act_ty: GgmlType, x: &[f32], out: &mut Vec<u8>) -> Result<(), QuantError> {
+    quantize_activation_with(act_ty, x, out, legacy::Q8Rounding::X86)
+}
+
+/// As [`quantize_activation`], but Q8_0/Q8_1 follow ggml's portable reference quantizers
+/// `quantize_row_q8_0_ref` / `quantize_row_q8_1_ref` (`ggml/src/ggml-quants.c`): multiplier
+/// `1 / d` and `roundf` (halves away from zero). These are the bytes gguf-py's
+/// `gguf.quants.quantize(.., Q8_0)` produces and what ggml's non-SIMD builds compute.
+pub fn quantize_activation_reference(act_ty: GgmlType, x: &[f32], out: &mut Vec<u8>) -> Result<(), QuantError> {
+    quantize_activation_with(act_ty, x, out, legacy::Q8Rounding::Reference)
+}
+
+fn quantize_activation_with(
+    act_ty: GgmlType,
+    x: &[f32],
+    out: &mut Vec<u8>,
+    mode: legacy::Q8Rounding,
+) -> Result<(), QuantError> {
     use GgmlType::*;
     if !matches!(act_ty, F32 | F16 | BF16 | Q8_0 | Q8_1 | Q8K) {
         return Err(QuantError::Unsupported { ty: act_ty, op: "activation quantization" });
@@ -336,8 +355,8 @@ pub fn quantize_activation(act_ty: GgmlType, x: &[f32], out: &mut Vec<u8>) -> Re
         F32 => float::quant_f32(x, out),
         F16 => float::quant_f16(x, out),
         BF16 => float::quant_bf16(x, out),
-        Q8_0 => legacy::quantize_q8_0(x, out),
-        Q8_1 => legacy::quantize_q8_1(x, out),
+        Q8_0 => legacy::quantize_q8_0(x, out, mode),
+        Q8_1 => legacy::quantize_q8_1(x, out, mode),
         Q8K => kquants::quantize_q8_k(x, out),
         _ => unreachable!("filtered above"),
     }
