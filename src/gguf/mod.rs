@@ -453,3 +453,4 @@ impl GgufFile {
         self.get(key)?.as_array()?.iter().map(Value::as_str).collect()
     }
 }
+pub mod writer;
