@@ -186,3 +186,8 @@ impl ExpertSource for ResidentExperts {
         Ok(())
     }
 }
+
+pub mod store;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod stream;
+pub mod bundle;

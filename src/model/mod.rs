@@ -230,12 +230,16 @@ impl Model {
             for t in 0..t_n {
                 ops::rms_norm(&x[t * e..(t + 1) * e], &l.attn_norm, c.rms_eps, &mut cur[t * e..(t + 1) * e]);
             }
+            dump("attn_norm", il, &cur);
             {
                 let mut a = Acts::new(&cur, e);
                 matmul(l.wq.as_ref(), &mut a, &mut q);
                 matmul(l.wk.as_ref(), &mut a, &mut k);
                 matmul(l.wv.as_ref(), &mut a, &mut v);
             }
+            dump("Qcur", il, &q);
+            dump("Kcur", il, &k);
+            dump("Vcur", il, &v);
             for t in 0..t_n {
                 let (qt, kt, vt) = (&mut q[t * nq..(t + 1) * nq], &mut k[t * nkv..(t + 1) * nkv], &mut v[t * nkv..(t + 1) * nkv]);
                 add_bias(qt, &l.bq);
@@ -250,25 +254,33 @@ impl Model {
                 ops::rope(kt, c.head_dim, c.n_rot, c.rope, &rope_cache);
                 kv.store(il, pos0 + t, kt, vt);
             }
+            dump("Qrope", il, &q);
+            dump("Krope", il, &k);
             self.attention(il, kv, pos0, t_n, &q, &mut attn, scale);
+            dump("kqv_out", il, &attn);
             {
                 let mut a = Acts::new(&attn, nq);
                 matmul(l.wo.as_ref(), &mut a, &mut cur);
             }
+            dump("attn_out", il, &cur);
             for (xi, &ci) in x.iter_mut().zip(&cur) {
                 *xi += ci;
             }
+            dump("ffn_inp", il, &x);
             // FFN.
             for t in 0..t_n {
                 ops::rms_norm(&x[t * e..(t + 1) * e], &l.ffn_norm, c.rms_eps, &mut cur[t * e..(t + 1) * e]);
             }
+            dump("ffn_norm", il, &cur);
             let out = match &l.ffn {
                 Ffn::Dense { gate, up, down } => swiglu_ffn(gate, up, down, &cur, e),
                 Ffn::Moe { router, shared } => self.moe(il, router, shared.as_ref(), &cur)?,
             };
+            dump("ffn_out", il, &out);
             for (xi, &o) in x.iter_mut().zip(&out) {
                 *xi += o;
             }
+            dump("l_out", il, &x);
         }
         kv.len = pos0 + t_n;
         // Output head.
@@ -288,7 +300,7 @@ impl Model {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn attention(&self, il: usize, kv: &KvCache, pos0: usize, t_n: usize, q: &[f32], out: &mut [f32], scale: f32) {
+    fn attention(&self, il: usize, kv: &KvCache, pos0: usize, _t_n: usize, q: &[f32], out: &mut [f32], scale: f32) {
         let c = &self.cfg;
         let (hd, nq) = (c.head_dim, c.n_embd_q());
         let group = c.n_head / c.n_head_kv;
@@ -408,6 +420,17 @@ impl Model {
     }
 }
 
+/// `LES_DEBUG_DUMP=1`: print each intermediate's sum and first values (as llama.cpp's
+/// `llama-eval-callback` does) to compare runs op by op.
+fn dump(name: &str, il: usize, x: &[f32]) {
+    use std::sync::OnceLock;
+    static ON: OnceLock<bool> = OnceLock::new();
+    if *ON.get_or_init(|| std::env::var_os("LES_DEBUG_DUMP").is_some()) {
+        let sum: f64 = x.iter().map(|&v| v as f64).sum();
+        eprintln!("{name}-{il}: sum = {sum:.6} first = {:?}", &x[..x.len().min(3)]);
+    }
+}
+
 fn add_bias(x: &mut [f32], b: &Option<Vec<f32>>) {
     if let Some(b) = b {
         for (a, &bb) in x.iter_mut().zip(b) {
@@ -432,6 +455,9 @@ fn swiglu_ffn_ref(gate: crate::backend::cpu::matmul::WeightRef<'_>, up: crate::b
     }
     let mut h = vec![0f32; t_n * ff];
     ops::swiglu(&g, &u, &mut h);
+    dump("ffn_gate", 99, &g);
+    dump("ffn_up", 99, &u);
+    dump("ffn_swiglu", 99, &h);
     let mut y = vec![0f32; t_n * e];
     let mut a = Acts::new(&h, ff);
     matmul(down, &mut a, &mut y);

@@ -8,6 +8,8 @@ use std::sync::Arc;
 #[cfg(not(target_arch = "wasm32"))]
 mod file;
 #[cfg(not(target_arch = "wasm32"))]
+pub mod throttle;
+#[cfg(not(target_arch = "wasm32"))]
 pub use file::FileSource;
 
 /// Errors from a byte source. Every variant carries enough context to print one clear line.
@@ -114,3 +116,5 @@ mod tests {
         assert!(matches!(s.read_vec(0, usize::MAX), Err(StoreError::OutOfRange { .. })));
     }
 }
+pub mod sub;
+pub mod fault;

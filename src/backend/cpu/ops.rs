@@ -75,10 +75,35 @@ pub fn rope(x: &mut [f32], head_dim: usize, n_rot: usize, kind: RopeKind, cache:
     }
 }
 
-/// SiLU as ggml computes it: x / (1 + e^-x).
+/// e^x as ggml's vectorised `ggml_v_expf` computes it on x86 and ARM (the "ARM optimized
+/// routines" expf: round x·log2(e) to an integer n, a degree-5 polynomial in the remainder, then
+/// scale by 2^n; max error about 1.5 ulp). Matching it keeps SwiGLU outputs bit-equal to
+/// llama.cpp's, which matters because they are then quantized to 8 bits.
+#[inline]
+pub fn ggml_expf(x: f32) -> f32 {
+    let r = f32::from_bits(0x4b40_0000); // 0x1.8p23
+    let z = x.mul_add(f32::from_bits(0x3fb8_aa3b), r); // log2(e) = 0x1.715476p+0
+    let n = z - r;
+    let b = (-n).mul_add(f32::from_bits(0x3f31_7200), x); // ln2 hi = 0x1.62e4p-1
+    let b = (-n).mul_add(f32::from_bits(0x35bf_be8e), b); // ln2 lo = 0x1.7f7d1cp-20
+    if n.abs() > 192.0 {
+        return if n <= 0.0 { 0.0 } else { f32::INFINITY };
+    }
+    let u = b * b;
+    let p = f32::from_bits(0x3c07_2010).mul_add(b, f32::from_bits(0x3d2b_9f17)); // 0x1.0e4020p-7, 0x1.573e2ep-5
+    let q = f32::from_bits(0x3e2a_af33).mul_add(b, f32::from_bits(0x3eff_fedb)); // 0x1.555e66p-3, 0x1.fffdb6p-2
+    let lin = f32::from_bits(0x3f7f_fff6).mul_add(b, 1.0); // 0x1.ffffecp-1
+    let j = p.mul_add(u, q).mul_add(u, lin);
+    // j · 2^n (n is an integer in [-192, 192]); split the scale so no step overflows early.
+    let ni = n as i32;
+    let (a, c) = (ni / 2, ni - ni / 2);
+    j * f32::from_bits(((a + 127).clamp(1, 254) as u32) << 23) * f32::from_bits(((c + 127).clamp(1, 254) as u32) << 23)
+}
+
+/// SiLU as ggml's vectorised kernels compute it: x / (1 + e^-x) with [`ggml_expf`].
 #[inline]
 pub fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
+    x / (1.0 + ggml_expf(-x))
 }
 
 /// SwiGLU (ggml `swiglu_split`): out = silu(gate) * up.
@@ -117,21 +142,41 @@ pub fn top_k(x: &[f32], k: usize) -> Vec<usize> {
     idx
 }
 
-/// Dot product of an f16 vector with an f16 vector, accumulated in f32 (ggml `vec_dot_f16`).
+/// Dot product of two f16 vectors accumulated in f32, in the order ggml's AVX-512
+/// `ggml_vec_dot_f16` sums (`ggml-cpu/vec.cpp`, `simd-mappings.h`): four 16-lane accumulators over
+/// 64-element steps, reduced pairwise (0+2, 1+3, then 0+1), then a lane tree (i+8, i+4, i^2, i+1);
+/// a tail beyond a multiple of 64 is added one product at a time. Products of two f16 values are
+/// exact in f32, so only this order decides the rounding.
 #[inline]
 pub fn dot_f16(a: &[f16], b: &[f16]) -> f32 {
-    let mut acc = [0f32; 8];
-    let chunks = a.len() / 8;
-    for c in 0..chunks {
-        for l in 0..8 {
-            acc[l] += a[c * 8 + l].to_f32() * b[c * 8 + l].to_f32();
+    let n = a.len().min(b.len());
+    let np = n & !63;
+    let mut acc = [[0f32; 16]; 4];
+    for i in (0..np).step_by(64) {
+        for (j, accj) in acc.iter_mut().enumerate() {
+            for (l, al) in accj.iter_mut().enumerate() {
+                let k = i + j * 16 + l;
+                *al = (a[k].to_f32()).mul_add(b[k].to_f32(), *al);
+            }
         }
     }
-    let mut s: f32 = acc.iter().sum();
-    for i in chunks * 8..a.len() {
-        s += a[i].to_f32() * b[i].to_f32();
+    let mut v = [0f32; 16];
+    for l in 0..16 {
+        v[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
     }
-    s
+    let mut t3 = [0f32; 8];
+    for i in 0..8 {
+        t3[i] = v[i + 8] + v[i];
+    }
+    let mut t6 = [0f32; 4];
+    for i in 0..4 {
+        t6[i] = t3[i + 4] + t3[i];
+    }
+    let mut s = ((t6[0] + t6[2]) + (t6[1] + t6[3])) as f64;
+    for k in np..n {
+        s += (a[k].to_f32() * b[k].to_f32()) as f64;
+    }
+    s as f32
 }
 
 /// One query head attending over `n_kv` cached positions, as ggml's CPU flash-attention kernel
@@ -161,10 +206,11 @@ pub fn attend_head(q: &[f32], k_rows: &[f16], v_rows: &[f16], head_dim: usize, n
             vs = (s - m).exp();
         }
         let v = &v_rows[j * head_dim..(j + 1) * head_dim];
+        // ggml_vec_mad_f16 on x86: f32 FMA, rounded back to f16.
         for (a, &vv) in acc.iter_mut().zip(v) {
-            *a = f16::from_f32(a.to_f32() + vv.to_f32() * vs);
+            *a = f16::from_f32(vv.to_f32().mul_add(vs, a.to_f32()));
         }
-        s_sum = s_sum * ms + vs;
+        s_sum = s_sum.mul_add(ms, vs);
     }
     let inv = if s_sum == 0.0 { 0.0 } else { 1.0 / s_sum };
     for (o, a) in out.iter_mut().zip(acc.iter()) {

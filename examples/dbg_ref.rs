@@ -1,0 +1,42 @@
+use les::engine::Session;
+use les::model::{ExpertMode, Logits};
+use les::store::FileSource;
+fn main() {
+    let refs: serde_json::Value = serde_json::from_str(&std::fs::read_to_string("tests/fixtures/refs/SmolLM2-135M-Instruct.Q4_1.json").unwrap()).unwrap();
+    let src = FileSource::open("models/SmolLM2-135M-Instruct.Q4_1.gguf").unwrap();
+    let mut s = Session::load(&src, ExpertMode::Resident, 512).unwrap();
+    let p = &refs["prompts"][0];
+    let toks: Vec<u32> = p["prompt_tokens"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
+    let gen: Vec<u32> = p["generated"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
+    println!("prompt toks {:?}", toks);
+    let mut logits = s.model.forward(&toks, &mut s.kv, Logits::Last).unwrap();
+    for i in 0..6 {
+        let row = &p["rows"][i];
+        let mut md = 0f32;
+        for t in row["top"].as_array().unwrap() {
+            let id = t[0].as_u64().unwrap() as usize; let l = t[1].as_f64().unwrap() as f32;
+            md = md.max((logits[id]-l).abs());
+        }
+        let t0 = &row["top"][0];
+        println!("row {i}: max d {md:.4}  top {} ref {} ours {}", t0[0], t0[1], logits[t0[0].as_u64().unwrap() as usize]);
+        logits = s.model.forward(&[gen[i]], &mut s.kv, Logits::Last).unwrap();
+    }
+    // Also: full logits at last prompt position from the bin file
+    let bin = std::fs::read("tests/fixtures/refs/SmolLM2-135M-Instruct.Q4_1.logits.bin").unwrap();
+    let n = 49152;
+    let r: Vec<f32> = bin[..n*4].chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+    s.kv.clear();
+    let l = s.model.forward(&toks, &mut s.kv, Logits::Last).unwrap();
+    let mut diffs: Vec<f32> = l.iter().zip(&r).map(|(a,b)| a-b).collect();
+    let mean = diffs.iter().sum::<f32>()/n as f32;
+    let maxd = diffs.iter().fold(0f32, |m, d| m.max(d.abs()));
+    diffs.sort_by(|a,b| a.partial_cmp(b).unwrap());
+    println!("full row: mean diff {mean} max {maxd} median {}", diffs[n/2]);
+    // one-token at a time prompt
+    s.kv.clear();
+    let mut l2 = vec![];
+    for &t in &toks { l2 = s.model.forward(&[t], &mut s.kv, Logits::Last).unwrap(); }
+    let maxd2 = l2.iter().zip(&r).fold(0f32, |m, (a,b)| m.max((a-b).abs()));
+    let maxd3 = l2.iter().zip(&l).fold(0f32, |m, (a,b)| m.max((a-b).abs()));
+    println!("token-by-token prompt: max vs ref {maxd2}, vs batched {maxd3}");
+}

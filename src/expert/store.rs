@@ -1,0 +1,59 @@
+//! Expert stores: where an expert's bytes come from. The unmodified GGUF (three range reads per
+//! expert: gate, up, down) or a packed bundle (one contiguous, checksummed read per expert; see
+//! [`super::bundle`]).
+
+use super::{ExpertError, ExpertLayout, GgufExpertTensors};
+use crate::store::ByteSource;
+use std::sync::Arc;
+
+pub trait ExpertStore: Send + Sync {
+    fn n_layers(&self) -> usize;
+    fn layout(&self, layer: usize) -> &ExpertLayout;
+    /// Read expert `expert` of MoE layer `layer` into `buf` (resized to the expert's bytes:
+    /// gate, then up, then down). On error `buf`'s contents are unspecified and must not be used.
+    fn read_expert(&self, layer: usize, expert: usize, buf: &mut Vec<u8>) -> Result<(), ExpertError>;
+    /// Number of range reads one expert costs (3 for GGUF, 1 for a bundle).
+    fn reads_per_expert(&self) -> usize;
+    fn name(&self) -> &'static str;
+}
+
+/// Experts read straight from the stacked tensors of an unmodified GGUF.
+pub struct GgufExpertStore {
+    src: Arc<dyn ByteSource>,
+    tensors: Vec<GgufExpertTensors>,
+    n_expert: usize,
+}
+
+impl GgufExpertStore {
+    pub fn new(src: Arc<dyn ByteSource>, tensors: Vec<GgufExpertTensors>, n_expert: usize) -> Self {
+        Self { src, tensors, n_expert }
+    }
+}
+
+impl ExpertStore for GgufExpertStore {
+    fn n_layers(&self) -> usize {
+        self.tensors.len()
+    }
+    fn layout(&self, layer: usize) -> &ExpertLayout {
+        &self.tensors[layer].layout
+    }
+    fn read_expert(&self, layer: usize, expert: usize, buf: &mut Vec<u8>) -> Result<(), ExpertError> {
+        if expert >= self.n_expert {
+            return Err(ExpertError::Invalid { layer, expert, why: format!("only {} experts", self.n_expert) });
+        }
+        let t = &self.tensors[layer];
+        buf.resize(t.layout.bytes(), 0);
+        let mut at = 0;
+        for (off, len) in t.ranges(expert) {
+            self.src.read_at(off, &mut buf[at..at + len]).map_err(|source| ExpertError::Store { layer, expert, source })?;
+            at += len;
+        }
+        Ok(())
+    }
+    fn reads_per_expert(&self) -> usize {
+        3
+    }
+    fn name(&self) -> &'static str {
+        "gguf"
+    }
+}

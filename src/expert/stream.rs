@@ -1,0 +1,732 @@
+//! The streaming expert cache with Lookahead Expert Scheduling.
+//!
+//! * A fixed pool of expert **slots** sized from the memory budget; each slot owns one buffer for
+//!   the whole run (no per-load allocation, so memory stays flat).
+//! * An **I/O pool** of worker threads reads experts from an [`ExpertStore`] in priority order:
+//!   demand misses first, then prefetches by lookahead distance. Prefetches never occupy every
+//!   worker, so a demand miss always starts at once.
+//! * **Lookahead**: when layer *l*'s FFN input is known, the routers of layers *l+1..l+D* are
+//!   applied to it (cross-layer prediction) and, optionally, the previous token's experts of those
+//!   layers are added (temporal prediction); predicted experts are prefetched.
+//! * When the real router decides, resident experts are handed to the model first and misses as
+//!   their bytes arrive. Stale prefetches for layers already decided are cancelled.
+//! * Eviction never touches a slot in use or loading; unused prefetches go first, then the
+//!   policy's choice (LRU, frequency-aware, with an optional pinned hot set).
+//!
+//! The model combines expert outputs in rank order, so all of this changes only *when* bytes
+//! arrive, never the logits.
+
+use super::store::ExpertStore;
+use super::{ExpertBlock, ExpertError, ExpertLayout, ExpertSource};
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
+use std::time::Instant;
+
+/// Eviction policies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Policy {
+    /// Least recently used.
+    Lru,
+    /// Frequency-aware: lowest exponentially decayed use count, ties by recency.
+    Lfu,
+}
+
+impl Policy {
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "lru" => Some(Policy::Lru),
+            "lfu" | "freq" => Some(Policy::Lfu),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct StreamConfig {
+    /// Expert slots (from the memory budget).
+    pub slots: usize,
+    pub policy: Policy,
+    /// Lookahead prefetching on/off.
+    pub prefetch: bool,
+    /// Lookahead depth D (layers ahead).
+    pub depth: usize,
+    /// Extra candidates per predicted layer beyond the top-k (cross-layer prediction).
+    pub extra: usize,
+    /// Add the previous token's experts of the predicted layers (temporal prediction).
+    pub temporal: bool,
+    /// I/O worker threads (reads in flight).
+    pub io_threads: usize,
+    /// Experts never evicted (layer, expert), e.g. from a recorded routing trace.
+    pub pinned: Vec<(usize, usize)>,
+    /// Record a Chrome trace-event timeline.
+    pub trace: bool,
+}
+
+impl Default for StreamConfig {
+    fn default() -> Self {
+        Self { slots: 64, policy: Policy::Lru, prefetch: true, depth: 2, extra: 0, temporal: true, io_threads: 4, pinned: vec![], trace: false }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    Empty,
+    Queued,
+    Loading,
+    Ready,
+}
+
+#[derive(Clone, Debug)]
+struct Slot {
+    key: Option<(usize, usize)>,
+    state: State,
+    pins: u32,
+    last_use: u64,
+    /// Loaded by a prefetch and not used since.
+    prefetched_unused: bool,
+    hot: bool,
+    /// Error text of the last failed load (state is Empty then).
+    failed: Option<String>,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Req {
+    slot: usize,
+    key: (usize, usize),
+    demand: bool,
+    dist: usize,
+    seq: u64,
+}
+
+/// Per-layer counters.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct LayerStats {
+    /// Routed experts resident when the router decided.
+    pub hits: u64,
+    /// Routed experts whose prefetch was still in flight.
+    pub late: u64,
+    /// Routed experts not resident and not in flight.
+    pub misses: u64,
+    /// Per lookahead distance d (index d-1): routed experts that were predicted (true positives),
+    /// all predictions made, all routed experts seen with a prediction for that distance.
+    pub pred_tp: Vec<u64>,
+    pub pred_made: Vec<u64>,
+    pub pred_routed: Vec<u64>,
+    pub stall_ms: f64,
+}
+
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct StreamStats {
+    pub tokens: u64,
+    pub bytes_read: u64,
+    pub reads: u64,
+    pub demand_loads: u64,
+    pub prefetch_loads: u64,
+    pub prefetch_used: u64,
+    pub prefetch_evicted_unused: u64,
+    pub prefetch_cancelled: u64,
+    pub load_failures: u64,
+    pub stall_ms: f64,
+    /// Sum over workers of time spent reading.
+    pub io_busy_ms: f64,
+    pub wall_ms: f64,
+    pub layers: Vec<LayerStats>,
+}
+
+impl StreamStats {
+    pub fn hit_rate(&self) -> f64 {
+        let (h, t) = self.layers.iter().fold((0, 0), |(h, t), l| (h + l.hits, t + l.hits + l.late + l.misses));
+        if t == 0 { 0.0 } else { h as f64 / t as f64 }
+    }
+    /// Recall at lookahead distance d (1-based): routed experts that had been predicted.
+    pub fn recall(&self, d: usize) -> f64 {
+        let (tp, r) = self.layers.iter().fold((0, 0), |(a, b), l| (a + l.pred_tp.get(d - 1).copied().unwrap_or(0), b + l.pred_routed.get(d - 1).copied().unwrap_or(0)));
+        if r == 0 { 0.0 } else { tp as f64 / r as f64 }
+    }
+    pub fn precision(&self, d: usize) -> f64 {
+        let (tp, m) = self.layers.iter().fold((0, 0), |(a, b), l| (a + l.pred_tp.get(d - 1).copied().unwrap_or(0), b + l.pred_made.get(d - 1).copied().unwrap_or(0)));
+        if m == 0 { 0.0 } else { tp as f64 / m as f64 }
+    }
+    pub fn bytes_per_token(&self) -> f64 {
+        self.bytes_read as f64 / self.tokens.max(1) as f64
+    }
+    pub fn stall_ms_per_token(&self) -> f64 {
+        self.stall_ms / self.tokens.max(1) as f64
+    }
+    /// Fraction of wall time the I/O pool was busy (summed worker time / (wall × workers)).
+    pub fn io_busy_fraction(&self, workers: usize) -> f64 {
+        if self.wall_ms <= 0.0 { 0.0 } else { self.io_busy_ms / (self.wall_ms * workers.max(1) as f64) }
+    }
+}
+
+/// A Chrome trace event (`chrome://tracing`, Perfetto).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct TraceEvent {
+    pub name: String,
+    pub cat: &'static str,
+    pub ph: &'static str,
+    pub ts: f64,
+    pub dur: f64,
+    pub pid: u32,
+    pub tid: u32,
+}
+
+struct Inner {
+    slots: Vec<Slot>,
+    map: HashMap<(usize, usize), usize>,
+    queue: Vec<Req>,
+    seq: u64,
+    clock: u64,
+    freq: HashMap<(usize, usize), f32>,
+    inflight_prefetch: usize,
+    /// predictions[layer][d-1] = experts predicted for `layer` at distance d this step.
+    predictions: Vec<Vec<Vec<usize>>>,
+    /// Experts each layer used in the previous step (temporal predictor).
+    last_route: Vec<Vec<usize>>,
+    stats: StreamStats,
+    trace: Vec<TraceEvent>,
+    shutdown: bool,
+}
+
+struct Shared {
+    inner: Mutex<Inner>,
+    io_cv: Condvar,
+    done_cv: Condvar,
+    bufs: Vec<RwLock<ExpertBlock>>,
+    store: Arc<dyn ExpertStore>,
+    cfg: StreamConfig,
+    t0: Instant,
+}
+
+/// [`ExpertSource`] backed by a slot cache over an [`ExpertStore`], with lookahead prefetch.
+pub struct StreamingExperts {
+    sh: Arc<Shared>,
+    workers: Vec<std::thread::JoinHandle<()>>,
+    /// Router weights per MoE layer as f32 [n_expert × n_embd] (for cross-layer prediction).
+    routers: Vec<Vec<f32>>,
+    n_expert: usize,
+    n_used: usize,
+    hidden: Mutex<Vec<f32>>,
+}
+
+impl StreamingExperts {
+    /// `routers[l]`: layer l's router (`ffn_gate_inp`) as f32, row-major [n_expert][n_embd].
+    pub fn new(store: Arc<dyn ExpertStore>, routers: Vec<Vec<f32>>, n_expert: usize, n_used: usize, cfg: StreamConfig) -> Self {
+        let n_layers = store.n_layers();
+        let max_bytes = (0..n_layers).map(|l| store.layout(l).bytes()).max().unwrap_or(0);
+        let bufs = (0..cfg.slots)
+            .map(|_| RwLock::new(ExpertBlock { data: Vec::with_capacity(max_bytes), layout: store.layout(0).clone() }))
+            .collect();
+        let empty = Slot { key: None, state: State::Empty, pins: 0, last_use: 0, prefetched_unused: false, hot: false, failed: None };
+        let d = cfg.depth.max(1);
+        let stats = StreamStats {
+            layers: (0..n_layers).map(|_| LayerStats { pred_tp: vec![0; d], pred_made: vec![0; d], pred_routed: vec![0; d], ..Default::default() }).collect(),
+            ..Default::default()
+        };
+        let inner = Inner {
+            slots: vec![empty; cfg.slots],
+            map: HashMap::new(),
+            queue: Vec::new(),
+            seq: 0,
+            clock: 0,
+            freq: HashMap::new(),
+            inflight_prefetch: 0,
+            predictions: vec![vec![Vec::new(); d]; n_layers],
+            last_route: vec![Vec::new(); n_layers],
+            stats,
+            trace: Vec::new(),
+            shutdown: false,
+        };
+        let sh = Arc::new(Shared { inner: Mutex::new(inner), io_cv: Condvar::new(), done_cv: Condvar::new(), bufs, store, cfg: cfg.clone(), t0: Instant::now() });
+        let workers = (0..cfg.io_threads.max(1))
+            .map(|w| {
+                let sh = sh.clone();
+                std::thread::Builder::new().name(format!("les-io-{w}")).spawn(move || io_worker(sh, w)).expect("spawn I/O worker")
+            })
+            .collect();
+        let s = Self { sh, workers, routers, n_expert, n_used, hidden: Mutex::new(Vec::new()) };
+        s.load_pinned();
+        s
+    }
+
+    /// Load the pinned hot set (blocking), marking those slots never-evict.
+    fn load_pinned(&self) {
+        let pins = self.sh.cfg.pinned.clone();
+        for (l, e) in pins {
+            if l >= self.routers.len() || e >= self.n_expert {
+                continue;
+            }
+            let ok = self.with_experts(l, &[e as u32], &mut |_, _| {}).is_ok();
+            let mut g = self.sh.inner.lock().unwrap();
+            if let (true, Some(&s)) = (ok, g.map.get(&(l, e))) {
+                g.slots[s].hot = true;
+            }
+        }
+        let mut g = self.sh.inner.lock().unwrap();
+        let d = self.sh.cfg.depth.max(1);
+        g.stats = StreamStats {
+            layers: (0..self.routers.len()).map(|_| LayerStats { pred_tp: vec![0; d], pred_made: vec![0; d], pred_routed: vec![0; d], ..Default::default() }).collect(),
+            ..Default::default()
+        };
+    }
+
+    pub fn stats(&self) -> StreamStats {
+        let g = self.sh.inner.lock().unwrap();
+        let mut s = g.stats.clone();
+        s.wall_ms = self.sh.t0.elapsed().as_secs_f64() * 1000.0;
+        s
+    }
+
+    /// Reset counters (not the cache contents).
+    pub fn reset_stats(&self) {
+        let mut g = self.sh.inner.lock().unwrap();
+        let d = self.sh.cfg.depth.max(1);
+        g.stats = StreamStats {
+            layers: (0..self.routers.len()).map(|_| LayerStats { pred_tp: vec![0; d], pred_made: vec![0; d], pred_routed: vec![0; d], ..Default::default() }).collect(),
+            ..Default::default()
+        };
+        g.trace.clear();
+    }
+
+    pub fn take_trace(&self) -> Vec<TraceEvent> {
+        std::mem::take(&mut self.sh.inner.lock().unwrap().trace)
+    }
+
+    /// Lookahead: apply the routers of layers layer+1..layer+D to the stored hidden state of
+    /// `layer` and queue prefetches for predicted experts that are not resident.
+    fn issue_prefetch(&self, layer: usize) {
+        let sh = &self.sh;
+        let h = self.hidden.lock().unwrap().clone();
+        if h.is_empty() {
+            return;
+        }
+        let n_layers = self.routers.len();
+        let mut plans = Vec::new();
+        for d in 1..=sh.cfg.depth {
+            let l2 = layer + d;
+            if l2 >= n_layers {
+                break;
+            }
+            plans.push((l2, d, self.predict(l2, &h)));
+        }
+        let mut g = sh.inner.lock().unwrap();
+        let mut protect: HashSet<(usize, usize)> = HashSet::new();
+        for (l2, _, p) in &plans {
+            protect.extend(p.iter().map(|&e| (*l2, e)));
+        }
+        for (l2, d, mut p) in plans {
+            g.predictions[l2][d - 1] = p.clone();
+            if sh.cfg.temporal {
+                for e in g.last_route[l2].clone() {
+                    if !p.contains(&e) {
+                        p.push(e);
+                    }
+                }
+            }
+            for e in p {
+                let key = (l2, e);
+                if g.map.contains_key(&key) {
+                    continue;
+                }
+                match g.victim(sh.cfg.policy, &protect) {
+                    Some(v) => g.assign(v, key, false, d),
+                    None => break,
+                }
+            }
+        }
+        drop(g);
+        sh.io_cv.notify_all();
+    }
+
+    pub fn config(&self) -> &StreamConfig {
+        &self.sh.cfg
+    }
+
+    /// Experts resident now (for tests and inspection).
+    pub fn resident(&self) -> Vec<(usize, usize)> {
+        let g = self.sh.inner.lock().unwrap();
+        g.slots.iter().filter(|s| s.state == State::Ready).filter_map(|s| s.key).collect()
+    }
+
+    fn predict(&self, layer: usize, h: &[f32]) -> Vec<usize> {
+        let r = &self.routers[layer];
+        let n_embd = h.len();
+        let mut logits: Vec<(f32, usize)> = (0..self.n_expert)
+            .map(|e| {
+                let w = &r[e * n_embd..(e + 1) * n_embd];
+                (w.iter().zip(h).map(|(a, b)| a * b).sum::<f32>(), e)
+            })
+            .collect();
+        logits.sort_by(|a, b| b.0.partial_cmp(&a.0).unwrap_or(std::cmp::Ordering::Equal).then(a.1.cmp(&b.1)));
+        logits.iter().take(self.n_used + self.sh.cfg.extra).map(|x| x.1).collect()
+    }
+}
+
+impl Drop for StreamingExperts {
+    fn drop(&mut self) {
+        {
+            let mut g = self.sh.inner.lock().unwrap();
+            g.shutdown = true;
+        }
+        self.sh.io_cv.notify_all();
+        for w in self.workers.drain(..) {
+            let _ = w.join();
+        }
+    }
+}
+
+fn now_us(sh: &Shared) -> f64 {
+    sh.t0.elapsed().as_secs_f64() * 1e6
+}
+
+fn io_worker(sh: Arc<Shared>, w: usize) {
+    loop {
+        let req = {
+            let mut g = sh.inner.lock().unwrap();
+            loop {
+                if g.shutdown {
+                    return;
+                }
+                // Best request: demand first, then nearest prefetch, FIFO within a class.
+                // Prefetches may use all workers but one, so a demand miss always starts at once.
+                let max_pf = sh.cfg.io_threads.saturating_sub(1).max(if sh.cfg.io_threads == 1 { 1 } else { 0 });
+                let best = g
+                    .queue
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, r)| r.demand || g.inflight_prefetch < max_pf)
+                    .min_by_key(|(_, r)| (!r.demand, r.dist, r.seq))
+                    .map(|(i, _)| i);
+                if let Some(i) = best {
+                    let r = g.queue.swap_remove(i);
+                    g.slots[r.slot].state = State::Loading;
+                    if !r.demand {
+                        g.inflight_prefetch += 1;
+                    }
+                    break r;
+                }
+                g = sh.io_cv.wait(g).unwrap();
+            }
+        };
+        let t = Instant::now();
+        let ts = now_us(&sh);
+        let res = {
+            let mut b = sh.bufs[req.slot].write().unwrap();
+            b.layout = sh.store.layout(req.key.0).clone();
+            sh.store.read_expert(req.key.0, req.key.1, &mut b.data)
+        };
+        let ms = t.elapsed().as_secs_f64() * 1000.0;
+        let mut g = sh.inner.lock().unwrap();
+        if !req.demand {
+            g.inflight_prefetch -= 1;
+        }
+        g.stats.io_busy_ms += ms;
+        let bytes = sh.store.layout(req.key.0).bytes() as u64;
+        if sh.cfg.trace {
+            g.trace.push(TraceEvent {
+                name: format!("{} L{} E{}", if req.demand { "demand" } else { "prefetch" }, req.key.0, req.key.1),
+                cat: "io",
+                ph: "X",
+                ts,
+                dur: ms * 1000.0,
+                pid: 1,
+                tid: 100 + w as u32,
+            });
+        }
+        match res {
+            Ok(()) => {
+                let slot = &mut g.slots[req.slot];
+                slot.state = State::Ready;
+                slot.failed = None;
+                g.stats.bytes_read += bytes;
+                g.stats.reads += sh.store.reads_per_expert() as u64;
+                if req.demand {
+                    g.stats.demand_loads += 1;
+                } else {
+                    g.stats.prefetch_loads += 1;
+                }
+            }
+            Err(e) => {
+                // Never keep a partly read expert: the slot becomes empty again.
+                g.stats.load_failures += 1;
+                let slot = &mut g.slots[req.slot];
+                slot.state = State::Empty;
+                slot.failed = Some(e.to_string());
+                if slot.pins == 0 {
+                    slot.key = None;
+                    g.map.remove(&req.key);
+                }
+            }
+        }
+        drop(g);
+        sh.done_cv.notify_all();
+        sh.io_cv.notify_all();
+    }
+}
+
+impl Inner {
+    /// A slot to (re)use, or None if every slot is busy. `for_prefetch` may not evict experts
+    /// routed or predicted for the current window.
+    fn victim(&self, policy: Policy, protect: &HashSet<(usize, usize)>) -> Option<usize> {
+        let mut best: Option<(usize, (u8, f32, u64))> = None;
+        for (i, s) in self.slots.iter().enumerate() {
+            if s.pins > 0 || matches!(s.state, State::Queued | State::Loading) || s.hot {
+                continue;
+            }
+            if let Some(k) = s.key {
+                if protect.contains(&k) {
+                    continue;
+                }
+            }
+            let class = match (s.state, s.prefetched_unused) {
+                (State::Empty, _) => 0u8,
+                (_, true) => 1,
+                _ => 2,
+            };
+            let f = match policy {
+                Policy::Lru => 0.0,
+                Policy::Lfu => s.key.and_then(|k| self.freq.get(&k)).copied().unwrap_or(0.0),
+            };
+            let score = (class, f, s.last_use);
+            let better = match &best {
+                None => true,
+                Some((_, b)) => score.0 < b.0 || (score.0 == b.0 && (score.1 < b.1 || (score.1 == b.1 && score.2 < b.2))),
+            };
+            if better {
+                best = Some((i, score));
+            }
+        }
+        best.map(|b| b.0)
+    }
+
+    fn assign(&mut self, slot: usize, key: (usize, usize), demand: bool, dist: usize) {
+        if let Some(old) = self.slots[slot].key.take() {
+            if self.slots[slot].prefetched_unused && self.slots[slot].state == State::Ready {
+                self.stats.prefetch_evicted_unused += 1;
+            }
+            self.map.remove(&old);
+        }
+        let s = &mut self.slots[slot];
+        s.key = Some(key);
+        s.state = State::Queued;
+        s.prefetched_unused = !demand;
+        s.failed = None;
+        self.map.insert(key, slot);
+        self.seq += 1;
+        self.queue.push(Req { slot, key, demand, dist, seq: self.seq });
+    }
+
+    fn touch(&mut self, slot: usize) {
+        self.clock += 1;
+        let s = &mut self.slots[slot];
+        s.last_use = self.clock;
+        if s.prefetched_unused {
+            s.prefetched_unused = false;
+            self.stats.prefetch_used += 1;
+        }
+        if let Some(k) = s.key {
+            *self.freq.entry(k).or_insert(0.0) += 1.0;
+        }
+    }
+}
+
+impl ExpertSource for StreamingExperts {
+    fn layout(&self, layer: usize) -> &ExpertLayout {
+        self.sh.store.layout(layer)
+    }
+
+    fn on_hidden(&self, layer: usize, h: &[f32], n_tok: usize) {
+        let sh = &self.sh;
+        if layer == 0 {
+            let mut g = sh.inner.lock().unwrap();
+            g.stats.tokens += n_tok as u64;
+            // Decay frequencies once per step.
+            for v in g.freq.values_mut() {
+                *v *= 0.95;
+            }
+        }
+        // Keep the hidden state; predictions are issued once this layer's own experts are
+        // pinned (in `with_experts`), so a prefetch can never evict them.
+        let mut hs = self.hidden.lock().unwrap();
+        hs.clear();
+        if sh.cfg.prefetch && n_tok == 1 {
+            hs.extend_from_slice(h);
+        }
+    }
+
+    fn with_experts(&self, layer: usize, ids: &[u32], f: &mut dyn FnMut(usize, &ExpertBlock)) -> Result<(), ExpertError> {
+        let sh = &self.sh;
+        let keys: Vec<(usize, usize)> = ids.iter().map(|&e| (layer, e as usize)).collect();
+        for &(_, e) in &keys {
+            if e >= self.n_expert {
+                return Err(ExpertError::Invalid { layer, expert: e, why: format!("only {} experts", self.n_expert) });
+            }
+        }
+        let needed: HashSet<(usize, usize)> = keys.iter().copied().collect();
+        let mut ready: Vec<(usize, usize)> = Vec::new(); // (index, slot)
+        let mut waiting: Vec<(usize, usize)> = Vec::new();
+        let mut unassigned: Vec<usize> = Vec::new();
+        {
+            let mut g = sh.inner.lock().unwrap();
+            // Cancel queued prefetches for this layer and earlier ones that the router did not pick.
+            let mut cancelled = 0;
+            let queue = std::mem::take(&mut g.queue);
+            for r in queue {
+                if !r.demand && r.key.0 <= layer && !needed.contains(&r.key) {
+                    let s = &mut g.slots[r.slot];
+                    s.state = State::Empty;
+                    s.key = None;
+                    s.prefetched_unused = false;
+                    g.map.remove(&r.key);
+                    cancelled += 1;
+                } else {
+                    g.queue.push(r);
+                }
+            }
+            g.stats.prefetch_cancelled += cancelled;
+            // Prediction accounting for this layer.
+            for d in 0..sh.cfg.depth {
+                let p = std::mem::take(&mut g.predictions[layer][d]);
+                if p.is_empty() {
+                    continue;
+                }
+                let tp = keys.iter().filter(|k| p.contains(&k.1)).count() as u64;
+                let ls = &mut g.stats.layers[layer];
+                ls.pred_tp[d] += tp;
+                ls.pred_made[d] += p.len() as u64;
+                ls.pred_routed[d] += keys.len() as u64;
+            }
+            g.last_route[layer] = keys.iter().map(|k| k.1).collect();
+            for (i, &key) in keys.iter().enumerate() {
+                match g.map.get(&key).copied() {
+                    Some(s) => {
+                        g.slots[s].pins += 1;
+                        match g.slots[s].state {
+                            State::Ready => {
+                                g.stats.layers[layer].hits += 1;
+                                ready.push((i, s));
+                            }
+                            _ => {
+                                g.stats.layers[layer].late += 1;
+                                // Promote an in-flight or queued prefetch to demand priority.
+                                if let Some(r) = g.queue.iter_mut().find(|r| r.slot == s) {
+                                    r.demand = true;
+                                }
+                                waiting.push((i, s));
+                            }
+                        }
+                    }
+                    None => {
+                        g.stats.layers[layer].misses += 1;
+                        unassigned.push(i);
+                    }
+                }
+            }
+            let protect = needed.clone();
+            unassigned.retain(|&i| match g.victim(sh.cfg.policy, &protect) {
+                Some(v) => {
+                    g.assign(v, keys[i], true, 0);
+                    g.slots[v].pins += 1;
+                    waiting.push((i, v));
+                    false
+                }
+                None => true,
+            });
+        }
+        sh.io_cv.notify_all();
+        self.issue_prefetch(layer);
+        let unpin = |slot: usize| {
+            let mut g = sh.inner.lock().unwrap();
+            g.touch(slot);
+            g.slots[slot].pins -= 1;
+            drop(g);
+            sh.done_cv.notify_all();
+        };
+        // Hits first.
+        for (i, s) in ready {
+            {
+                let b = sh.bufs[s].read().unwrap();
+                f(i, &b);
+            }
+            unpin(s);
+        }
+        // Then misses, as their bytes arrive.
+        let mut retried: HashSet<usize> = HashSet::new();
+        while !waiting.is_empty() || !unassigned.is_empty() {
+            let t_wait = Instant::now();
+            let ts = now_us(sh);
+            let next = {
+                let mut g = sh.inner.lock().unwrap();
+                loop {
+                    // Slots freed by our own unpins let unassigned experts start.
+                    let protect = needed.clone();
+                    while let Some(&i) = unassigned.first() {
+                        match g.victim(sh.cfg.policy, &protect) {
+                            Some(v) => {
+                                g.assign(v, keys[i], true, 0);
+                                g.slots[v].pins += 1;
+                                waiting.push((i, v));
+                                unassigned.remove(0);
+                                sh.io_cv.notify_all();
+                            }
+                            None => break,
+                        }
+                    }
+                    if let Some(pos) = waiting.iter().position(|&(_, s)| g.slots[s].state == State::Ready) {
+                        break Ok(waiting.swap_remove(pos));
+                    }
+                    // A failed load: retry once, then report.
+                    if let Some(pos) = waiting.iter().position(|&(_, s)| g.slots[s].state == State::Empty) {
+                        let (i, s) = waiting[pos];
+                        let msg = g.slots[s].failed.clone().unwrap_or_default();
+                        if retried.insert(i) {
+                            let key = keys[i];
+                            g.map.insert(key, s);
+                            g.slots[s].key = Some(key);
+                            g.slots[s].state = State::Queued;
+                            g.seq += 1;
+                            let seq = g.seq;
+                            g.queue.push(Req { slot: s, key, demand: true, dist: 0, seq });
+                            sh.io_cv.notify_all();
+                        } else {
+                            // Give up: release everything we hold.
+                            for &(_, s2) in &waiting {
+                                g.slots[s2].pins -= 1;
+                                if g.slots[s2].state == State::Empty {
+                                    if let Some(k) = g.slots[s2].key.take() {
+                                        g.map.remove(&k);
+                                    }
+                                }
+                            }
+                            waiting.clear();
+                            break Err(ExpertError::Invalid { layer, expert: keys[i].1, why: format!("load failed twice: {msg}") });
+                        }
+                    }
+                    g = sh.done_cv.wait(g).unwrap();
+                }
+            };
+            let (i, s) = match next {
+                Ok(x) => x,
+                Err(e) => {
+                    sh.done_cv.notify_all();
+                    return Err(e);
+                }
+            };
+            let waited = t_wait.elapsed().as_secs_f64() * 1000.0;
+            {
+                let mut g = sh.inner.lock().unwrap();
+                g.stats.stall_ms += waited;
+                g.stats.layers[layer].stall_ms += waited;
+                if sh.cfg.trace && waited > 0.01 {
+                    g.trace.push(TraceEvent { name: format!("stall L{layer}"), cat: "stall", ph: "X", ts, dur: waited * 1000.0, pid: 1, tid: 1 });
+                }
+            }
+            {
+                let b = sh.bufs[s].read().unwrap();
+                f(i, &b);
+            }
+            unpin(s);
+        }
+        Ok(())
+    }
+}
