@@ -148,6 +148,7 @@ int main(int argc, char ** argv) {
     std::string model_path = argv[1], prompts_path = argv[2], out_json = argv[3], out_logits = argv[4];
     int n_gen = 32, n_threads = 2, n_ctx = 512, top_k = 32;
     std::string version = "unknown", command;
+    bool seq_prompt = false;  // decode the prompt one token at a time (every matmul on ggml's vec_dot path)
     for (int i = 5; i < argc; i++) {
         std::string a = argv[i];
         if (i + 1 >= argc) die("missing value");
@@ -156,6 +157,7 @@ int main(int argc, char ** argv) {
         else if (a == "--ctx") n_ctx = atoi(argv[++i]);
         else if (a == "--top") top_k = atoi(argv[++i]);
         else if (a == "--version") version = argv[++i];
+        else if (a == "--seq-prompt") seq_prompt = atoi(argv[++i]) != 0;
         else if (a == "--command") command = argv[++i];
         else die(("unknown option " + a).c_str());
     }
@@ -238,6 +240,13 @@ int main(int argc, char ** argv) {
         std::string text;
 
         std::vector<llama_token> cur = toks;
+        if (seq_prompt && cur.size() > 1) {
+            for (size_t i = 0; i + 1 < cur.size(); i++) {
+                llama_batch b1 = llama_batch_get_one(&cur[i], 1);
+                if (llama_decode(ctx, b1) != 0) die("decode failed");
+            }
+            cur.erase(cur.begin(), cur.end() - 1);
+        }
         for (int step = 0; step <= n_gen; step++) {
             llama_batch b = llama_batch_get_one(cur.data(), (int) cur.size());
             if (llama_decode(ctx, b) != 0) die("decode failed");

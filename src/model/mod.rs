@@ -325,6 +325,7 @@ impl Model {
         let mut logits = vec![0f32; t_n * c.n_expert];
         let mut acts = Acts::new(cur, e);
         matmul(router.as_ref(), &mut acts, &mut logits);
+        dump("ffn_moe_logits", il, &logits);
         let k = c.n_expert_used;
         let mut sel = vec![0u32; t_n * k];
         let mut wts = vec![0f32; t_n * k];
@@ -350,6 +351,8 @@ impl Model {
                 }
             }
         }
+        dump("ffn_moe_weights", il, &wts);
+        dump("ffn_moe_topk", il, &sel.iter().map(|&v| v as f32).collect::<Vec<_>>());
         // Union of chosen experts (first-seen order) and, per expert, the (token, rank) pairs.
         let mut union: Vec<u32> = Vec::new();
         for &ex in &sel {

@@ -246,3 +246,4 @@ mod tests {
         assert_eq!(out, vec![1.0, -2.0, 0.5, 4.0]);
     }
 }
+
