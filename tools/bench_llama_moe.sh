@@ -3,17 +3,19 @@
 #
 #   tools/bench_llama_moe.sh [cache|cgroup|all]
 #
-# cache : llama-bench -p 0 -n 32 -r 3 on SmolLM2 (dense), SmolMoE-32x2 and SmolMoE-64x4 with each file
-#         read into the page cache first.
+# cache : llama-bench -p 0 -n 32 -r $REPS (default 7) on $MODELS (default: SmolLM2 (dense), SmolMoE-32x2,
+#         SmolMoE-64x4), each file read into the page cache first. Prints median and best of the
+#         repetitions (the machine is shared: the best is the least disturbed run).
 # cgroup: SmolMoE-32x2 inside a memory cgroup (v1) of CGROUP_MIB (default 400) MiB, the file evicted
 #         from the page cache first (posix_fadvise DONTNEED); llama-bench -p 0 -n 16 -r 1. Page
 #         cache counts against the limit, so llama.cpp's mmap thrashes. Needs root and cgroup v1.
-# Output: markdown tables on stdout; raw logs in target/bench/.
+# Output: markdown on stdout; raw logs in target/bench/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LLAMA_CPP_DIR=${LLAMA_CPP_DIR:-/work/dl/llama_cpp_python-0.3.36/vendor/llama.cpp}
 BENCH=$LLAMA_CPP_DIR/build/bin/llama-bench
 MIB=${CGROUP_MIB:-400}
+REPS=${REPS:-7}
 what=${1:-all}
 mkdir -p target/bench
 
@@ -22,23 +24,35 @@ echo "llama.cpp: $("$LLAMA_CPP_DIR/build/bin/llama-completion" --version 2>&1 | 
 echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ), load average: $(cut -d' ' -f1-3 /proc/loadavg)"
 
 evict() {
-  python3 - "$1" <<'EOF'
-import os, sys
+  python3 -c 'import os, sys
 fd = os.open(sys.argv[1], os.O_RDONLY)
-os.fsync(fd)
 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-os.close(fd)
-EOF
+os.close(fd)' "$1"
+}
+
+summ() {  # model file json
+  python3 - "$@" <<'PY'
+import json, statistics, sys, os
+m, f, j = sys.argv[1:]
+r = json.load(open(j))[0]
+ts = sorted(r["samples_ts"])
+allv = ", ".join(f"{x:.2f}" for x in ts)
+print(f"| {m} | {os.path.getsize(f):,} | tg{r['n_gen']} x{len(ts)} | {statistics.median(ts):.2f} | {ts[-1]:.2f} | {allv} |")
+PY
 }
 
 if [ "$what" = cache ] || [ "$what" = all ]; then
-  for m in SmolLM2-135M-Instruct.Q4_1 smolmoe-32x2 smolmoe-64x4; do
+  echo
+  echo "### page cache (file read into the page cache first), 2 threads: llama-bench -m M -t 2 -p 0 -n 32 -r $REPS -o json"
+  echo
+  echo "| model | file bytes | test | median t/s | best t/s | samples t/s |"
+  echo "|---|---|---|---|---|---|"
+  for m in ${MODELS:-SmolLM2-135M-Instruct.Q4_1 smolmoe-32x2 smolmoe-64x4}; do
     f=models/$m.gguf
-    [ -f "$f" ] || { echo "skip $f (missing)"; continue; }
+    [ -f "$f" ] || { echo "| $m | missing | | | | |"; continue; }
     cat "$f" > /dev/null
-    echo; echo "### page cache: $m ($(stat -c %s "$f") bytes)"
-    echo '$ llama-bench -m '"$f"' -t 2 -p 0 -n 32 -r 3'
-    "$BENCH" -m "$f" -t 2 -p 0 -n 32 -r 3 2>"target/bench/$m.cache.log" | tee "target/bench/$m.cache.md"
+    "$BENCH" -m "$f" -t 2 -p 0 -n 32 -r "$REPS" -o json 2>"target/bench/$m.cache.log" > "target/bench/$m.cache.json"
+    summ "$m" "$f" "target/bench/$m.cache.json"
   done
 fi
 
@@ -50,14 +64,17 @@ if [ "$what" = cgroup ] || [ "$what" = all ]; then
   trap 'rmdir "$cg" 2>/dev/null || true' EXIT
   echo $((MIB * 1024 * 1024)) > "$cg/memory.limit_in_bytes"
   evict "$f"
-  echo; echo "### memory cgroup ${MIB} MiB (v1, page cache counted), file evicted first: smolmoe-32x2"
-  echo '$ llama-bench -m '"$f"' -t 2 -p 0 -n 16 -r 1'
-  start=$(date +%s.%N)
-  bash -c 'echo $$ > '"$cg"'/cgroup.procs && exec "$0" "$@"' \
-    "$BENCH" -m "$f" -t 2 -p 0 -n 16 -r 1 2>target/bench/smolmoe-32x2.cgroup.log | tee target/bench/smolmoe-32x2.cgroup.md
-  end=$(date +%s.%N)
   echo
-  echo "wall time of the whole llama-bench run (load + warmup + 16 tokens): $(python3 -c "print(f'{$end - $start:.1f}')") s;" \
-       "cgroup max usage $(( $(cat "$cg/memory.max_usage_in_bytes") / 1048576 )) MiB, failcnt $(cat "$cg/memory.failcnt")"
-  grep -E "^(total_pgmajfault|pgmajfault) " "$cg/memory.stat" || true
+  echo "### memory cgroup ${MIB} MiB (v1, page cache counted), file evicted first: llama-bench -m $f -t 2 -p 0 -n 16 -r 1 -o json"
+  echo
+  echo "| model | file bytes | test | t/s | - | - |"
+  echo "|---|---|---|---|---|---|"
+  bash -c 'echo $$ > '"$cg"'/cgroup.procs && exec "$0" "$@"' \
+    /usr/bin/time -o target/bench/smolmoe-32x2.cgroup.time \
+      -f "%e s wall, %U s user, %S s sys, %F major faults, %I fs input blocks of 512 B, max RSS %M KB" \
+    "$BENCH" -m "$f" -t 2 -p 0 -n 16 -r 1 -o json 2>target/bench/smolmoe-32x2.cgroup.log > target/bench/smolmoe-32x2.cgroup.json
+  summ smolmoe-32x2 "$f" target/bench/smolmoe-32x2.cgroup.json
+  echo
+  echo "whole llama-bench run (load + warmup token + 16 tokens): $(cat target/bench/smolmoe-32x2.cgroup.time);" \
+       "cgroup max usage $(( $(cat "$cg/memory.max_usage_in_bytes") / 1048576 )) MiB"
 fi

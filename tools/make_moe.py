@@ -4,7 +4,7 @@
   make_moe.py smolmoe --src models/SmolLM2-135M-Instruct.Q4_1.gguf --experts 32 --top-k 2 \
                       --out models/smolmoe-32x2.gguf
   make_moe.py random  --arch {llama,qwen2moe,qwen3moe,olmoe} --src models/SmolLM2-...gguf \
-                      --out models/rand-<arch>.gguf
+                      --out models/rand-<arch>.gguf   (build_models.sh: rand-llama-moe for llama)
   make_moe.py stats   --src models/SmolLM2-...gguf --refs tests/fixtures/refs/SmolLM2-...json \
                       --experts 32 --top-k 2       (routing statistics of the SmolMoE router)
 
@@ -14,9 +14,10 @@ SmolMoE: SmolLM2-135M-Instruct turned into a Mixtral-style `llama` MoE. Every la
 Expert e of layer l is the dense tensor with a fraction `--flip` of its quantized codes moved by
 +-1 (reflected at the code range ends; scale/min bytes untouched), positions and signs drawn from
 PCG64 seeded with (seed, layer, expert, tensor). The router ffn_gate_inp (F32 [n_embd, E]) is
-seeded Gaussian with a per-layer std chosen so that router logits have std ~= ROUTER_LOGIT_STD on
-real activations (the per-layer RMS of the router input, measured once with `stats` on the
-reference prompts, is committed below as SMOL_FFN_IN_NORM).
+seeded Gaussian; per layer, the weights of SmolLM2's 4 massive-activation channels
+(SMOL_ROUTER_ZERO_DIMS) are zeroed and the std is set so router logits have std ~= ROUTER_LOGIT_STD
+on real activations (SMOL_FFN_IN_RMS). Both constants were measured once with `stats` on the
+reference prompts and are committed below.
 
 Random MoEs: small seeded models of each MoE architecture LES supports, with SmolLM2's vocabulary
 and merges (tokenizer.ggml.* copied; `pre` set per architecture), expert tensors in a mix of
@@ -108,10 +109,6 @@ def copy_kv(sw: StreamWriter, field, key: str | None = None):
 # ----------------------------------------------------------------------------------------------
 # Random tensors (quantized blocks written directly)
 # ----------------------------------------------------------------------------------------------
-
-def f16_scalar_array(x: np.ndarray) -> np.ndarray:
-    return x.astype(np.float16)
-
 
 def rand_f32(rng, ne, std, mean=0.0):
     n = int(np.prod(ne))
@@ -401,6 +398,10 @@ def perturb_codes(raw: np.ndarray, qtype: T, frac: float, rng: np.random.Generat
 #    otherwise a near-constant direction decides routing and one expert takes most tokens
 #    (layer 29: 67% of top-1 picks);
 #  - SMOL_FFN_IN_RMS[l]: RMS of the remaining dims, so router logits get std ~= ROUTER_LOGIT_STD.
+# Fraction of each expert tensor's quantized codes moved by +-1 (see tests/fixtures/moe/README.md:
+# 2%, 5%, 10%, 20% tried; 5% keeps greedy text fluent and close to the dense model).
+SMOL_FLIP = 0.05
+
 SMOL_ROUTER_ZERO_DIMS: list[list[int]] = [
     [59, 260, 322, 387], [100, 118, 260, 409], [118, 260, 308, 507], [118, 260, 308, 507], [260, 308, 371, 507],
     [260, 308, 371, 507], [118, 260, 308, 507], [118, 260, 308, 507], [260, 308, 371, 507], [14, 260, 308, 507],
@@ -598,7 +599,7 @@ def main():
     s.add_argument("--out", required=True)
     s.add_argument("--experts", type=int, default=32)
     s.add_argument("--top-k", type=int, default=2)
-    s.add_argument("--flip", type=float, default=None, help="fraction of codes moved by +-1 per expert")
+    s.add_argument("--flip", type=float, default=None, help=f"fraction of codes moved by +-1 per expert (default {SMOL_FLIP})")
     s.add_argument("--seed", type=int, default=20251)
     s.add_argument("--router-logit-std", type=float, default=ROUTER_LOGIT_STD)
     s = sub.add_parser("random")
@@ -622,8 +623,6 @@ def main():
     else:
         cmd_stats(a)
 
-
-SMOL_FLIP = 0.05
 
 if __name__ == "__main__":
     main()
