@@ -13,10 +13,13 @@ need_python_pkgs() {
 
 case "$cmd" in
   demo)
+    # The main job: SmolMoE-32x2 (1.6 GB, upcycled from real SmolLM2 weights) under a 400 MiB
+    # memory budget, experts streamed from disk with lookahead prefetching.
     need_python_pkgs
-    tools/fetch_models.sh
+    LES_SKIP_GEMMA=1 tools/fetch_models.sh
+    tools/build_models.sh smolmoe
     cargo build --release --bin les
-    ./target/release/les run --model models/SmolLM2-135M-Instruct.Q4_1.gguf \
+    ./target/release/les run --model models/smolmoe-32x2.gguf --memory-budget 400MiB \
       --prompt "The three primary colors are" -n 64 --temp 0
     ;;
   models)
@@ -28,8 +31,8 @@ case "$cmd" in
     need_python_pkgs
     rustup target list --installed 2>/dev/null | grep -q wasm32-unknown-unknown || rustup target add wasm32-unknown-unknown
     tools/fetch_models.sh
-    if [ -x tools/build_models.sh ]; then tools/build_models.sh small; fi
-    if [ -x tools/make_tokenizer_refs.sh ]; then tools/make_tokenizer_refs.sh --vocab-only; fi
+    tools/build_models.sh smolmoe
+    tools/make_tokenizer_refs.sh vocabs
     cargo build --lib --target wasm32-unknown-unknown
     cargo test --release
     ;;

@@ -10,7 +10,7 @@ use les::engine::sampling::SamplerConfig;
 use les::engine::{memory_usage, Session};
 use les::gguf::GgufFile;
 use les::model::ExpertMode;
-use les::store::FileSource;
+use les::store::{ByteSource, FileSource};
 use std::io::{BufRead, Write};
 use std::process::ExitCode;
 
@@ -33,6 +33,14 @@ enum Cmd {
         #[arg(long)]
         full: bool,
     },
+    /// Pack a MoE GGUF into a bundle: one contiguous, 4 KiB-aligned, checksummed block per
+    /// (layer, expert), a manifest, and the dense weights as an embedded GGUF.
+    Pack {
+        /// Input GGUF.
+        input: String,
+        /// Output bundle (.les).
+        output: String,
+    },
     /// Benchmarks.
     #[command(subcommand)]
     Bench(BenchCmd),
@@ -51,10 +59,77 @@ struct ModelArgs {
     threads: Option<usize>,
 }
 
+#[derive(Args, Clone, Default)]
+struct StreamArgs {
+    /// Memory budget (e.g. 400MiB, 1.5GiB): dense weights + expert cache + KV cache + scratch.
+    /// Experts beyond the cache are streamed from storage. Without it, every weight is loaded.
+    #[arg(long)]
+    memory_budget: Option<String>,
+    /// Where expert reads come from: `disk` (the file) or a device profile modelling flash
+    /// (phone-1.5GBps, phone-4GBps, laptop-nvme).
+    #[arg(long, default_value = "disk")]
+    store: String,
+    /// Read experts with O_DIRECT (bypass the page cache; Linux).
+    #[arg(long)]
+    direct: bool,
+    /// Disable lookahead prefetching (on-demand loading only).
+    #[arg(long)]
+    no_prefetch: bool,
+    /// Eviction policy: lru or lfu (frequency-aware).
+    #[arg(long, default_value = "lru")]
+    policy: String,
+    /// Lookahead depth (layers ahead the routers are applied).
+    #[arg(long, default_value_t = 2)]
+    lookahead: usize,
+    /// Disable the temporal predictor (previous token's experts).
+    #[arg(long)]
+    no_temporal: bool,
+    /// I/O threads (reads in flight).
+    #[arg(long, default_value_t = 4)]
+    io_threads: usize,
+    /// Write run and per-layer statistics as JSON.
+    #[arg(long)]
+    stats_json: Option<String>,
+    /// Write a Chrome trace-event timeline (open in Perfetto / chrome://tracing).
+    #[arg(long)]
+    trace: Option<String>,
+}
+
+impl StreamArgs {
+    fn options(&self, budget: u64, n_ctx: usize) -> Result<les::engine::stream::StreamOptions, Box<dyn std::error::Error>> {
+        use les::expert::stream::{Policy, StreamConfig};
+        let profile = match self.store.as_str() {
+            "disk" => None,
+            name => Some(les::store::throttle::DeviceProfile::by_name(name).ok_or_else(|| {
+                format!("unknown --store '{name}' (disk, {})", les::store::throttle::PROFILES.iter().map(|p| p.name).collect::<Vec<_>>().join(", "))
+            })?),
+        };
+        let policy = Policy::parse(&self.policy).ok_or_else(|| format!("unknown --policy '{}' (lru, lfu)", self.policy))?;
+        Ok(les::engine::stream::StreamOptions {
+            budget,
+            n_ctx,
+            direct: self.direct,
+            profile,
+            cache: StreamConfig {
+                policy,
+                prefetch: !self.no_prefetch,
+                depth: self.lookahead.max(1),
+                temporal: !self.no_temporal,
+                io_threads: self.io_threads.max(1),
+                trace: self.trace.is_some(),
+                ..Default::default()
+            },
+            slots: None,
+        })
+    }
+}
+
 #[derive(Args)]
 struct RunArgs {
     #[command(flatten)]
     m: ModelArgs,
+    #[command(flatten)]
+    s: StreamArgs,
     /// Prompt text (tokenized as llama.cpp does: special tokens parsed, BOS as the model says).
     #[arg(short, long, conflicts_with = "chat")]
     prompt: Option<String>,
@@ -84,6 +159,28 @@ struct RunArgs {
 
 #[derive(Subcommand)]
 enum BenchCmd {
+    /// The ladder: resident → on-demand (no prefetch, LRU) → + lookahead → + packed bundle, same
+    /// prompts in one process, plus oracle and pure-I/O bounds from the recorded routing trace.
+    Ladder {
+        #[command(flatten)]
+        m: ModelArgs,
+        #[command(flatten)]
+        s: StreamArgs,
+        /// Bundle for the packed rung (made with `les pack` when missing).
+        #[arg(long)]
+        bundle: Option<String>,
+        /// Tokens generated per prompt.
+        #[arg(short = 'n', long, default_value_t = 32)]
+        n_predict: usize,
+        /// Number of prompts from tests/fixtures/prompts.txt (or --prompts FILE).
+        #[arg(long, default_value_t = 4)]
+        n_prompts: usize,
+        #[arg(long, default_value = "tests/fixtures/prompts.txt")]
+        prompts: String,
+        /// Skip the resident rung (models larger than RAM).
+        #[arg(long)]
+        no_resident: bool,
+    },
     /// Decode speed: a short prompt, then N greedy tokens; prints tokens/s.
     Decode {
         #[command(flatten)]
@@ -122,11 +219,87 @@ fn run(cli: Cli) -> Res {
         Cmd::Run(a) => cmd_run(a),
         Cmd::Inspect { path, full } => cmd_inspect(&path, full),
         Cmd::Bench(BenchCmd::Decode { m, n_predict, reps }) => cmd_bench_decode(&m, n_predict, reps),
+        Cmd::Pack { input, output } => cmd_pack(&input, &output),
+        Cmd::Bench(BenchCmd::Ladder { m, s, bundle, n_predict, n_prompts, prompts, no_resident }) => {
+            if let Some(t) = m.threads {
+                les::backend::cpu::par::init_threads(t);
+            }
+            let budget = les::engine::stream::parse_bytes(s.memory_budget.as_deref().ok_or("bench ladder needs --memory-budget")?)?;
+            let opts = s.options(budget, m.ctx_size)?;
+            let text = std::fs::read_to_string(&prompts).map_err(|e| format!("{prompts}: {e}"))?;
+            let ps: Vec<String> = text.lines().filter(|l| !l.trim().is_empty()).take(n_prompts).map(String::from).collect();
+            let bundle = match bundle {
+                Some(b) => b,
+                None => {
+                    let b = format!("{}.les", m.model.trim_end_matches(".gguf"));
+                    if !std::path::Path::new(&b).exists() {
+                        cmd_pack(&m.model, &b)?;
+                    }
+                    b
+                }
+            };
+            let rep = les::engine::ladder::run(&m.model, &bundle, &opts, &ps, n_predict, !no_resident)?;
+            println!("{}", rep.table());
+            if let Some(p) = &s.stats_json {
+                std::fs::write(p, serde_json::to_string_pretty(&rep)?)?;
+            }
+            Ok(())
+        }
     }
 }
 
 fn cmd_run(a: RunArgs) -> Res {
-    let mut sess = open(&a.m)?;
+    let mut streaming = None;
+    let mut sess = match &a.s.memory_budget {
+        None => open(&a.m)?,
+        Some(b) => {
+            if let Some(t) = a.m.threads {
+                les::backend::cpu::par::init_threads(t);
+            }
+            let budget = les::engine::stream::parse_bytes(b)?;
+            let st = les::engine::stream::open_streaming(&a.m.model, &a.s.options(budget, a.m.ctx_size)?)?;
+            eprintln!(
+                "les: budget {:.0} MiB = dense {:.1} MiB + KV {:.1} MiB + scratch {:.1} MiB + {} expert slots ({:.1} MiB, {:.1}% of {:.1} MiB of experts); store {} {}",
+                st.plan.budget as f64 / 1048576.0,
+                st.plan.dense as f64 / 1048576.0,
+                st.plan.kv as f64 / 1048576.0,
+                st.plan.scratch as f64 / 1048576.0,
+                st.experts.config().slots,
+                (st.experts.config().slots as u64 * st.plan.expert_bytes_max) as f64 / 1048576.0,
+                100.0 * (st.experts.config().slots as u64 * st.plan.expert_bytes_max) as f64 / st.plan.total_expert_bytes.max(1) as f64,
+                st.plan.total_expert_bytes as f64 / 1048576.0,
+                st.store_kind,
+                a.s.store
+            );
+            let les::engine::stream::Streaming { session, experts, .. } = st;
+            streaming = Some(experts);
+            session
+        }
+    };
+    let r = cmd_run_inner(&a, &mut sess);
+    if let Some(ex) = &streaming {
+        let st = ex.stats();
+        eprintln!(
+            "les: experts: hit rate {:.1}% | {:.2} MB read/token | stall {:.2} ms/token | recall@1 {:.1}% | I/O busy {:.0}%",
+            100.0 * st.hit_rate(),
+            st.bytes_per_token() / 1e6,
+            st.stall_ms_per_token(),
+            100.0 * st.recall(1),
+            100.0 * st.io_busy_fraction(ex.config().io_threads)
+        );
+        if let Some(p) = &a.s.stats_json {
+            std::fs::write(p, serde_json::to_string_pretty(&st)?)?;
+        }
+        if let Some(p) = &a.s.trace {
+            let ev = ex.take_trace();
+            std::fs::write(p, serde_json::to_string(&serde_json::json!({ "traceEvents": ev, "displayTimeUnit": "ms" }))?)?;
+        }
+    }
+    r
+}
+
+fn cmd_run_inner(a: &RunArgs, sess: &mut Session) -> Res {
+    let sess = sess;
     let sampler = SamplerConfig {
         temperature: a.temp,
         top_k: a.top_k,
@@ -146,7 +319,7 @@ fn cmd_run(a: RunArgs) -> Res {
             }
             history.push(Message { role: "user".into(), content: line });
             let p = sess.chat_prompt(&history)?;
-            let reply = generate_one(&mut sess, &p, &a, &sampler)?;
+            let reply = generate_one(sess, &p, a, &sampler)?;
             history.push(Message { role: "assistant".into(), content: reply });
             println!();
         }
@@ -157,7 +330,7 @@ fn cmd_run(a: RunArgs) -> Res {
         None => return Err("give --prompt TEXT or --chat".into()),
     }
     for p in prompts {
-        generate_one(&mut sess, &p, &a, &sampler)?;
+        generate_one(sess, &p, a, &sampler)?;
     }
     Ok(())
 }
@@ -229,6 +402,32 @@ fn cmd_inspect(path: &str, full: bool) -> Res {
         }
     }
     Ok(())
+}
+
+fn cmd_pack(input: &str, output: &str) -> Res {
+    let src = FileSource::open(input)?;
+    let tmp = format!("{output}.part");
+    let mut f = std::fs::File::create(&tmp).map_err(|e| format!("cannot create {tmp}: {e}"))?;
+    let bar = indicatif::ProgressBar::new(src.len());
+    bar.set_style(indicatif::ProgressStyle::with_template("packing {bar:40} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}").unwrap());
+    let name = std::path::Path::new(input).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let r = les::expert::bundle::pack_named(&src, &name, &mut f, &mut |done, total| {
+        bar.set_length(total);
+        bar.set_position(done);
+    });
+    bar.finish_and_clear();
+    match r {
+        Ok(sum) => {
+            f.sync_all()?;
+            std::fs::rename(&tmp, output)?;
+            eprintln!("les pack: {input} -> {output}: {sum:?}");
+            Ok(())
+        }
+        Err(e) => {
+            let _ = std::fs::remove_file(&tmp);
+            Err(e.into())
+        }
+    }
 }
 
 fn cmd_bench_decode(m: &ModelArgs, n: usize, reps: usize) -> Res {

@@ -3,6 +3,10 @@
 
 pub mod chat;
 pub mod sampling;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod ladder;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod stream;
 
 use crate::gguf::{GgufError, GgufFile};
 use crate::model::{ExpertMode, KvCache, Logits, Model, ModelError};
@@ -77,6 +81,8 @@ pub struct Session {
     pub tokenizer: Tokenizer,
     pub kv: KvCache,
     pub gguf: GgufFile,
+    /// Prompt tokens per forward pass (0 = the whole prompt at once).
+    pub prefill_batch: usize,
 }
 
 /// Current and peak resident memory of this process in bytes (Linux; `None` elsewhere).
@@ -92,12 +98,26 @@ pub fn memory_usage() -> Option<(u64, u64)> {
 
 impl Session {
     pub fn load(src: &dyn ByteSource, mode: ExpertMode, n_ctx: usize) -> Result<Self, EngineError> {
+        Self::load_with_batch(src, mode, n_ctx, 0)
+    }
+
+    pub fn load_with_batch(src: &dyn ByteSource, mode: ExpertMode, n_ctx: usize, prefill_batch: usize) -> Result<Self, EngineError> {
         let gguf = GgufFile::read(src)?;
         let tokenizer = Tokenizer::from_gguf(&gguf)?;
         let model = Model::load(src, &gguf, mode)?;
         let n_ctx = n_ctx.min(model.cfg.n_ctx_train.max(1));
         let kv = model.new_kv(n_ctx);
-        Ok(Self { model, tokenizer, kv, gguf })
+        Ok(Self { model, tokenizer, kv, gguf, prefill_batch })
+    }
+
+    /// Run the prompt (in batches of `prefill_batch`), returning the last position's logits.
+    pub fn prefill(&mut self, prompt: &[u32]) -> Result<Vec<f32>, EngineError> {
+        let b = if self.prefill_batch == 0 { prompt.len().max(1) } else { self.prefill_batch };
+        let mut logits = Vec::new();
+        for chunk in prompt.chunks(b) {
+            logits = self.model.forward(chunk, &mut self.kv, Logits::Last)?;
+        }
+        Ok(logits)
     }
 
     /// Prompt text for a single user message through the model's chat template.
@@ -135,7 +155,7 @@ impl Session {
         }
         let mut stats = GenStats { prompt_tokens: prompt.len(), ..Default::default() };
         let t0 = now_ms();
-        let mut logits = self.model.forward(prompt, &mut self.kv, Logits::Last)?;
+        let mut logits = self.prefill(prompt)?;
         stats.prompt_ms = now_ms() - t0;
         let t1 = now_ms();
         let mut out = Vec::new();

@@ -185,6 +185,8 @@ struct Inner {
     last_route: Vec<Vec<usize>>,
     stats: StreamStats,
     trace: Vec<TraceEvent>,
+    /// Every routed (layer, expert) in order (for oracle bounds).
+    route_log: Vec<(u32, u32)>,
     shutdown: bool,
 }
 
@@ -235,6 +237,7 @@ impl StreamingExperts {
             last_route: vec![Vec::new(); n_layers],
             stats,
             trace: Vec::new(),
+            route_log: Vec::new(),
             shutdown: false,
         };
         let sh = Arc::new(Shared { inner: Mutex::new(inner), io_cv: Condvar::new(), done_cv: Condvar::new(), bufs, store, cfg: cfg.clone(), t0: Instant::now() });
@@ -286,6 +289,17 @@ impl StreamingExperts {
             ..Default::default()
         };
         g.trace.clear();
+        g.route_log.clear();
+    }
+
+    /// Load `ids` of `layer` through the cache (benchmarks: measures store throughput).
+    pub fn with_experts_for_bench(&self, layer: usize, ids: &[u32]) -> Result<(), ExpertError> {
+        self.with_experts(layer, ids, &mut |_, _| {})
+    }
+
+    /// The routed (layer, expert) sequence since the last call.
+    pub fn take_route_log(&self) -> Vec<(u32, u32)> {
+        std::mem::take(&mut self.sh.inner.lock().unwrap().route_log)
     }
 
     pub fn take_trace(&self) -> Vec<TraceEvent> {
@@ -597,6 +611,7 @@ impl ExpertSource for StreamingExperts {
                 ls.pred_routed[d] += keys.len() as u64;
             }
             g.last_route[layer] = keys.iter().map(|k| k.1).collect();
+            g.route_log.extend(keys.iter().map(|k| (k.0 as u32, k.1 as u32)));
             for (i, &key) in keys.iter().enumerate() {
                 match g.map.get(&key).copied() {
                     Some(s) => {
@@ -658,8 +673,9 @@ impl ExpertSource for StreamingExperts {
             let next = {
                 let mut g = sh.inner.lock().unwrap();
                 loop {
-                    // Slots freed by our own unpins let unassigned experts start.
-                    let protect = needed.clone();
+                    // Slots freed by our own unpins let unassigned experts start. Experts of this
+                    // call already handed to the model may be evicted now.
+                    let protect: HashSet<(usize, usize)> = unassigned.iter().map(|&i| keys[i]).chain(waiting.iter().map(|&(i, _)| keys[i])).collect();
                     while let Some(&i) = unassigned.first() {
                         match g.victim(sh.cfg.policy, &protect) {
                             Some(v) => {
@@ -728,5 +744,52 @@ impl ExpertSource for StreamingExperts {
             unpin(s);
         }
         Ok(())
+    }
+}
+
+/// Misses of a Belady-optimal cache (evict the entry used farthest in the future) of `capacity`
+/// entries on `seq`, with experts of one layer step never evicting each other (`group` = top-k).
+pub fn belady_misses(seq: &[(u32, u32)], capacity: usize) -> usize {
+    use std::collections::BTreeSet;
+    let n = seq.len();
+    let mut next = vec![usize::MAX; n];
+    let mut last: HashMap<(u32, u32), usize> = HashMap::new();
+    for i in (0..n).rev() {
+        next[i] = last.get(&seq[i]).copied().unwrap_or(usize::MAX);
+        last.insert(seq[i], i);
+    }
+    // Resident keys ordered by next use.
+    let mut by_next: BTreeSet<(usize, (u32, u32))> = BTreeSet::new();
+    let mut cur_next: HashMap<(u32, u32), usize> = HashMap::new();
+    let mut misses = 0;
+    for i in 0..n {
+        let k = seq[i];
+        if let Some(nx) = cur_next.remove(&k) {
+            by_next.remove(&(nx, k));
+        } else {
+            misses += 1;
+            if cur_next.len() >= capacity.max(1) {
+                if let Some(&far) = by_next.iter().next_back() {
+                    by_next.remove(&far);
+                    cur_next.remove(&far.1);
+                }
+            }
+        }
+        cur_next.insert(k, next[i]);
+        by_next.insert((next[i], k));
+    }
+    misses
+}
+
+#[cfg(test)]
+mod tests {
+    use super::belady_misses;
+
+    #[test]
+    fn belady_textbook_example() {
+        // Reference string 7 0 1 2 0 3 0 4 2 3 0 3 2 with 3 frames: 7 faults (OPT).
+        let s: Vec<(u32, u32)> = [7, 0, 1, 2, 0, 3, 0, 4, 2, 3, 0, 3, 2].iter().map(|&e| (0, e)).collect();
+        assert_eq!(belady_misses(&s, 3), 7);
+        assert_eq!(belady_misses(&s, 100), 6);
     }
 }

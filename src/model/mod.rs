@@ -133,6 +133,9 @@ impl Model {
         let output = if g.tensor("output.weight").is_some() { Some(load_weight(src, g, "output.weight", &[e, v])?) } else { None };
         let mut layers = Vec::with_capacity(cfg.n_layer);
         let mut expert_tensors = Vec::new();
+        // With an external expert source (a streaming cache, or a bundle whose dense GGUF has no
+        // expert tensors) the model needs no expert tensor at all.
+        let resident = matches!(mode, ExpertMode::Resident);
         let (nq, nkv) = (cfg.n_embd_q(), cfg.n_embd_kv());
         for il in 0..cfg.n_layer {
             let n = |s: &str| format!("blk.{il}.{s}");
@@ -143,7 +146,9 @@ impl Model {
             };
             let ffn = if cfg.is_moe() {
                 let router = load_weight(src, g, &n("ffn_gate_inp.weight"), &[e, cfg.n_expert])?;
-                expert_tensors.push(GgufExpertTensors::find(g, il, e, cfg.n_expert)?);
+                if resident {
+                    expert_tensors.push(GgufExpertTensors::find(g, il, e, cfg.n_expert)?);
+                }
                 let shared = if g.tensor(&n("ffn_gate_shexp.weight")).is_some() {
                     let sh = g.req_tensor(&n("ffn_gate_shexp.weight"))?.dims.get(1).copied().unwrap_or(0) as usize;
                     Some(SharedExpert {

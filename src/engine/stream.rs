@@ -1,0 +1,209 @@
+//! Opening a model for streaming under a memory budget: the budget plan, the expert store
+//! (GGUF ranges or a packed bundle; buffered or O_DIRECT; optionally throttled to a device
+//! profile) and the [`StreamingExperts`] cache behind the model.
+
+use super::{EngineError, Session};
+use crate::expert::bundle::{Bundle, BundleError};
+use crate::expert::store::{ExpertStore, GgufExpertStore};
+use crate::expert::stream::{StreamConfig, StreamingExperts};
+use crate::expert::GgufExpertTensors;
+use crate::gguf::GgufFile;
+use crate::model::{Config, ExpertMode, KvCache};
+use crate::quant;
+use crate::store::throttle::{DeviceProfile, Throttled};
+use crate::store::{ByteSource, FileSource, StoreError};
+use std::sync::Arc;
+
+/// Parse a byte size: `123`, `400MiB`, `1.5GiB`, `512KiB`, `400MB` (10^6), `2G` (= GiB).
+pub fn parse_bytes(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let v: f64 = num.parse().map_err(|_| format!("invalid size '{s}' (examples: 400MiB, 1.5GiB, 123456)"))?;
+    let mul: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kib" => 1024.0,
+        "m" | "mib" => 1048576.0,
+        "g" | "gib" => 1073741824.0,
+        "kb" => 1e3,
+        "mb" => 1e6,
+        "gb" => 1e9,
+        u => return Err(format!("unknown size unit '{u}' in '{s}' (use B, KiB, MiB, GiB, KB, MB, GB)")),
+    };
+    Ok((v * mul) as u64)
+}
+
+/// How a memory budget is spent (bytes).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct BudgetPlan {
+    pub budget: u64,
+    pub dense: u64,
+    pub kv: u64,
+    pub scratch: u64,
+    pub expert_bytes_max: u64,
+    pub slots: usize,
+    /// Smallest budget this model runs in with these settings.
+    pub minimum: u64,
+    pub total_expert_bytes: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BudgetError {
+    #[error("memory budget {budget} bytes ({budget_mib:.1} MiB) is below the minimum this model runs in: {minimum} bytes ({minimum_mib:.1} MiB) = dense weights {dense} + KV cache {kv} + scratch {scratch} + {min_slots} expert slots of {slot} bytes (lower --ctx-size to shrink the KV cache)")]
+    TooSmall { budget: u64, budget_mib: f64, minimum: u64, minimum_mib: f64, dense: u64, kv: u64, scratch: u64, min_slots: usize, slot: u64 },
+}
+
+/// Tokens per prefill batch when streaming (bounds scratch memory).
+pub const PREFILL_BATCH: usize = 32;
+
+/// Scratch bytes a forward pass of `batch` tokens needs (activations, quantized copies, logits).
+pub fn scratch_bytes(c: &Config, batch: usize) -> u64 {
+    let ff = c.n_ff.max(c.n_ff_exp * c.n_expert_used).max(c.n_ff_shexp);
+    let per_tok = 16 * c.n_embd + 6 * ff + c.n_expert_used * c.n_embd + c.n_expert;
+    (8 << 20) + (batch * per_tok * 4) as u64 + (3 * c.n_vocab * 4) as u64
+}
+
+/// Plan the budget: what is left after dense weights, KV cache and scratch becomes expert slots.
+pub fn plan_budget(budget: u64, dense: u64, kv: u64, scratch: u64, expert_bytes_max: u64, total_expert_bytes: u64, min_slots: usize) -> Result<BudgetPlan, BudgetError> {
+    let fixed = dense + kv + scratch;
+    let minimum = fixed + min_slots as u64 * expert_bytes_max;
+    if budget < minimum {
+        return Err(BudgetError::TooSmall {
+            budget,
+            budget_mib: budget as f64 / 1048576.0,
+            minimum,
+            minimum_mib: minimum as f64 / 1048576.0,
+            dense,
+            kv,
+            scratch,
+            min_slots,
+            slot: expert_bytes_max,
+        });
+    }
+    let slots = ((budget - fixed) / expert_bytes_max.max(1)) as usize;
+    Ok(BudgetPlan { budget, dense, kv, scratch, expert_bytes_max, slots, minimum, total_expert_bytes })
+}
+
+/// Options for [`open_streaming`].
+#[derive(Clone, Debug)]
+pub struct StreamOptions {
+    pub budget: u64,
+    pub n_ctx: usize,
+    /// Read experts with O_DIRECT (bypass the page cache).
+    pub direct: bool,
+    /// Throttle expert reads to a device profile.
+    pub profile: Option<DeviceProfile>,
+    /// Cache and scheduler settings (`slots` is replaced by the budget plan's).
+    pub cache: StreamConfig,
+    /// Use exactly this many expert slots instead of deriving them from `budget` (tests).
+    pub slots: Option<usize>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    #[error(transparent)]
+    Budget(#[from] BudgetError),
+    #[error(transparent)]
+    Bundle(#[from] BundleError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("{0} is not a MoE model (no experts to stream); run it without --memory-budget")]
+    NotMoe(String),
+}
+
+/// A streaming session and its cache.
+pub struct Streaming {
+    pub session: Session,
+    pub experts: Arc<StreamingExperts>,
+    pub plan: BudgetPlan,
+    pub store_kind: &'static str,
+}
+
+fn is_bundle(src: &dyn ByteSource) -> bool {
+    let mut m = [0u8; 8];
+    src.len() >= 8 && src.read_at(0, &mut m).is_ok() && &m == b"LESBUNDL"
+}
+
+/// Open `path` (a GGUF or a `.les` bundle) for streaming under `opts.budget`.
+pub fn open_streaming(path: &str, opts: &StreamOptions) -> Result<Streaming, OpenError> {
+    let raw: Arc<dyn ByteSource> = Arc::new(if opts.direct { FileSource::open_direct(path)? } else { FileSource::open(path)? });
+    let expert_src: Arc<dyn ByteSource> = match opts.profile {
+        Some(p) => Arc::new(Throttled::new(raw.clone(), p)),
+        None => raw.clone(),
+    };
+    // Dense weights are read once at load, without throttling.
+    let dense_plain: Arc<dyn ByteSource> = Arc::new(FileSource::open(path)?);
+    let (dense_src, store, store_kind): (Arc<dyn ByteSource>, Arc<dyn ExpertStore>, &'static str) = if is_bundle(&*raw) {
+        let b = Bundle::open(expert_src.clone())?;
+        let dense: Arc<dyn ByteSource> = Arc::new(Bundle::open(dense_plain)?.dense_source());
+        (dense, Arc::new(b.expert_store()), "bundle")
+    } else {
+        let g = GgufFile::read(&*dense_plain).map_err(EngineError::from)?;
+        let c = Config::from_gguf(&g).map_err(|e| EngineError::Model(e.into()))?;
+        if !c.is_moe() {
+            return Err(OpenError::NotMoe(path.into()));
+        }
+        let tensors = (0..c.n_layer)
+            .map(|il| GgufExpertTensors::find(&g, il, c.n_embd, c.n_expert))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(EngineError::from)?;
+        (dense_plain.clone(), Arc::new(GgufExpertStore::new(expert_src.clone(), tensors, c.n_expert)), "gguf")
+    };
+    let g = GgufFile::read(&*dense_src).map_err(EngineError::from)?;
+    let c = Config::from_gguf(&g).map_err(|e| EngineError::Model(e.into()))?;
+    if !c.is_moe() {
+        return Err(OpenError::NotMoe(path.into()));
+    }
+    // Routers as f32 for the cross-layer predictor.
+    let mut routers = Vec::with_capacity(c.n_layer);
+    for il in 0..c.n_layer {
+        let t = g.req_tensor(&format!("blk.{il}.ffn_gate_inp.weight")).map_err(EngineError::from)?;
+        let bytes = dense_src.read_vec(t.offset, t.size as usize)?;
+        let mut w = vec![0f32; t.n_elements() as usize];
+        quant::dequantize_row(t.ty, &bytes, &mut w).map_err(|e| EngineError::Model(e.into()))?;
+        routers.push(w);
+    }
+    let dense: u64 = g.tensors.iter().filter(|t| !t.name.contains("_exps.")).map(|t| t.size).sum::<u64>() + routers.iter().map(|r| r.len() as u64 * 4).sum::<u64>();
+    let n_ctx = opts.n_ctx.min(c.n_ctx_train.max(1));
+    let kv = KvCache::bytes(c.n_layer, n_ctx, c.n_head_kv, c.head_dim) as u64;
+    let scratch = scratch_bytes(&c, PREFILL_BATCH);
+    let max_e = (0..store.n_layers()).map(|l| store.layout(l).bytes()).max().unwrap_or(0) as u64;
+    let total_e: u64 = (0..store.n_layers()).map(|l| store.layout(l).bytes() as u64 * c.n_expert as u64).sum();
+    let min_slots = c.n_expert_used + 1;
+    let plan = match opts.slots {
+        Some(n) => BudgetPlan { budget: dense + kv + scratch + n as u64 * max_e, dense, kv, scratch, expert_bytes_max: max_e, slots: n, minimum: dense + kv + scratch + min_slots as u64 * max_e, total_expert_bytes: total_e },
+        None => plan_budget(opts.budget, dense, kv, scratch, max_e, total_e, min_slots)?,
+    };
+    let mut cfg = opts.cache.clone();
+    cfg.slots = plan.slots.max(min_slots).min(c.n_expert * c.n_layer);
+    let experts = Arc::new(StreamingExperts::new(store, routers, c.n_expert, c.n_expert_used, cfg));
+    let session = Session::load_with_batch(&*dense_src, ExpertMode::External(experts.clone()), n_ctx, PREFILL_BATCH)?;
+    Ok(Streaming { session, experts, plan, store_kind })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_sizes() {
+        assert_eq!(parse_bytes("400MiB").unwrap(), 400 << 20);
+        assert_eq!(parse_bytes("1.5GiB").unwrap(), 1610612736);
+        assert_eq!(parse_bytes("123").unwrap(), 123);
+        assert_eq!(parse_bytes("2k").unwrap(), 2048);
+        assert_eq!(parse_bytes("400MB").unwrap(), 400_000_000);
+        assert!(parse_bytes("12 parsecs").is_err());
+        assert!(parse_bytes("MiB").is_err());
+    }
+
+    #[test]
+    fn budget_below_minimum_names_the_minimum() {
+        let e = plan_budget(100, 50, 20, 10, 30, 300, 3).unwrap_err();
+        let BudgetError::TooSmall { minimum, .. } = e;
+        assert_eq!(minimum, 50 + 20 + 10 + 90);
+        let p = plan_budget(1000, 50, 20, 10, 30, 300, 3).unwrap();
+        assert_eq!(p.slots, (1000 - 80) / 30);
+    }
+}

@@ -1,0 +1,205 @@
+//! Lossless streaming: logits are bit-identical (`==`) between the fully resident run and
+//! streamed runs at budgets holding 10%, 30% and 60% of expert bytes, under every eviction
+//! policy, with prefetch on and off, from the GGUF and from a packed bundle. Faults in expert
+//! reads give a clear error or a successful retry, never a wrong token.
+
+mod common;
+use common::*;
+use les::engine::stream::{open_streaming, StreamOptions};
+use les::engine::Session;
+use les::expert::store::GgufExpertStore;
+use les::expert::stream::{Policy, StreamConfig, StreamingExperts};
+use les::expert::GgufExpertTensors;
+use les::gguf::GgufFile;
+use les::model::{Config, ExpertMode, Logits};
+use les::store::fault::{FaultySource, Rule};
+use les::store::{ByteSource, FileSource};
+use std::sync::Arc;
+
+/// Logits after the prompt and after each continuation token (teacher forced).
+fn logits_seq(s: &mut Session, prompt: &[u32], cont: &[u32]) -> Result<Vec<Vec<f32>>, String> {
+    s.kv.clear();
+    let mut out = vec![s.prefill(prompt).map_err(|e| e.to_string())?];
+    for &t in cont {
+        out.push(s.model.forward(&[t], &mut s.kv, Logits::Last).map_err(|e| e.to_string())?);
+    }
+    Ok(out)
+}
+
+fn reference(path: &std::path::Path, prompts: &[&str], n: usize) -> (Vec<(Vec<u32>, Vec<u32>)>, Vec<Vec<Vec<f32>>>) {
+    let src = FileSource::open(path).unwrap();
+    let mut s = Session::load(&src, ExpertMode::Resident, 256).unwrap();
+    let mut seqs = Vec::new();
+    let mut all = Vec::new();
+    for p in prompts {
+        let toks = s.tokenize(p);
+        let (cont, _) = s.generate(&toks, n, &les::engine::sampling::SamplerConfig::greedy(), true, &mut |_, _| true).unwrap();
+        all.push(logits_seq(&mut s, &toks, &cont).unwrap());
+        seqs.push((toks, cont));
+    }
+    (seqs, all)
+}
+
+fn pack(model: &std::path::Path) -> std::path::PathBuf {
+    let out = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{}.les", model.file_stem().unwrap().to_string_lossy()));
+    let src = FileSource::open(model).unwrap();
+    let mut f = std::fs::File::create(&out).unwrap();
+    les::expert::bundle::pack(&src, &mut f, &mut |_, _| {}).unwrap();
+    out
+}
+
+fn lossless(model_file: &str, fractions: &[f64], policies: &[Policy], n: usize, with_bundle: bool) {
+    let path = model(model_file);
+    let prompts = ["The capital of France is", "def fibonacci(n):"];
+    let (seqs, want) = reference(&path, &prompts, n);
+    let g = GgufFile::read(&FileSource::open(&path).unwrap()).unwrap();
+    let c = Config::from_gguf(&g).unwrap();
+    let total = c.n_layer * c.n_expert;
+    let bundle = if with_bundle { Some(pack(&path)) } else { None };
+    let mut runs = 0;
+    for &frac in fractions {
+        for &policy in policies {
+            for prefetch in [false, true] {
+                for store in [Some(path.clone()), bundle.clone()].into_iter().flatten() {
+                    let slots = ((total as f64 * frac).round() as usize).max(c.n_expert_used + 1);
+                    let opts = StreamOptions {
+                        budget: 0,
+                        n_ctx: 256,
+                        direct: false,
+                        profile: None,
+                        cache: StreamConfig { policy, prefetch, depth: 2, io_threads: 3, ..Default::default() },
+                        slots: Some(slots),
+                    };
+                    let mut st = open_streaming(store.to_str().unwrap(), &opts).unwrap();
+                    for (i, (p, cont)) in seqs.iter().enumerate() {
+                        let got = logits_seq(&mut st.session, p, cont).unwrap();
+                        for (r, (a, b)) in got.iter().zip(&want[i]).enumerate() {
+                            assert!(a == b, "{model_file}: logits differ (prompt {i}, row {r}) at {:.0}% slots, {policy:?}, prefetch {prefetch}, store {}", frac * 100.0, store.display());
+                        }
+                    }
+                    let s = st.experts.stats();
+                    assert!(s.bytes_read > 0, "nothing was streamed");
+                    if frac < 0.5 {
+                        assert!(s.hit_rate() < 1.0, "a {:.0}% cache cannot hit every time", frac * 100.0);
+                    }
+                    runs += 1;
+                }
+            }
+        }
+    }
+    eprintln!("{model_file}: {runs} streamed configurations bit-identical to resident");
+}
+
+const FRACTIONS: [f64; 3] = [0.1, 0.3, 0.6];
+const POLICIES: [Policy; 2] = [Policy::Lru, Policy::Lfu];
+
+#[test]
+fn lossless_rand_llama_moe() {
+    lossless("rand-llama-moe.gguf", &FRACTIONS, &POLICIES, 8, true);
+}
+
+#[test]
+fn lossless_rand_qwen2moe() {
+    lossless("rand-qwen2moe.gguf", &FRACTIONS, &POLICIES, 8, true);
+}
+
+#[test]
+fn lossless_rand_qwen3moe() {
+    lossless("rand-qwen3moe.gguf", &FRACTIONS, &POLICIES, 8, true);
+}
+
+#[test]
+fn lossless_rand_olmoe() {
+    lossless("rand-olmoe.gguf", &FRACTIONS, &POLICIES, 8, true);
+}
+
+#[test]
+fn lossless_smolmoe_32x2() {
+    lossless("smolmoe-32x2.gguf", &FRACTIONS, &[Policy::Lru], 4, true);
+}
+
+/// A model whose experts come through a fault-injecting source.
+fn faulty_session(path: &std::path::Path, rule: Rule, slots: usize) -> (Session, Arc<StreamingExperts>) {
+    let file = FileSource::open(path).unwrap();
+    let g = GgufFile::read(&file).unwrap();
+    let c = Config::from_gguf(&g).unwrap();
+    let tensors: Vec<_> = (0..c.n_layer).map(|il| GgufExpertTensors::find(&g, il, c.n_embd, c.n_expert).unwrap()).collect();
+    // Fault the first expert of layer 1's gate tensor.
+    let faulty = FaultySource::new(FileSource::open(path).unwrap(), 1);
+    faulty.add(rule);
+    let src: Arc<dyn ByteSource> = Arc::new(faulty);
+    let routers = (0..c.n_layer)
+        .map(|il| {
+            let t = g.req_tensor(&format!("blk.{il}.ffn_gate_inp.weight")).unwrap();
+            let mut w = vec![0f32; t.n_elements() as usize];
+            les::quant::dequantize_row(t.ty, &file.read_vec(t.offset, t.size as usize).unwrap(), &mut w).unwrap();
+            w
+        })
+        .collect();
+    let store = Arc::new(GgufExpertStore::new(src, tensors, c.n_expert));
+    let ex = Arc::new(StreamingExperts::new(store, routers, c.n_expert, c.n_expert_used, StreamConfig { slots, ..Default::default() }));
+    let s = Session::load(&file, ExpertMode::External(ex.clone()), 256).unwrap();
+    (s, ex)
+}
+
+#[test]
+fn faults_give_errors_or_retries_never_wrong_tokens() {
+    let path = model("rand-llama-moe.gguf");
+    let prompts = ["The capital of France is"];
+    let (seqs, want) = reference(&path, &prompts, 6);
+    let g = GgufFile::read(&FileSource::open(&path).unwrap()).unwrap();
+    let c = Config::from_gguf(&g).unwrap();
+    let (p, cont) = &seqs[0];
+    // Every expert of every layer: the first bytes of each expert's gate matrix.
+    let t: Vec<_> = (0..c.n_layer).map(|il| GgufExpertTensors::find(&g, il, c.n_embd, c.n_expert).unwrap()).collect();
+    let all_gate = (t[0].gate_off, t[c.n_layer - 1].down_off + (c.n_expert * t[c.n_layer - 1].layout.down_bytes) as u64);
+
+    // A transient error on each expert read (fails once, then succeeds): retried, same logits.
+    let (mut s, ex) = faulty_session(&path, Rule::fail_range(all_gate.0, all_gate.1, 3), 6);
+    let got = logits_seq(&mut s, p, cont).unwrap();
+    assert!(got == want[0], "retried reads must give the resident logits");
+    assert!(ex.stats().load_failures >= 1);
+
+    // A permanent I/O error: a clear error, no panic, no logits.
+    let (mut s, _) = faulty_session(&path, Rule::error_on_range(all_gate.0, all_gate.1), 6);
+    let e = logits_seq(&mut s, p, cont).unwrap_err();
+    assert!(e.contains("load failed"), "unexpected error text: {e}");
+
+    // Short reads: same.
+    let (mut s, _) = faulty_session(&path, Rule::short_on_range(all_gate.0, all_gate.1), 6);
+    assert!(logits_seq(&mut s, p, cont).is_err());
+}
+
+#[test]
+fn bundle_checksum_mismatch_is_an_error_not_a_wrong_token() {
+    let path = model("rand-llama-moe.gguf");
+    let b = pack(&path);
+    let bad = b.with_extension("bad.les");
+    let mut bytes = std::fs::read(&b).unwrap();
+    // Corrupt one byte in the middle of the expert section of the first layer.
+    let bundle = les::expert::bundle::Bundle::open(Arc::new(FileSource::open(&b).unwrap())).unwrap();
+    let blk = bundle.block(0, 0).unwrap().clone();
+    for e in 0..bundle.n_expert() {
+        let blk = bundle.block(0, e).unwrap();
+        bytes[(blk.offset + blk.size / 2) as usize] ^= 0x40;
+    }
+    let _ = blk;
+    std::fs::write(&bad, &bytes).unwrap();
+    let opts = StreamOptions { budget: 0, n_ctx: 256, direct: false, profile: None, cache: StreamConfig::default(), slots: Some(4) };
+    let mut st = open_streaming(bad.to_str().unwrap(), &opts).unwrap();
+    let toks = st.session.tokenize("Hello");
+    let r = logits_seq(&mut st.session, &toks, &[]);
+    assert!(r.is_err(), "a corrupted expert must not produce logits");
+    assert!(r.unwrap_err().contains("checksum"));
+    // A truncated bundle is refused at open.
+    std::fs::write(&bad, &bytes[..bytes.len() / 2]).unwrap();
+    assert!(open_streaming(bad.to_str().unwrap(), &opts).is_err());
+}
+
+#[test]
+fn budget_below_minimum_is_refused_with_the_minimum() {
+    let path = model("rand-llama-moe.gguf");
+    let opts = StreamOptions { budget: 1 << 20, n_ctx: 256, direct: false, profile: None, cache: StreamConfig::default(), slots: None };
+    let e = open_streaming(path.to_str().unwrap(), &opts).err().expect("1 MiB cannot hold the dense weights");
+    assert!(e.to_string().contains("minimum"), "{e}");
+}
