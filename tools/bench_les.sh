@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# LES benchmarks recorded in BENCHMARKS.md. Run on a quiet machine; every figure in one run.
+#   tools/bench_les.sh decode    LES vs llama.cpp decode on SmolLM2-135M (2 threads, same session)
+#   tools/bench_les.sh ladder    the streaming ladder for SmolMoE-32x2 / 64x4 at 400 MiB
+# llama.cpp: LLAMA_CPP_DIR (default: the llama-cpp-python 0.3.36 vendored build, see ../shared/ENVIRONMENT.md).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+LLAMA_CPP_DIR=${LLAMA_CPP_DIR:-/work/dl/llama_cpp_python-0.3.36/vendor/llama.cpp}
+LES=target/release/les
+cargo build --release --bin les >&2
+what=${1:-all}
+if [ "$what" = decode ] || [ "$what" = all ]; then
+  echo "== decode, SmolLM2-135M Q4_1, 2 threads"
+  $LES bench decode --model models/SmolLM2-135M-Instruct.Q4_1.gguf -t 2 -n 128 -r 3
+  if [ -x "$LLAMA_CPP_DIR/build/bin/llama-bench" ]; then
+    "$LLAMA_CPP_DIR/build/bin/llama-bench" -m models/SmolLM2-135M-Instruct.Q4_1.gguf -t 2 -p 0 -n 128 -r 3 -o md
+  fi
+fi
+if [ "$what" = ladder ] || [ "$what" = all ]; then
+  for m in ${MODELS:-smolmoe-32x2 smolmoe-64x4}; do
+    for store in ${STORES:-phone-4GBps phone-1.5GBps disk}; do
+      extra=""
+      [ "$store" = disk ] && extra="--direct"
+      echo "== ladder $m 400MiB $store"
+      $LES bench ladder --model models/$m.gguf --memory-budget 400MiB --store $store $extra -t 2 \
+        -n ${N:-24} --n-prompts ${NP:-4} --stats-json target/ladder-$m-$store.json
+    done
+  done
+fi
