@@ -79,7 +79,7 @@ struct StreamArgs {
     #[arg(long, default_value = "lru")]
     policy: String,
     /// Lookahead depth (layers ahead the routers are applied).
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 1)]
     lookahead: usize,
     /// Disable the temporal predictor (previous token's experts).
     #[arg(long)]

@@ -56,6 +56,9 @@ pub struct StreamConfig {
     pub temporal: bool,
     /// I/O worker threads (reads in flight).
     pub io_threads: usize,
+    /// Prefetch reads allowed in flight at once. Kept small so that a demand miss never waits
+    /// behind more than this many speculative transfers on a saturated device.
+    pub max_prefetch_inflight: usize,
     /// Experts never evicted (layer, expert), e.g. from a recorded routing trace.
     pub pinned: Vec<(usize, usize)>,
     /// Record a Chrome trace-event timeline.
@@ -64,7 +67,7 @@ pub struct StreamConfig {
 
 impl Default for StreamConfig {
     fn default() -> Self {
-        Self { slots: 64, policy: Policy::Lru, prefetch: true, depth: 2, extra: 0, temporal: true, io_threads: 4, pinned: vec![], trace: false }
+        Self { slots: 64, policy: Policy::Lru, prefetch: true, depth: 2, extra: 0, temporal: true, io_threads: 4, max_prefetch_inflight: 1, pinned: vec![], trace: false }
     }
 }
 
@@ -403,7 +406,7 @@ fn io_worker(sh: Arc<Shared>, w: usize) {
                 }
                 // Best request: demand first, then nearest prefetch, FIFO within a class.
                 // Prefetches may use all workers but one, so a demand miss always starts at once.
-                let max_pf = sh.cfg.io_threads.saturating_sub(1).max(if sh.cfg.io_threads == 1 { 1 } else { 0 });
+                let max_pf = sh.cfg.max_prefetch_inflight.min(sh.cfg.io_threads.saturating_sub(1)).max(if sh.cfg.io_threads == 1 { 1 } else { 0 });
                 let best = g
                     .queue
                     .iter()
