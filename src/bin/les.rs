@@ -181,6 +181,19 @@ enum BenchCmd {
         #[arg(long)]
         no_resident: bool,
     },
+    /// Soak: many generations in one process under a budget; prints RSS and hit rate per run.
+    Soak {
+        #[command(flatten)]
+        m: ModelArgs,
+        #[command(flatten)]
+        s: StreamArgs,
+        /// Generations.
+        #[arg(long, default_value_t = 100)]
+        runs: usize,
+        /// Tokens per generation.
+        #[arg(short = 'n', long, default_value_t = 256)]
+        n_predict: usize,
+    },
     /// Decode speed: a short prompt, then N greedy tokens; prints tokens/s.
     Decode {
         #[command(flatten)]
@@ -220,6 +233,7 @@ fn run(cli: Cli) -> Res {
         Cmd::Inspect { path, full } => cmd_inspect(&path, full),
         Cmd::Bench(BenchCmd::Decode { m, n_predict, reps }) => cmd_bench_decode(&m, n_predict, reps),
         Cmd::Pack { input, output } => cmd_pack(&input, &output),
+        Cmd::Bench(BenchCmd::Soak { m, s, runs, n_predict }) => cmd_soak(&m, &s, runs, n_predict),
         Cmd::Bench(BenchCmd::Ladder { m, s, bundle, n_predict, n_prompts, prompts, no_resident }) => {
             if let Some(t) = m.threads {
                 les::backend::cpu::par::init_threads(t);
@@ -401,6 +415,40 @@ fn cmd_inspect(path: &str, full: bool) -> Res {
                 per_expert * cfg.n_expert_used as u64 * cfg.n_layer as u64, human(per_expert * cfg.n_expert_used as u64 * cfg.n_layer as u64))?;
         }
     }
+    Ok(())
+}
+
+fn cmd_soak(m: &ModelArgs, s: &StreamArgs, runs: usize, n: usize) -> Res {
+    if let Some(t) = m.threads {
+        les::backend::cpu::par::init_threads(t);
+    }
+    let budget = les::engine::stream::parse_bytes(s.memory_budget.as_deref().ok_or("bench soak needs --memory-budget")?)?;
+    let mut st = les::engine::stream::open_streaming(&m.model, &s.options(budget, m.ctx_size)?)?;
+    let prompts = ["The capital of France is", "Once upon a time, in a small village by the sea,", "def fibonacci(n):", "The three primary colors are"];
+    let mut first_rss = 0u64;
+    let mut max_dev = 0f64;
+    let mut peak = 0u64;
+    for r in 0..runs {
+        st.experts.reset_stats();
+        let toks = st.session.tokenize(prompts[r % prompts.len()]);
+        let (_, g) = st.session.generate(&toks, n, &SamplerConfig::greedy(), true, &mut |_, _| true)?;
+        let (rss, hwm) = memory_usage().unwrap_or((0, 0));
+        peak = peak.max(hwm);
+        if r == 0 {
+            first_rss = rss;
+        } else {
+            max_dev = max_dev.max((rss as f64 - first_rss as f64).abs() / first_rss.max(1) as f64);
+        }
+        let x = st.experts.stats();
+        println!("run {:>3}: {:>4} tokens {:>7.2} tok/s | RSS {:>7.1} MiB | hit rate {:>5.1}%", r + 1, g.gen_tokens, g.gen_tps(), rss as f64 / 1048576.0, 100.0 * x.hit_rate());
+    }
+    println!(
+        "soak: {runs} runs x {n} tokens | budget {:.0} MiB | peak RSS {:.1} MiB | RSS after run 1 {:.1} MiB, max deviation after it {:.2}%",
+        budget as f64 / 1048576.0,
+        peak as f64 / 1048576.0,
+        first_rss as f64 / 1048576.0,
+        100.0 * max_dev
+    );
     Ok(())
 }
 
