@@ -178,7 +178,15 @@ pub fn open_streaming(path: &str, opts: &StreamOptions) -> Result<Streaming, Ope
     };
     let mut cfg = opts.cache.clone();
     cfg.slots = plan.slots.max(min_slots).min(c.n_expert * c.n_layer);
-    let experts = Arc::new(StreamingExperts::new(store, routers, c.n_expert, c.n_expert_used, cfg));
+    let mut norms = Vec::with_capacity(c.n_layer);
+    for il in 0..c.n_layer {
+        let t = g.req_tensor(&format!("blk.{il}.ffn_norm.weight")).map_err(EngineError::from)?;
+        let bytes = dense_src.read_vec(t.offset, t.size as usize)?;
+        let mut w = vec![0f32; t.n_elements() as usize];
+        quant::dequantize_row(t.ty, &bytes, &mut w).map_err(|e| EngineError::Model(e.into()))?;
+        norms.push(w);
+    }
+    let experts = Arc::new(StreamingExperts::new(store, routers, c.n_expert, c.n_expert_used, cfg).with_ffn_norms(norms));
     let session = Session::load_with_batch(&*dense_src, ExpertMode::External(experts.clone()), n_ctx, PREFILL_BATCH)?;
     Ok(Streaming { session, experts, plan, store_kind })
 }

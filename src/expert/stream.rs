@@ -212,9 +212,18 @@ pub struct StreamingExperts {
     n_expert: usize,
     n_used: usize,
     hidden: Mutex<Vec<f32>>,
+    /// Per-layer FFN norm weights (`ffn_norm`), to re-weight layer l's normed hidden state as
+    /// layer l+d's norm would before applying l+d's router. Empty: use the state as it is.
+    ffn_norms: Vec<Vec<f32>>,
 }
 
 impl StreamingExperts {
+    /// Give the predictor each layer's `ffn_norm` weights (improves cross-layer recall).
+    pub fn with_ffn_norms(mut self, norms: Vec<Vec<f32>>) -> Self {
+        self.ffn_norms = norms;
+        self
+    }
+
     /// `routers[l]`: layer l's router (`ffn_gate_inp`) as f32, row-major [n_expert][n_embd].
     pub fn new(store: Arc<dyn ExpertStore>, routers: Vec<Vec<f32>>, n_expert: usize, n_used: usize, cfg: StreamConfig) -> Self {
         let n_layers = store.n_layers();
@@ -250,7 +259,7 @@ impl StreamingExperts {
                 std::thread::Builder::new().name(format!("les-io-{w}")).spawn(move || io_worker(sh, w)).expect("spawn I/O worker")
             })
             .collect();
-        let s = Self { sh, workers, routers, n_expert, n_used, hidden: Mutex::new(Vec::new()) };
+        let s = Self { sh, workers, routers, n_expert, n_used, hidden: Mutex::new(Vec::new()), ffn_norms: Vec::new() };
         s.load_pinned();
         s
     }
@@ -324,7 +333,13 @@ impl StreamingExperts {
             if l2 >= n_layers {
                 break;
             }
-            plans.push((l2, d, self.predict(l2, &h)));
+            let hp: Vec<f32> = match (self.ffn_norms.get(layer), self.ffn_norms.get(l2)) {
+                (Some(a), Some(b)) if a.len() == h.len() && b.len() == h.len() => {
+                    h.iter().zip(a).zip(b).map(|((&x, &wa), &wb)| if wa.abs() > 1e-6 { x / wa * wb } else { 0.0 }).collect()
+                }
+                _ => h.clone(),
+            };
+            plans.push((l2, d, self.predict(l2, &hp)));
         }
         let mut g = sh.inner.lock().unwrap();
         let mut protect: HashSet<(usize, usize)> = HashSet::new();
