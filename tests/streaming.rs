@@ -128,14 +128,7 @@ fn faulty_session(path: &std::path::Path, rule: Rule, slots: usize) -> (Session,
     let faulty = FaultySource::new(FileSource::open(path).unwrap(), 1);
     faulty.add(rule);
     let src: Arc<dyn ByteSource> = Arc::new(faulty);
-    let routers = (0..c.n_layer)
-        .map(|il| {
-            let t = g.req_tensor(&format!("blk.{il}.ffn_gate_inp.weight")).unwrap();
-            let mut w = vec![0f32; t.n_elements() as usize];
-            les::quant::dequantize_row(t.ty, &file.read_vec(t.offset, t.size as usize).unwrap(), &mut w).unwrap();
-            w
-        })
-        .collect();
+    let routers = (0..c.n_layer).map(|il| les::engine::stream::tensor_f32(&g, &file, &format!("blk.{il}.ffn_gate_inp.weight")).unwrap()).collect();
     let store = Arc::new(GgufExpertStore::new(src, tensors, c.n_expert));
     let ex = Arc::new(StreamingExperts::new(store, routers, c.n_expert, c.n_expert_used, StreamConfig { slots, ..Default::default() }));
     let s = Session::load(&file, ExpertMode::External(ex.clone()), 256).unwrap();

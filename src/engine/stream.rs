@@ -121,6 +121,15 @@ pub struct Streaming {
     pub store_kind: &'static str,
 }
 
+/// A whole tensor dequantized to f32 (routers, norms).
+pub fn tensor_f32(g: &GgufFile, src: &dyn ByteSource, name: &str) -> Result<Vec<f32>, OpenError> {
+    let t = g.req_tensor(name).map_err(EngineError::from)?;
+    let bytes = src.read_vec(t.offset, t.size as usize)?;
+    let mut w = vec![0f32; t.n_elements() as usize];
+    quant::dequantize_row(t.ty, &bytes, &mut w).map_err(|e| EngineError::Model(e.into()))?;
+    Ok(w)
+}
+
 fn is_bundle(src: &dyn ByteSource) -> bool {
     let mut m = [0u8; 8];
     src.len() >= 8 && src.read_at(0, &mut m).is_ok() && &m == b"LESBUNDL"
@@ -157,14 +166,7 @@ pub fn open_streaming(path: &str, opts: &StreamOptions) -> Result<Streaming, Ope
         return Err(OpenError::NotMoe(path.into()));
     }
     // Routers as f32 for the cross-layer predictor.
-    let mut routers = Vec::with_capacity(c.n_layer);
-    for il in 0..c.n_layer {
-        let t = g.req_tensor(&format!("blk.{il}.ffn_gate_inp.weight")).map_err(EngineError::from)?;
-        let bytes = dense_src.read_vec(t.offset, t.size as usize)?;
-        let mut w = vec![0f32; t.n_elements() as usize];
-        quant::dequantize_row(t.ty, &bytes, &mut w).map_err(|e| EngineError::Model(e.into()))?;
-        routers.push(w);
-    }
+    let routers = (0..c.n_layer).map(|il| tensor_f32(&g, &*dense_src, &format!("blk.{il}.ffn_gate_inp.weight"))).collect::<Result<Vec<_>, _>>()?;
     let dense: u64 = g.tensors.iter().filter(|t| !t.name.contains("_exps.")).map(|t| t.size).sum::<u64>() + routers.iter().map(|r| r.len() as u64 * 4).sum::<u64>();
     let n_ctx = opts.n_ctx.min(c.n_ctx_train.max(1));
     let kv = KvCache::bytes(c.n_layer, n_ctx, c.n_head_kv, c.head_dim) as u64;
@@ -178,14 +180,7 @@ pub fn open_streaming(path: &str, opts: &StreamOptions) -> Result<Streaming, Ope
     };
     let mut cfg = opts.cache.clone();
     cfg.slots = plan.slots.max(min_slots).min(c.n_expert * c.n_layer);
-    let mut norms = Vec::with_capacity(c.n_layer);
-    for il in 0..c.n_layer {
-        let t = g.req_tensor(&format!("blk.{il}.ffn_norm.weight")).map_err(EngineError::from)?;
-        let bytes = dense_src.read_vec(t.offset, t.size as usize)?;
-        let mut w = vec![0f32; t.n_elements() as usize];
-        quant::dequantize_row(t.ty, &bytes, &mut w).map_err(|e| EngineError::Model(e.into()))?;
-        norms.push(w);
-    }
+    let norms = (0..c.n_layer).map(|il| tensor_f32(&g, &*dense_src, &format!("blk.{il}.ffn_norm.weight"))).collect::<Result<Vec<_>, _>>()?;
     let experts = Arc::new(StreamingExperts::new(store, routers, c.n_expert, c.n_expert_used, cfg).with_ffn_norms(norms));
     let session = Session::load_with_batch(&*dense_src, ExpertMode::External(experts.clone()), n_ctx, PREFILL_BATCH)?;
     Ok(Streaming { session, experts, plan, store_kind })
