@@ -117,6 +117,7 @@ pub fn run(model: &str, bundle: &str, opts: &StreamOptions, prompts: &[String], 
         rep.rungs.push(Rung { name: "resident".into(), tokens_per_s: t as f64 / (ms / 1000.0), hit_rate: 1.0, tokens: t, ..Default::default() });
     }
     let mut route = Vec::new();
+    let mut expert_bytes_max = 0u64;
     let rungs: [(&str, bool, &str); 3] = [("on-demand", false, model), ("+ lookahead", true, model), ("+ bundle", true, bundle)];
     for (name, prefetch, path) in rungs {
         let mut o = opts.clone();
@@ -127,6 +128,7 @@ pub fn run(model: &str, bundle: &str, opts: &StreamOptions, prompts: &[String], 
         evict(path);
         let mut st = open_streaming(path, &o)?;
         rep.slots = st.experts.config().slots;
+        expert_bytes_max = st.plan.expert_bytes_max;
         rep.slot_fraction = (rep.slots as u64 * st.plan.expert_bytes_max) as f64 / st.plan.total_expert_bytes.max(1) as f64;
         st.experts.reset_stats();
         let (t, ms) = decode_all(&mut st.session, prompts, n)?;
@@ -195,10 +197,7 @@ pub fn run(model: &str, bundle: &str, opts: &StreamOptions, prompts: &[String], 
     let tokens = rep.rungs.iter().find(|r| r.name == "on-demand").map(|r| r.tokens).unwrap_or(1).max(1);
     let misses = belady_misses(&route, rep.slots);
     rep.belady_hit_rate = 1.0 - misses as f64 / route.len().max(1) as f64;
-    let per_expert = {
-        let st = open_streaming(model, opts)?;
-        st.plan.expert_bytes_max as f64
-    };
+    let per_expert = expert_bytes_max as f64;
     rep.pure_io_ms_per_token = misses as f64 * per_expert / (mbps * 1e6) * 1000.0 / tokens as f64;
     let compute = compute_ms_per_tok.unwrap_or(0.0);
     rep.oracle_tokens_per_s = 1000.0 / compute.max(rep.pure_io_ms_per_token).max(1e-9);

@@ -137,6 +137,11 @@ pub struct StreamStats {
 }
 
 impl StreamStats {
+    /// Zeroed counters for `n_layers` layers and lookahead depth `d`.
+    fn empty(n_layers: usize, d: usize) -> Self {
+        let layer = LayerStats { pred_tp: vec![0; d], pred_made: vec![0; d], pred_routed: vec![0; d], ..Default::default() };
+        Self { layers: vec![layer; n_layers], ..Default::default() }
+    }
     pub fn hit_rate(&self) -> f64 {
         let (h, t) = self.layers.iter().fold((0, 0), |(h, t), l| (h + l.hits, t + l.hits + l.late + l.misses));
         if t == 0 { 0.0 } else { h as f64 / t as f64 }
@@ -233,10 +238,7 @@ impl StreamingExperts {
             .collect();
         let empty = Slot { key: None, state: State::Empty, pins: 0, last_use: 0, prefetched_unused: false, hot: false, failed: None };
         let d = cfg.depth.max(1);
-        let stats = StreamStats {
-            layers: (0..n_layers).map(|_| LayerStats { pred_tp: vec![0; d], pred_made: vec![0; d], pred_routed: vec![0; d], ..Default::default() }).collect(),
-            ..Default::default()
-        };
+        let stats = StreamStats::empty(n_layers, d);
         let inner = Inner {
             slots: vec![empty; cfg.slots],
             map: HashMap::new(),
@@ -279,10 +281,7 @@ impl StreamingExperts {
         }
         let mut g = self.sh.inner.lock().unwrap();
         let d = self.sh.cfg.depth.max(1);
-        g.stats = StreamStats {
-            layers: (0..self.routers.len()).map(|_| LayerStats { pred_tp: vec![0; d], pred_made: vec![0; d], pred_routed: vec![0; d], ..Default::default() }).collect(),
-            ..Default::default()
-        };
+        g.stats = StreamStats::empty(self.routers.len(), d);
     }
 
     pub fn stats(&self) -> StreamStats {
@@ -296,10 +295,7 @@ impl StreamingExperts {
     pub fn reset_stats(&self) {
         let mut g = self.sh.inner.lock().unwrap();
         let d = self.sh.cfg.depth.max(1);
-        g.stats = StreamStats {
-            layers: (0..self.routers.len()).map(|_| LayerStats { pred_tp: vec![0; d], pred_made: vec![0; d], pred_routed: vec![0; d], ..Default::default() }).collect(),
-            ..Default::default()
-        };
+        g.stats = StreamStats::empty(self.routers.len(), d);
         g.trace.clear();
         g.route_log.clear();
     }

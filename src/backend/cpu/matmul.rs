@@ -87,19 +87,6 @@ fn rows_per_task(rows: usize, cols: usize) -> usize {
 
 /// `y[t][r] = W[r] · x[t]` for every token `t`. `y` is `n_tok × w.rows`, token-major.
 pub fn matmul(w: WeightRef<'_>, acts: &mut Acts<'_>, y: &mut [f32]) {
-    if std::env::var_os("LES_DEBUG_F32").is_some() {
-        let n_tok = acts.n_tok;
-        let wr = w.ty.row_bytes(w.cols as u64).unwrap() as usize;
-        let mut row = vec![0f32; w.cols];
-        for r in 0..w.rows {
-            quant::dequantize_row(w.ty, &w.data[r * wr..(r + 1) * wr], &mut row).unwrap();
-            for t in 0..n_tok {
-                let x = &acts.x[t * w.cols..(t + 1) * w.cols];
-                y[t * w.rows + r] = row.iter().zip(x).map(|(a, b)| (*a as f64) * (*b as f64)).sum::<f64>() as f32;
-            }
-        }
-        return;
-    }
     assert_eq!(w.cols, acts.cols, "matmul: weight has {} columns, activation {}", w.cols, acts.cols);
     let n_tok = acts.n_tok;
     let (a, a_row) = acts.converted(w.ty);
