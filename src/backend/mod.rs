@@ -1,4 +1,28 @@
-//! Compute backends. `cpu` is the reference (and the fast native path); a wgpu backend follows
-//! the same op set (see NOTES.md).
+//! Compute backends. `cpu` is the reference (and the fast native path); `wgpu` runs the same
+//! forward pass with WGSL kernels (WebGPU, Metal, Vulkan, DX12), each kernel tested against its
+//! CPU reference.
 
 pub mod cpu;
+pub mod wgpu;
+
+/// Which backend runs the forward pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum BackendKind {
+    Cpu,
+    Wgpu,
+    /// wgpu when an adapter exists, else the CPU.
+    #[default]
+    Auto,
+}
+
+impl std::str::FromStr for BackendKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "cpu" => Ok(Self::Cpu),
+            "wgpu" | "gpu" | "webgpu" => Ok(Self::Wgpu),
+            "auto" => Ok(Self::Auto),
+            _ => Err(format!("unknown backend '{s}' (cpu, wgpu, auto)")),
+        }
+    }
+}

@@ -37,34 +37,36 @@ pub enum ModelError {
     BadToken(u32),
     #[error("context full: {0} positions (raise --ctx-size)")]
     ContextFull(usize),
+    #[error(transparent)]
+    Gpu(#[from] crate::backend::wgpu::GpuError),
 }
 
-struct SharedExpert {
-    gate: Weight,
-    up: Weight,
-    down: Weight,
+pub(crate) struct SharedExpert {
+    pub(crate) gate: Weight,
+    pub(crate) up: Weight,
+    pub(crate) down: Weight,
     /// qwen2moe: a 1-row gate whose sigmoid scales the shared expert's output.
-    gate_inp: Option<Weight>,
+    pub(crate) gate_inp: Option<Weight>,
 }
 
-enum Ffn {
+pub(crate) enum Ffn {
     Dense { gate: Weight, up: Weight, down: Weight },
     Moe { router: Weight, shared: Option<SharedExpert> },
 }
 
-struct Layer {
-    attn_norm: Vec<f32>,
-    wq: Weight,
-    wk: Weight,
-    wv: Weight,
-    wo: Weight,
-    bq: Option<Vec<f32>>,
-    bk: Option<Vec<f32>>,
-    bv: Option<Vec<f32>>,
-    q_norm: Option<Vec<f32>>,
-    k_norm: Option<Vec<f32>>,
-    ffn_norm: Vec<f32>,
-    ffn: Ffn,
+pub(crate) struct Layer {
+    pub(crate) attn_norm: Vec<f32>,
+    pub(crate) wq: Weight,
+    pub(crate) wk: Weight,
+    pub(crate) wv: Weight,
+    pub(crate) wo: Weight,
+    pub(crate) bq: Option<Vec<f32>>,
+    pub(crate) bk: Option<Vec<f32>>,
+    pub(crate) bv: Option<Vec<f32>>,
+    pub(crate) q_norm: Option<Vec<f32>>,
+    pub(crate) k_norm: Option<Vec<f32>>,
+    pub(crate) ffn_norm: Vec<f32>,
+    pub(crate) ffn: Ffn,
 }
 
 /// What a forward pass returns.
@@ -78,10 +80,10 @@ pub enum Logits {
 
 pub struct Model {
     pub cfg: Config,
-    tok_embd: Weight,
-    output_norm: Vec<f32>,
-    output: Option<Weight>,
-    layers: Vec<Layer>,
+    pub(crate) tok_embd: Weight,
+    pub(crate) output_norm: Vec<f32>,
+    pub(crate) output: Option<Weight>,
+    pub(crate) layers: Vec<Layer>,
     experts: Option<Arc<dyn ExpertSource>>,
     /// Where each MoE layer's experts live in the GGUF (for streaming stores).
     pub expert_tensors: Vec<GgufExpertTensors>,
@@ -332,30 +334,7 @@ impl Model {
         matmul(router.as_ref(), &mut acts, &mut logits);
         dump("ffn_moe_logits", il, &logits);
         let k = c.n_expert_used;
-        let mut sel = vec![0u32; t_n * k];
-        let mut wts = vec![0f32; t_n * k];
-        let mut probs = vec![0f32; c.n_expert];
-        for t in 0..t_n {
-            ops::softmax(&logits[t * c.n_expert..(t + 1) * c.n_expert], &mut probs);
-            let top = ops::top_k(&probs, k);
-            let mut sum = 0f32;
-            for (r, &ex) in top.iter().enumerate() {
-                sel[t * k + r] = ex as u32;
-                wts[t * k + r] = probs[ex];
-                sum += probs[ex];
-            }
-            if c.norm_topk {
-                let sum = sum.max(6.103515625e-5);
-                for w in &mut wts[t * k..(t + 1) * k] {
-                    *w /= sum;
-                }
-            }
-            if c.expert_weights_scale != 0.0 && c.expert_weights_scale != 1.0 {
-                for w in &mut wts[t * k..(t + 1) * k] {
-                    *w *= c.expert_weights_scale;
-                }
-            }
-        }
+        let (sel, wts) = route(c, &logits, t_n);
         dump("ffn_moe_weights", il, &wts);
         dump("ffn_moe_topk", il, &sel.iter().map(|&v| v as f32).collect::<Vec<_>>());
         // Union of chosen experts (first-seen order) and, per expert, the (token, rank) pairs.
@@ -426,6 +405,38 @@ impl Model {
     pub fn output_type(&self) -> GgmlType {
         self.output.as_ref().unwrap_or(&self.tok_embd).ty
     }
+}
+
+/// Router logits (`t_n` rows of `n_expert`) → softmax → top-k expert ids (rank order) and their
+/// weights, normalised for llama/qwen3moe and scaled by `expert_weights_scale`, as llama.cpp's
+/// `build_moe_ffn` (src/llama-graph.cpp). Shared by every backend so routing is identical.
+pub(crate) fn route(c: &Config, logits: &[f32], t_n: usize) -> (Vec<u32>, Vec<f32>) {
+    let k = c.n_expert_used;
+    let mut sel = vec![0u32; t_n * k];
+    let mut wts = vec![0f32; t_n * k];
+    let mut probs = vec![0f32; c.n_expert];
+    for t in 0..t_n {
+        ops::softmax(&logits[t * c.n_expert..(t + 1) * c.n_expert], &mut probs);
+        let top = ops::top_k(&probs, k);
+        let mut sum = 0f32;
+        for (r, &ex) in top.iter().enumerate() {
+            sel[t * k + r] = ex as u32;
+            wts[t * k + r] = probs[ex];
+            sum += probs[ex];
+        }
+        if c.norm_topk {
+            let sum = sum.max(6.103515625e-5);
+            for w in &mut wts[t * k..(t + 1) * k] {
+                *w /= sum;
+            }
+        }
+        if c.expert_weights_scale != 0.0 && c.expert_weights_scale != 1.0 {
+            for w in &mut wts[t * k..(t + 1) * k] {
+                *w *= c.expert_weights_scale;
+            }
+        }
+    }
+    (sel, wts)
 }
 
 /// `LES_DEBUG_DUMP=1`: print each intermediate's sum and first values (as llama.cpp's

@@ -1,0 +1,71 @@
+// Quantized matrix x activation product: Y[t][r] = dot(W row r, A row t).
+//
+// W holds GGML blocks as stored in the GGUF (`block_q4_0` ... `block_q6_K`, ggml-common.h); A holds
+// the activation rows already converted to the weight type's vec_dot_type (Q8_0, Q8_1, Q8_K, F16,
+// BF16 or F32; see act_quant.wgsl), byte for byte as ggml's CPU backend makes them. Each block's
+// contribution is computed exactly as `ggml_vec_dot_*_generic` (ggml/src/ggml-cpu/quants.c) does:
+// an exact i32 sum per block scaled in f32. Only the order in which block contributions are summed
+// differs from the CPU (64 strided partial sums, then a tree). The Rust side appends
+// `fn block_dot(w: u32, a: u32) -> f32` for the weight type (the files in shaders/quant/) and the
+// constants WB (weight block bytes) and AB (activation block bytes).
+
+struct Params {
+    rows: u32,
+    n_blocks: u32,
+    w_row_bytes: u32,
+    a_row_bytes: u32,
+    w_off: u32,
+    a_off: u32,
+    y_off: u32,
+    y_stride: u32,
+    grid_x: u32,
+    n_tok: u32,
+    _p0: u32,
+    _p1: u32,
+}
+
+@group(0) @binding(0) var<storage, read> W: array<u32>;
+@group(0) @binding(1) var<storage, read> A: array<u32>;
+@group(0) @binding(2) var<storage, read_write> Y: array<f32>;
+@group(0) @binding(3) var<uniform> P: Params;
+
+fn wb(o: u32) -> u32 { return (W[o >> 2u] >> ((o & 3u) << 3u)) & 0xffu; }
+fn wi8(o: u32) -> i32 { return (i32(wb(o)) << 24u) >> 24u; }
+fn wu16(o: u32) -> u32 { return wb(o) | (wb(o + 1u) << 8u); }
+fn wf16(o: u32) -> f32 { return f16_bits_to_f32(wu16(o)); }
+fn wu32(o: u32) -> u32 { return wu16(o) | (wu16(o + 2u) << 16u); }
+fn ab(o: u32) -> u32 { return (A[o >> 2u] >> ((o & 3u) << 3u)) & 0xffu; }
+fn ai8(o: u32) -> i32 { return (i32(ab(o)) << 24u) >> 24u; }
+fn au16(o: u32) -> u32 { return ab(o) | (ab(o + 1u) << 8u); }
+fn ai16(o: u32) -> i32 { return (i32(au16(o)) << 16u) >> 16u; }
+fn af16(o: u32) -> f32 { return f16_bits_to_f32(au16(o)); }
+fn af32(o: u32) -> f32 { return bitcast<f32>(au16(o) | (au16(o + 2u) << 16u)); }
+
+const WG: u32 = 64u;
+var<workgroup> partial: array<f32, 64>;
+
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let row = wid.x + wid.y * P.grid_x;
+    let t = wid.z;
+    if (row >= P.rows) {
+        return;
+    }
+    let wbase = P.w_off + row * P.w_row_bytes;
+    let abase = P.a_off + t * P.a_row_bytes;
+    var acc = 0.0;
+    for (var b = lid; b < P.n_blocks; b = b + WG) {
+        acc = acc + block_dot(wbase + b * WB, abase + b * AB);
+    }
+    partial[lid] = acc;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s = s >> 1u) {
+        if (lid < s) {
+            partial[lid] = partial[lid] + partial[lid + s];
+        }
+        workgroupBarrier();
+    }
+    if (lid == 0u) {
+        Y[P.y_off + t * P.y_stride + row] = partial[0];
+    }
+}

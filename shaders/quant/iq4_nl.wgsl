@@ -1,0 +1,12 @@
+// block_iq4_nl (18 B: d f16, qs[16] nibbles indexing kvalues_iq4nl) x block_q8_0: (d_a * d_w) * sumi.
+const WB: u32 = 18u;
+const AB: u32 = 34u;
+const KV = array<i32, 16>(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113);
+fn block_dot(w: u32, a: u32) -> f32 {
+    var s = 0;
+    for (var j = 0u; j < 16u; j++) {
+        let q = wb(w + 2u + j);
+        s += KV[q & 15u] * ai8(a + 2u + j) + KV[q >> 4u] * ai8(a + 18u + j);
+    }
+    return (af16(a) * wf16(w)) * f32(s);
+}

@@ -1,0 +1,67 @@
+// RMSNorm (llama.cpp `ggml_rms_norm` then `ggml_mul` by the weight): for each row of n values,
+// y = (x * (1 / sqrt(mean(x^2) + eps))) * w. The CPU reference sums squares in f64 (ggml_float);
+// here they are summed in f32 (64 strided partial sums, then a tree).
+// Rows are `n_groups` groups of n values per token (n_groups > 1: per-head Q/K norms).
+
+struct Params {
+    n: u32,
+    n_rows: u32,
+    x_off: u32,
+    y_off: u32,
+    eps: f32,
+    _p0: u32,
+    _p1: u32,
+    _p2: u32,
+}
+
+@group(0) @binding(0) var<storage, read_write> X: array<f32>;
+@group(0) @binding(1) var<storage, read> Wt: array<f32>;
+@group(0) @binding(2) var<storage, read_write> Y: array<f32>;
+@group(0) @binding(3) var<uniform> P: Params;
+
+var<workgroup> partial: array<f32, 64>;
+
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let r = wid.x;
+    let x = P.x_off + r * P.n;
+    var acc = 0.0;
+    for (var i = lid; i < P.n; i += 64u) {
+        let v = X[x + i];
+        acc += v * v;
+    }
+    partial[lid] = acc;
+    workgroupBarrier();
+    for (var s = 32u; s > 0u; s = s >> 1u) {
+        if (lid < s) { partial[lid] += partial[lid + s]; }
+        workgroupBarrier();
+    }
+    let scale = 1.0 / sqrt(partial[0] / f32(P.n) + P.eps);
+    let y = P.y_off + r * P.n;
+    for (var i = lid; i < P.n; i += 64u) {
+        Y[y + i] = (X[x + i] * scale) * Wt[i];
+    }
+}
+
+// In place (Q/K norms): X is read and overwritten.
+@compute @workgroup_size(64)
+fn inplace(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let r = wid.x;
+    let x = P.x_off + r * P.n;
+    var acc = 0.0;
+    for (var i = lid; i < P.n; i += 64u) {
+        let v = X[x + i];
+        acc += v * v;
+    }
+    partial[lid] = acc;
+    workgroupBarrier();
+    for (var s = 32u; s > 0u; s = s >> 1u) {
+        if (lid < s) { partial[lid] += partial[lid + s]; }
+        workgroupBarrier();
+    }
+    let scale = 1.0 / sqrt(partial[0] / f32(P.n) + P.eps);
+    workgroupBarrier();
+    for (var i = lid; i < P.n; i += 64u) {
+        X[x + i] = (X[x + i] * scale) * Wt[i];
+    }
+}

@@ -1,0 +1,139 @@
+//! Experts on the GPU: a pool of fixed-size slots, each its own storage buffer (so each stays
+//! within `maxStorageBufferBindingSize`; no whole-model buffers), holding one expert's gate, up and
+//! down matrices back to back (4-byte aligned). The model asks the [`crate::expert::ExpertSource`]
+//! for the routed experts exactly as on the CPU (hits first, misses as they arrive); each block it
+//! hands over is uploaded into a slot unless that slot already holds it. Uploads go through
+//! `queue.write_buffer` (wgpu copies through its staging belt in small chunks).
+//!
+//! A slot used by commands recorded but not yet submitted is never overwritten: `write_buffer`
+//! lands before the next submit, so the recorder submits first when every free candidate is busy.
+
+use super::{pad4, write_padded, GpuContext, GpuError, Recorder};
+use crate::expert::ExpertBlock;
+use std::collections::HashMap;
+
+/// Byte offsets of the three matrices in a slot.
+#[derive(Clone, Copy, Debug)]
+pub struct SlotLayout {
+    pub gate: u64,
+    pub up: u64,
+    pub down: u64,
+}
+
+impl SlotLayout {
+    /// Slot bytes an expert of this layout needs.
+    pub fn bytes_for(l: &crate::expert::ExpertLayout) -> usize {
+        pad4(l.gate_bytes) + pad4(l.up_bytes) + pad4(l.down_bytes)
+    }
+
+    pub fn of(blk: &ExpertBlock) -> (Self, usize) {
+        let (g, u, d) = (blk.gate().data.len(), blk.up().data.len(), blk.down().data.len());
+        (Self { gate: 0, up: pad4(g) as u64, down: (pad4(g) + pad4(u)) as u64 }, pad4(g) + pad4(u) + pad4(d))
+    }
+}
+
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct PoolStats {
+    pub hits: u64,
+    pub uploads: u64,
+    pub upload_bytes: u64,
+    /// Submits forced because every slot was busy in the current recording.
+    pub forced_submits: u64,
+}
+
+pub struct GpuExpertPool {
+    slot_bytes: usize,
+    slots: Vec<wgpu::Buffer>,
+    owner: Vec<Option<(usize, usize)>>,
+    map: HashMap<(usize, usize), usize>,
+    last_use: Vec<u64>,
+    /// `rec.submits` value when the slot was last used (busy while equal to the current value).
+    used_in: Vec<Option<usize>>,
+    tick: u64,
+    pub stats: PoolStats,
+}
+
+impl GpuExpertPool {
+    /// `n_slots` slots of `slot_bytes` each.
+    pub fn new(ctx: &GpuContext, n_slots: usize, slot_bytes: usize) -> Result<Self, GpuError> {
+        let slot_bytes = pad4(slot_bytes);
+        if slot_bytes as u64 > ctx.max_binding() {
+            return Err(GpuError::Limit { what: "one expert slot (gate + up + down)".into(), need: slot_bytes as u64, have: ctx.max_binding() });
+        }
+        let n_slots = n_slots.max(1);
+        let slots = (0..n_slots)
+            .map(|i| {
+                ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some(&format!("expert-slot-{i}")),
+                    size: slot_bytes as u64,
+                    usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                })
+            })
+            .collect();
+        Ok(Self {
+            slot_bytes,
+            slots,
+            owner: vec![None; n_slots],
+            map: HashMap::new(),
+            last_use: vec![0; n_slots],
+            used_in: vec![None; n_slots],
+            tick: 0,
+            stats: PoolStats::default(),
+        })
+    }
+
+    pub fn n_slots(&self) -> usize {
+        self.slots.len()
+    }
+
+    pub fn slot_bytes(&self) -> usize {
+        self.slot_bytes
+    }
+
+    pub fn buffer(&self, slot: usize) -> &wgpu::Buffer {
+        &self.slots[slot]
+    }
+
+    /// The slot holding expert `ex` of `layer`, uploading `blk` into a free or least recently
+    /// used slot when it is not resident.
+    pub fn ensure(&mut self, rec: &mut Recorder<'_>, layer: usize, ex: usize, blk: &ExpertBlock) -> Result<usize, GpuError> {
+        self.tick += 1;
+        if let Some(&s) = self.map.get(&(layer, ex)) {
+            self.stats.hits += 1;
+            self.last_use[s] = self.tick;
+            self.used_in[s] = Some(rec.submits);
+            return Ok(s);
+        }
+        let (_, bytes) = SlotLayout::of(blk);
+        if bytes > self.slot_bytes {
+            return Err(GpuError::Limit { what: format!("expert {ex} of layer {layer}"), need: bytes as u64, have: self.slot_bytes as u64 });
+        }
+        let pick = |me: &Self, now: usize| -> Option<usize> {
+            (0..me.slots.len()).filter(|&s| me.used_in[s] != Some(now)).min_by_key(|&s| (me.owner[s].is_some(), me.last_use[s]))
+        };
+        let s = match pick(self, rec.submits) {
+            Some(s) => s,
+            None => {
+                rec.submit();
+                self.stats.forced_submits += 1;
+                pick(self, rec.submits).expect("no busy slots after a submit")
+            }
+        };
+        if let Some(old) = self.owner[s].take() {
+            self.map.remove(&old);
+        }
+        let (lay, _) = SlotLayout::of(blk);
+        let q = &rec.ctx.queue;
+        write_padded(q, &self.slots[s], lay.gate, blk.gate().data);
+        write_padded(q, &self.slots[s], lay.up, blk.up().data);
+        write_padded(q, &self.slots[s], lay.down, blk.down().data);
+        self.owner[s] = Some((layer, ex));
+        self.map.insert((layer, ex), s);
+        self.last_use[s] = self.tick;
+        self.used_in[s] = Some(rec.submits);
+        self.stats.uploads += 1;
+        self.stats.upload_bytes += bytes as u64;
+        Ok(s)
+    }
+}

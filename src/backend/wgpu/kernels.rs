@@ -1,0 +1,316 @@
+//! Pipelines and dispatch functions, one per kernel. Each kernel's WGSL lives in `shaders/`
+//! (`matvec.wgsl` + `shaders/quant/<type>.wgsl`, `act_quant.wgsl`, `rms_norm.wgsl`, `rope.wgsl`,
+//! `kv_store.wgsl`, `attention.wgsl`, `elementwise.wgsl`); its CPU reference is named in the
+//! shader's header and checked in `tests/wgpu_kernels.rs`.
+
+use super::{GpuContext, GpuError, Recorder};
+use crate::quant::{vec_dot_type, GgmlType};
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+const COMMON: &str = include_str!("../../../shaders/common.wgsl");
+const MATVEC: &str = include_str!("../../../shaders/matvec.wgsl");
+const K4: &str = include_str!("../../../shaders/quant/k4.wgsl");
+const ACT_QUANT: &str = include_str!("../../../shaders/act_quant.wgsl");
+const RMS_NORM: &str = include_str!("../../../shaders/rms_norm.wgsl");
+const ROPE: &str = include_str!("../../../shaders/rope.wgsl");
+const KV_STORE: &str = include_str!("../../../shaders/kv_store.wgsl");
+const ATTENTION: &str = include_str!("../../../shaders/attention.wgsl");
+const ELEMENTWISE: &str = include_str!("../../../shaders/elementwise.wgsl");
+
+/// The WGSL block-dot source for a weight type (appended to matvec.wgsl).
+fn quant_source(ty: GgmlType) -> Option<String> {
+    use GgmlType::*;
+    let s = match ty {
+        F32 => include_str!("../../../shaders/quant/f32.wgsl"),
+        F16 => include_str!("../../../shaders/quant/f16.wgsl"),
+        BF16 => include_str!("../../../shaders/quant/bf16.wgsl"),
+        Q4_0 => include_str!("../../../shaders/quant/q4_0.wgsl"),
+        Q4_1 => include_str!("../../../shaders/quant/q4_1.wgsl"),
+        Q5_0 => include_str!("../../../shaders/quant/q5_0.wgsl"),
+        Q5_1 => include_str!("../../../shaders/quant/q5_1.wgsl"),
+        Q8_0 => include_str!("../../../shaders/quant/q8_0.wgsl"),
+        Q2K => include_str!("../../../shaders/quant/q2_k.wgsl"),
+        Q3K => include_str!("../../../shaders/quant/q3_k.wgsl"),
+        Q4K => return Some(format!("{K4}\n{}", include_str!("../../../shaders/quant/q4_k.wgsl"))),
+        Q5K => return Some(format!("{K4}\n{}", include_str!("../../../shaders/quant/q5_k.wgsl"))),
+        Q6K => include_str!("../../../shaders/quant/q6_k.wgsl"),
+        IQ4NL => include_str!("../../../shaders/quant/iq4_nl.wgsl"),
+        IQ4XS => include_str!("../../../shaders/quant/iq4_xs.wgsl"),
+        MXFP4 => include_str!("../../../shaders/quant/mxfp4.wgsl"),
+        _ => return None,
+    };
+    Some(s.to_string())
+}
+
+/// Weight types the GPU matvec supports.
+pub fn supports(ty: GgmlType) -> bool {
+    quant_source(ty).is_some()
+}
+
+#[derive(Clone, Copy)]
+enum Bind {
+    Read,
+    ReadWrite,
+    Uniform,
+}
+
+struct Kernel {
+    layout: wgpu::BindGroupLayout,
+    pipelines: HashMap<&'static str, wgpu::ComputePipeline>,
+}
+
+impl Kernel {
+    fn new(ctx: &GpuContext, name: &str, src: &str, binds: &[Bind], entries: &[&'static str]) -> Self {
+        let layout = bind_layout(ctx, name, binds);
+        let module = ctx.device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some(name),
+            source: wgpu::ShaderSource::Wgsl(format!("{COMMON}\n{src}").into()),
+        });
+        let pl = ctx.device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor { label: Some(name), bind_group_layouts: &[Some(&layout)], immediate_size: 0 });
+        let pipelines = entries
+            .iter()
+            .map(|&e| {
+                let p = ctx.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                    label: Some(e),
+                    layout: Some(&pl),
+                    module: &module,
+                    entry_point: Some(e),
+                    compilation_options: Default::default(),
+                    cache: None,
+                });
+                (e, p)
+            })
+            .collect();
+        Self { layout, pipelines }
+    }
+}
+
+fn bind_layout(ctx: &GpuContext, name: &str, binds: &[Bind]) -> wgpu::BindGroupLayout {
+    let entries: Vec<wgpu::BindGroupLayoutEntry> = binds
+        .iter()
+        .enumerate()
+        .map(|(i, b)| wgpu::BindGroupLayoutEntry {
+            binding: i as u32,
+            visibility: wgpu::ShaderStages::COMPUTE,
+            ty: wgpu::BindingType::Buffer {
+                ty: match b {
+                    Bind::Read => wgpu::BufferBindingType::Storage { read_only: true },
+                    Bind::ReadWrite => wgpu::BufferBindingType::Storage { read_only: false },
+                    Bind::Uniform => wgpu::BufferBindingType::Uniform,
+                },
+                has_dynamic_offset: false,
+                min_binding_size: None,
+            },
+            count: None,
+        })
+        .collect();
+    ctx.device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor { label: Some(name), entries: &entries })
+}
+
+/// A buffer region as a kernel argument: (buffer, offset in f32 elements or bytes as documented).
+pub type Buf<'a> = &'a wgpu::Buffer;
+
+/// All pipelines of the backend. Matvec pipelines are compiled on first use per weight type.
+pub struct Kernels {
+    matvec_layout: wgpu::BindGroupLayout,
+    matvec: Mutex<HashMap<GgmlType, std::sync::Arc<wgpu::ComputePipeline>>>,
+    act: Kernel,
+    norm: Kernel,
+    rope: Kernel,
+    kv: Kernel,
+    attn: Kernel,
+    ew: Kernel,
+    /// Bound where a kernel does not use a binding.
+    pub dummy: wgpu::Buffer,
+    pub dummy2: wgpu::Buffer,
+}
+
+fn bytes_of(words: &[u32]) -> Vec<u8> {
+    bytemuck::cast_slice(words).to_vec()
+}
+
+fn entire(b: &wgpu::Buffer) -> wgpu::BindingResource<'_> {
+    b.as_entire_binding()
+}
+
+/// Workgroups for `n` invocations of 64 threads, spread over x and y when x would exceed the limit.
+fn groups_1d(n: usize) -> (u32, u32, u32) {
+    let g = n.div_ceil(64).max(1);
+    if g <= 65535 {
+        (g as u32, 1, 1)
+    } else {
+        (65535, g.div_ceil(65535) as u32, 1)
+    }
+}
+
+impl Kernels {
+    pub fn new(ctx: &GpuContext) -> Self {
+        use Bind::*;
+        let act = Kernel::new(ctx, "act_quant", ACT_QUANT, &[Read, ReadWrite, Uniform], &["quant_q8_0", "quant_q8_1", "quant_q8_k", "quant_f16", "quant_bf16"]);
+        let norm = Kernel::new(ctx, "rms_norm", RMS_NORM, &[ReadWrite, Read, ReadWrite, Uniform], &["main", "inplace"]);
+        let rope = Kernel::new(ctx, "rope", ROPE, &[ReadWrite, Read, Uniform], &["main"]);
+        let kv = Kernel::new(ctx, "kv_store", KV_STORE, &[Read, Read, ReadWrite, ReadWrite, Uniform], &["main"]);
+        let attn = Kernel::new(ctx, "attention", ATTENTION, &[Read, Read, Read, ReadWrite, Uniform], &["main"]);
+        let ew = Kernel::new(ctx, "elementwise", ELEMENTWISE, &[Read, Read, ReadWrite, Read, Uniform], &["add", "swiglu", "gather", "scatter", "combine", "gate_add"]);
+        let matvec_layout = bind_layout(ctx, "matvec", &[Read, Read, ReadWrite, Uniform]);
+        let mk = |l| ctx.device.create_buffer(&wgpu::BufferDescriptor { label: Some(l), size: 256, usage: wgpu::BufferUsages::STORAGE, mapped_at_creation: false });
+        Self { matvec_layout, matvec: Mutex::new(HashMap::new()), act, norm, rope, kv, attn, ew, dummy: mk("dummy"), dummy2: mk("dummy2") }
+    }
+
+    fn matvec_pipeline(&self, ctx: &GpuContext, ty: GgmlType) -> Result<std::sync::Arc<wgpu::ComputePipeline>, GpuError> {
+        let mut m = self.matvec.lock().unwrap();
+        if let Some(p) = m.get(&ty) {
+            return Ok(p.clone());
+        }
+        let q = quant_source(ty).ok_or(GpuError::Unsupported(ty.name()))?;
+        let module = ctx.device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some("matvec"),
+            source: wgpu::ShaderSource::Wgsl(format!("{COMMON}\n{MATVEC}\n{q}").into()),
+        });
+        let pl = ctx.device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor { label: Some("matvec"), bind_group_layouts: &[Some(&self.matvec_layout)], immediate_size: 0 });
+        let p = std::sync::Arc::new(ctx.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(ty.name()),
+            layout: Some(&pl),
+            module: &module,
+            entry_point: Some("main"),
+            compilation_options: Default::default(),
+            cache: None,
+        }));
+        m.insert(ty, p.clone());
+        Ok(p)
+    }
+
+    fn bind(&self, rec: &Recorder<'_>, layout: &wgpu::BindGroupLayout, res: Vec<wgpu::BindingResource<'_>>) -> wgpu::BindGroup {
+        let entries: Vec<wgpu::BindGroupEntry> = res.into_iter().enumerate().map(|(i, r)| wgpu::BindGroupEntry { binding: i as u32, resource: r }).collect();
+        rec.ctx.device.create_bind_group(&wgpu::BindGroupDescriptor { label: None, layout, entries: &entries })
+    }
+
+    /// `y[t * y_stride + y_off + r] = dot(W row r, A row t)` for `rows` rows and `n_tok` tokens.
+    /// `w_off` / `a_off` are byte offsets; `a` holds rows of `a_row_bytes` in the weight type's
+    /// vec_dot_type (see [`Self::quant_act`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn matvec(&self, rec: &mut Recorder<'_>, ty: GgmlType, cols: usize, rows: usize, w: Buf, w_off: u64, a: Buf, a_off: u64, y: Buf, y_off: usize, y_stride: usize, n_tok: usize) -> Result<(), GpuError> {
+        let p = self.matvec_pipeline(rec.ctx, ty)?;
+        let float = matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);
+        let n_blocks = if float { cols } else { cols / ty.block_size() };
+        let w_row = ty.row_bytes(cols as u64).unwrap_or(0) as u32;
+        let a_row = vec_dot_type(ty).row_bytes(cols as u64).unwrap_or(0) as u32;
+        let grid_x = rows.min(65535);
+        let grid_y = rows.div_ceil(grid_x);
+        let prm = rec.push(&bytes_of(&[rows as u32, n_blocks as u32, w_row, a_row, w_off as u32, a_off as u32, y_off as u32, y_stride as u32, grid_x as u32, n_tok as u32, 0, 0]));
+        let bg = self.bind(rec, &self.matvec_layout, vec![entire(w), entire(a), entire(y), rec.arena_binding(prm)]);
+        rec.dispatch(&p, &bg, (grid_x as u32, grid_y as u32, n_tok as u32));
+        Ok(())
+    }
+
+    /// Convert `n_tok` rows of `cols` f32 values (at element `x_off`) to `act_ty` (Q8_0, Q8_1,
+    /// Q8_K, F16 or BF16) at byte offset `o_off` of `o`, rows of `act_ty.row_bytes(cols)` bytes.
+    #[allow(clippy::too_many_arguments)]
+    pub fn quant_act(&self, rec: &mut Recorder<'_>, act_ty: GgmlType, x: Buf, x_off: usize, cols: usize, n_tok: usize, o: Buf, o_off: u64) -> Result<(), GpuError> {
+        let entry = match act_ty {
+            GgmlType::Q8_0 => "quant_q8_0",
+            GgmlType::Q8_1 => "quant_q8_1",
+            GgmlType::Q8K => "quant_q8_k",
+            GgmlType::F16 => "quant_f16",
+            GgmlType::BF16 => "quant_bf16",
+            _ => return Err(GpuError::Unsupported(act_ty.name())),
+        };
+        let row = act_ty.row_bytes(cols as u64).unwrap_or(0);
+        let size = super::pad4((row * n_tok as u64) as usize + (o_off as usize & 3)) as u64;
+        rec.encoder().clear_buffer(o, o_off & !3, Some(size));
+        let prm = rec.push(&bytes_of(&[cols as u32, n_tok as u32, x_off as u32, o_off as u32, row as u32, 0, 0, 0]));
+        let bg = self.bind(rec, &self.act.layout, vec![entire(x), entire(o), rec.arena_binding(prm)]);
+        rec.dispatch(&self.act.pipelines[entry], &bg, (n_tok as u32, 1, 1));
+        Ok(())
+    }
+
+    /// RMSNorm of `rows` rows of `n` values: `y[r] = x[r] / rms(x[r]) * w`. In place when `y` is None.
+    #[allow(clippy::too_many_arguments)]
+    pub fn rms_norm(&self, rec: &mut Recorder<'_>, x: Buf, x_off: usize, w: Buf, n: usize, rows: usize, eps: f32, y: Option<(Buf, usize)>) {
+        let (entry, yb, y_off) = match y {
+            Some((b, o)) => ("main", b, o),
+            None => ("inplace", &self.dummy, 0),
+        };
+        let prm = rec.push(&bytes_of(&[n as u32, rows as u32, x_off as u32, y_off as u32, eps.to_bits(), 0, 0, 0]));
+        let bg = self.bind(rec, &self.norm.layout, vec![entire(x), entire(w), entire(yb), rec.arena_binding(prm)]);
+        rec.dispatch(&self.norm.pipelines[entry], &bg, (rows as u32, 1, 1));
+    }
+
+    /// RoPE in place on `n_tok` rows of `n_head` heads; `cs` holds (cos, sin) per token and pair.
+    #[allow(clippy::too_many_arguments)]
+    pub fn rope(&self, rec: &mut Recorder<'_>, x: Buf, x_off: usize, cs: Buf, n_head: usize, head_dim: usize, n_rot: usize, neox: bool, n_tok: usize) {
+        let prm = rec.push(&bytes_of(&[n_head as u32, head_dim as u32, n_rot as u32, neox as u32, x_off as u32, n_tok as u32, 0, 0]));
+        let bg = self.bind(rec, &self.rope.layout, vec![entire(x), entire(cs), rec.arena_binding(prm)]);
+        rec.dispatch(&self.rope.pipelines["main"], &bg, (n_tok as u32, 1, 1));
+    }
+
+    /// Store K/V rows (`n_tok` rows of `n_head_kv * head_dim`) at positions `pos0..` of `layer`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn kv_store(&self, rec: &mut Recorder<'_>, k: Buf, v: Buf, kc: Buf, vc: Buf, n_head_kv: usize, head_dim: usize, n_ctx: usize, layer: usize, pos0: usize, n_tok: usize) {
+        let prm = rec.push(&bytes_of(&[n_head_kv as u32, head_dim as u32, n_ctx as u32, layer as u32, pos0 as u32, n_tok as u32, 0, 0]));
+        let bg = self.bind(rec, &self.kv.layout, vec![entire(k), entire(v), entire(kc), entire(vc), rec.arena_binding(prm)]);
+        rec.dispatch(&self.kv.pipelines["main"], &bg, (n_tok as u32, 1, 1));
+    }
+
+    /// Causal attention for `n_tok` query rows at positions `pos0..` over the layer's KV cache.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention(&self, rec: &mut Recorder<'_>, q: Buf, kc: Buf, vc: Buf, o: Buf, n_head: usize, n_head_kv: usize, head_dim: usize, n_ctx: usize, layer: usize, pos0: usize, n_tok: usize, scale: f32) {
+        let prm = rec.push(&bytes_of(&[n_head as u32, n_head_kv as u32, head_dim as u32, n_ctx as u32, layer as u32, pos0 as u32, n_tok as u32, scale.to_bits(), 0, 0, 0, 0]));
+        let bg = self.bind(rec, &self.attn.layout, vec![entire(q), entire(kc), entire(vc), entire(o), rec.arena_binding(prm)]);
+        rec.dispatch(&self.attn.pipelines["main"], &bg, (n_tok as u32, n_head as u32, 1));
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn ew(&self, rec: &mut Recorder<'_>, entry: &str, x: Buf, x2: Buf, y: Buf, words: [u32; 8], extra: &[u32], count: usize) {
+        // Parameters and index list in one arena item (params first, the list 256 bytes in).
+        let mut item = bytes_of(&words);
+        let idx = if extra.is_empty() {
+            None
+        } else {
+            item.resize(256, 0);
+            item.extend_from_slice(&bytes_of(extra));
+            Some(())
+        };
+        let at = rec.push(&item);
+        let prm = rec.arena_binding((at.0, 32));
+        let list = match idx {
+            Some(()) => rec.arena_binding((at.0 + 256, at.1 - 256)),
+            None => entire(&self.dummy2),
+        };
+        let bg = self.bind(rec, &self.ew.layout, vec![entire(x), entire(x2), entire(y), list, prm]);
+        rec.dispatch(&self.ew.pipelines[entry], &bg, groups_1d(count));
+    }
+
+    /// `y[y_off + i] += x[x_off + (i % period or i)]` for `n` values (period 0: none).
+    pub fn add(&self, rec: &mut Recorder<'_>, x: Buf, x_off: usize, y: Buf, y_off: usize, n: usize, period: usize) {
+        self.ew(rec, "add", x, &self.dummy, y, [n as u32, 1, x_off as u32, y_off as u32, 0, period as u32, 0, 0], &[], n);
+    }
+
+    /// `y[i] = silu(g[i]) * u[i]` for `n` values.
+    pub fn swiglu(&self, rec: &mut Recorder<'_>, g: Buf, u: Buf, y: Buf, n: usize) {
+        self.ew(rec, "swiglu", g, u, y, [n as u32, 1, 0, 0, 0, 0, 0, 0], &[], n);
+    }
+
+    /// `y[r] = x[idx[r]]`, rows of `n`.
+    pub fn gather(&self, rec: &mut Recorder<'_>, x: Buf, y: Buf, n: usize, idx: &[u32]) {
+        self.ew(rec, "gather", x, &self.dummy, y, [n as u32, idx.len() as u32, 0, 0, 0, 0, 0, 0], idx, n * idx.len());
+    }
+
+    /// `y[idx[r]] = x[r] * w[r]`, rows of `n`.
+    pub fn scatter(&self, rec: &mut Recorder<'_>, x: Buf, y: Buf, n: usize, idx: &[u32], w: &[f32]) {
+        let mut list = idx.to_vec();
+        list.extend(w.iter().map(|v| v.to_bits()));
+        self.ew(rec, "scatter", x, &self.dummy, y, [n as u32, idx.len() as u32, 0, 0, 0, 0, 0, 0], &list, n * idx.len());
+    }
+
+    /// `y[t] = sum_r x[t * k + r]` in rank order, `rows` tokens of `n`.
+    pub fn combine(&self, rec: &mut Recorder<'_>, x: Buf, y: Buf, n: usize, rows: usize, k: usize) {
+        self.ew(rec, "combine", x, &self.dummy, y, [n as u32, rows as u32, 0, 0, 0, k as u32, 0, 0], &[], n * rows);
+    }
+
+    /// `y[t] += x[t] * sigmoid(g[t])`, `rows` tokens of `n`.
+    pub fn gate_add(&self, rec: &mut Recorder<'_>, x: Buf, g: Buf, y: Buf, n: usize, rows: usize) {
+        self.ew(rec, "gate_add", x, g, y, [n as u32, rows as u32, 0, 0, 0, 0, 0, 0], &[], n * rows);
+    }
+}

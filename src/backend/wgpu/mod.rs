@@ -1,0 +1,306 @@
+//! The wgpu backend: WebGPU in the browser, Metal on Apple devices, Vulkan/DX12 elsewhere.
+//!
+//! Layout (one file per concern, each kernel's WGSL in `shaders/` named like the Rust that
+//! dispatches it, each tested against the CPU backend in `tests/wgpu_kernels.rs`):
+//! - this file: adapter/device ([`GpuContext`]), typed errors, the command [`Recorder`] that batches
+//!   dispatches into one command buffer (per MoE layer) with their parameters in one upload arena;
+//! - [`kernels`]: pipelines and one dispatch function per kernel (matvec per GGML type,
+//!   activation quantization, RMSNorm, RoPE, KV store, attention, element-wise ops);
+//! - [`experts`]: a pool of fixed-size GPU expert slots fed through the [`crate::expert::ExpertSource`];
+//! - [`model`]: the forward pass on the GPU, step for step the CPU forward of `src/model`.
+//!
+//! Synchronisation: one GPU→CPU readback per MoE layer (the router logits, plus the FFN input for
+//! the lookahead predictor when decoding), one for the output logits.
+
+pub mod experts;
+pub mod kernels;
+pub mod model;
+
+use std::sync::{Arc, Mutex};
+
+#[derive(Debug, thiserror::Error)]
+pub enum GpuError {
+    #[error("no GPU adapter found (wgpu backends: {0}); run with --backend cpu, or install a driver (e.g. mesa-vulkan-drivers for lavapipe)")]
+    NoAdapter(String),
+    #[error("could not open the GPU device: {0}")]
+    Device(String),
+    #[error("GPU limit too small: {what} needs {need} bytes, the adapter allows {have}")]
+    Limit { what: String, need: u64, have: u64 },
+    #[error("GPU device lost ({0}); this session cannot continue, start a new one")]
+    Lost(String),
+    #[error("GPU validation error: {0}")]
+    Validation(String),
+    #[error("the wgpu backend has no kernel for tensor type {0}")]
+    Unsupported(&'static str),
+    #[error("GPU readback failed: {0}")]
+    Map(String),
+}
+
+/// An adapter, its device and queue, and what they allow.
+pub struct GpuContext {
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    pub info: wgpu::AdapterInfo,
+    pub limits: wgpu::Limits,
+    pub features: wgpu::Features,
+    lost: Arc<Mutex<Option<String>>>,
+    error: Arc<Mutex<Option<String>>>,
+}
+
+impl GpuContext {
+    /// The default adapter (high performance), with the adapter's own limits requested.
+    pub async fn new_async() -> Result<Self, GpuError> {
+        let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+        let adapter = instance
+            .request_adapter(&wgpu::RequestAdapterOptions { power_preference: wgpu::PowerPreference::HighPerformance, ..Default::default() })
+            .await
+            .map_err(|e| GpuError::NoAdapter(e.to_string()))?;
+        let info = adapter.get_info();
+        let limits = adapter.limits();
+        let features = adapter.features();
+        let (device, queue) = adapter
+            .request_device(&wgpu::DeviceDescriptor {
+                label: Some("les"),
+                required_features: wgpu::Features::empty(),
+                required_limits: limits.clone(),
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| GpuError::Device(e.to_string()))?;
+        let lost = Arc::new(Mutex::new(None));
+        let error = Arc::new(Mutex::new(None));
+        {
+            let lost = lost.clone();
+            device.set_device_lost_callback(move |reason, msg| {
+                *lost.lock().unwrap() = Some(format!("{reason:?}: {msg}"));
+            });
+            let error = error.clone();
+            device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+                let mut g = error.lock().unwrap();
+                if g.is_none() {
+                    *g = Some(e.to_string());
+                }
+            }));
+        }
+        Ok(Self { device, queue, info, limits, features, lost, error })
+    }
+
+    /// Blocking [`Self::new_async`] (native).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn new() -> Result<Self, GpuError> {
+        pollster::block_on(Self::new_async())
+    }
+
+    /// A device-lost or validation error seen since the last check.
+    pub fn check(&self) -> Result<(), GpuError> {
+        if let Some(m) = self.lost.lock().unwrap().clone() {
+            return Err(GpuError::Lost(m));
+        }
+        if let Some(m) = self.error.lock().unwrap().take() {
+            return Err(GpuError::Validation(m));
+        }
+        Ok(())
+    }
+
+    /// Simulate losing the device (tests of the error path).
+    pub fn destroy(&self) {
+        self.device.destroy();
+    }
+
+    pub fn max_binding(&self) -> u64 {
+        self.limits.max_storage_buffer_binding_size.min(self.limits.max_buffer_size)
+    }
+
+    /// Adapter, backend, limits and features, for `les inspect --device`.
+    pub fn describe(&self) -> String {
+        let l = &self.limits;
+        format!(
+            "adapter: {} ({:?}, {:?}, driver {} {})\nlimits: max_buffer_size {} B, max_storage_buffer_binding_size {} B, max_compute_workgroup_storage_size {} B, max_compute_invocations_per_workgroup {}, max_compute_workgroups_per_dimension {}, max_storage_buffers_per_shader_stage {}\nfeatures: shader-f16 {}, subgroups {}, timestamp-query {}",
+            self.info.name,
+            self.info.backend,
+            self.info.device_type,
+            self.info.driver,
+            self.info.driver_info,
+            l.max_buffer_size,
+            l.max_storage_buffer_binding_size,
+            l.max_compute_workgroup_storage_size,
+            l.max_compute_invocations_per_workgroup,
+            l.max_compute_workgroups_per_dimension,
+            l.max_storage_buffers_per_shader_stage,
+            self.features.contains(wgpu::Features::SHADER_F16),
+            self.features.contains(wgpu::Features::SUBGROUP),
+            self.features.contains(wgpu::Features::TIMESTAMP_QUERY),
+        )
+    }
+
+    /// A storage buffer of `bytes` (rounded up to 4) holding `data` (zero-padded).
+    pub fn upload(&self, label: &str, data: &[u8]) -> Result<wgpu::Buffer, GpuError> {
+        let size = pad4(data.len().max(4)) as u64;
+        if size > self.max_binding() {
+            return Err(GpuError::Limit { what: format!("buffer '{label}'"), need: size, have: self.max_binding() });
+        }
+        let buf = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        });
+        write_padded(&self.queue, &buf, 0, data);
+        Ok(buf)
+    }
+
+    /// A zeroed storage buffer of `bytes` (rounded up to 4).
+    pub fn scratch(&self, label: &str, bytes: usize) -> Result<wgpu::Buffer, GpuError> {
+        let size = pad4(bytes.max(4)) as u64;
+        if size > self.max_binding() {
+            return Err(GpuError::Limit { what: format!("buffer '{label}'"), need: size, have: self.max_binding() });
+        }
+        Ok(self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        }))
+    }
+}
+
+pub(crate) fn pad4(n: usize) -> usize {
+    (n + 3) & !3
+}
+
+/// `queue.write_buffer` with the data zero-padded to a multiple of 4 bytes.
+pub(crate) fn write_padded(queue: &wgpu::Queue, buf: &wgpu::Buffer, offset: u64, data: &[u8]) {
+    let whole = data.len() & !3;
+    if whole > 0 {
+        queue.write_buffer(buf, offset, &data[..whole]);
+    }
+    if whole < data.len() {
+        let mut tail = [0u8; 4];
+        tail[..data.len() - whole].copy_from_slice(&data[whole..]);
+        queue.write_buffer(buf, offset + whole as u64, &tail);
+    }
+}
+
+const ARENA_BYTES: usize = 1 << 20;
+const ARENA_ALIGN: usize = 256;
+
+/// Records dispatches into one command encoder. Kernel parameters (and small index lists) go
+/// into a CPU-side arena that is uploaded with one `write_buffer` right before the submit.
+pub struct Recorder<'c> {
+    pub ctx: &'c GpuContext,
+    encoder: Option<wgpu::CommandEncoder>,
+    arena: Vec<u8>,
+    arena_buf: &'c wgpu::Buffer,
+    /// Dispatches recorded since the last submit (for the per-layer batching report).
+    pub dispatches: usize,
+    pub submits: usize,
+}
+
+impl<'c> Recorder<'c> {
+    pub fn new(ctx: &'c GpuContext, arena_buf: &'c wgpu::Buffer) -> Self {
+        Self { ctx, encoder: None, arena: Vec::with_capacity(64 << 10), arena_buf, dispatches: 0, submits: 0 }
+    }
+
+    pub fn arena_buffer(ctx: &GpuContext) -> wgpu::Buffer {
+        ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("les-arena"),
+            size: ARENA_BYTES as u64,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        })
+    }
+
+    pub fn encoder(&mut self) -> &mut wgpu::CommandEncoder {
+        self.encoder.get_or_insert_with(|| self.ctx.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("les") }))
+    }
+
+    /// Put `bytes` in the arena; returns its binding (offset, size). Submits first when full.
+    pub fn push(&mut self, bytes: &[u8]) -> (u64, u64) {
+        let size = pad4(bytes.len().max(4));
+        assert!(size <= ARENA_BYTES, "arena item too large");
+        if pad_to(self.arena.len(), ARENA_ALIGN) + size > ARENA_BYTES {
+            self.submit();
+        }
+        let off = pad_to(self.arena.len(), ARENA_ALIGN);
+        self.arena.resize(off, 0);
+        self.arena.extend_from_slice(bytes);
+        self.arena.resize(off + size, 0);
+        (off as u64, size as u64)
+    }
+
+    pub fn arena_binding(&self, at: (u64, u64)) -> wgpu::BindingResource<'c> {
+        wgpu::BindingResource::Buffer(wgpu::BufferBinding { buffer: self.arena_buf, offset: at.0, size: wgpu::BufferSize::new(at.1) })
+    }
+
+    /// One compute pass with one dispatch.
+    pub fn dispatch(&mut self, pipeline: &wgpu::ComputePipeline, bind: &wgpu::BindGroup, groups: (u32, u32, u32)) {
+        let enc = self.encoder();
+        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: None, timestamp_writes: None });
+        pass.set_pipeline(pipeline);
+        pass.set_bind_group(0, bind, &[]);
+        pass.dispatch_workgroups(groups.0, groups.1, groups.2);
+        drop(pass);
+        self.dispatches += 1;
+    }
+
+    /// Upload the arena and submit what was recorded.
+    pub fn submit(&mut self) {
+        if !self.arena.is_empty() {
+            self.ctx.queue.write_buffer(self.arena_buf, 0, &self.arena);
+            self.arena.clear();
+        }
+        if let Some(enc) = self.encoder.take() {
+            self.ctx.queue.submit(Some(enc.finish()));
+            self.submits += 1;
+        }
+    }
+
+    /// Copy `ranges` (buffer, byte offset, bytes) into one staging buffer, submit, wait, and return
+    /// their contents as f32 — one GPU→CPU synchronisation for all of them.
+    pub async fn readback(&mut self, ranges: &[(&wgpu::Buffer, u64, u64)]) -> Result<Vec<Vec<f32>>, GpuError> {
+        let total: u64 = ranges.iter().map(|r| r.2).sum();
+        let staging = self.ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("les-readback"),
+            size: total.max(4),
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut at = 0;
+        for &(b, off, n) in ranges {
+            self.encoder().copy_buffer_to_buffer(b, off, &staging, at, n);
+            at += n;
+        }
+        self.submit();
+        let (tx, rx) = futures::channel::oneshot::channel();
+        staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        #[cfg(not(target_arch = "wasm32"))]
+        self.ctx.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| GpuError::Map(e.to_string()))?;
+        self.ctx.check()?;
+        rx.await.map_err(|_| GpuError::Map("the map callback was dropped".into()))?.map_err(|e| GpuError::Map(e.to_string()))?;
+        let data = staging.slice(..).get_mapped_range().map_err(|e| GpuError::Map(e.to_string()))?;
+        let all: &[f32] = bytemuck::cast_slice(&data[..total as usize]);
+        let mut out = Vec::with_capacity(ranges.len());
+        let mut at = 0usize;
+        for &(_, _, n) in ranges {
+            let k = n as usize / 4;
+            out.push(all[at..at + k].to_vec());
+            at += k;
+        }
+        drop(data);
+        staging.unmap();
+        self.ctx.check()?;
+        Ok(out)
+    }
+}
+
+fn pad_to(n: usize, a: usize) -> usize {
+    n.div_ceil(a) * a
+}
+
+/// Run a future to completion on native targets.
+#[cfg(not(target_arch = "wasm32"))]
+pub fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    pollster::block_on(f)
+}

@@ -1,0 +1,366 @@
+//! Every wgpu kernel against its CPU reference (ggml `test-backend-ops` style), on whatever adapter
+//! wgpu finds (lavapipe in CI: `mesa-vulkan-drivers`). Inputs are the committed quantization
+//! fixtures (block bytes written by gguf-py, tests/fixtures/quant/) and real SmolLM2 tensors; the
+//! expected values come from the CPU backend, which `tests/quant.rs` checks against gguf-py and
+//! `tests/reference.rs` against llama.cpp.
+//!
+//! Set `LES_NO_GPU=1` to skip on a machine without any adapter (never in CI).
+
+use les::backend::cpu::ops;
+use les::backend::wgpu::kernels::Kernels;
+use les::backend::wgpu::{block_on, GpuContext, Recorder};
+use les::quant::{self, GgmlType};
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+struct Gpu {
+    ctx: GpuContext,
+    k: Kernels,
+}
+
+fn gpu() -> Option<&'static Gpu> {
+    static G: OnceLock<Option<Gpu>> = OnceLock::new();
+    G.get_or_init(|| match GpuContext::new() {
+        Ok(ctx) => {
+            eprintln!("{}", ctx.describe());
+            let k = Kernels::new(&ctx);
+            Some(Gpu { ctx, k })
+        }
+        Err(e) => {
+            if std::env::var_os("LES_NO_GPU").is_some() {
+                eprintln!("skipping GPU kernel tests: {e}");
+                None
+            } else {
+                panic!("{e} (set LES_NO_GPU=1 to skip on a machine without a GPU adapter)");
+            }
+        }
+    })
+    .as_ref()
+}
+
+fn f32s(name: &str) -> Vec<f32> {
+    let b = std::fs::read(root().join("tests/fixtures/quant").join(name)).unwrap();
+    b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
+}
+
+fn fixture(name: &str) -> Vec<u8> {
+    std::fs::read(root().join("tests/fixtures/quant").join(name)).unwrap()
+}
+
+fn up(g: &Gpu, b: &[u8]) -> wgpu::Buffer {
+    g.ctx.upload("test", b).unwrap()
+}
+
+fn upf(g: &Gpu, v: &[f32]) -> wgpu::Buffer {
+    up(g, bytemuck::cast_slice(v))
+}
+
+fn read(_g: &Gpu, rec: &mut Recorder<'_>, b: &wgpu::Buffer, n: usize) -> Vec<f32> {
+    block_on(rec.readback(&[(b, 0, 4 * n as u64)])).unwrap().remove(0)
+}
+
+fn read_bytes(g: &Gpu, rec: &mut Recorder<'_>, b: &wgpu::Buffer, n: usize) -> Vec<u8> {
+    let w = read(g, rec, b, n.div_ceil(4));
+    let mut v: Vec<u8> = w.iter().flat_map(|x| x.to_le_bytes()).collect();
+    v.truncate(n);
+    v
+}
+
+/// GPU matvec of `rows` x `cols` weights `w` (type `ty`) with `n_tok` f32 activation rows `x`,
+/// against the CPU's `quant::vec_dot` on the same converted activations. Returns max |Δ| relative
+/// to the row's sum of |w·x| terms.
+fn check_matvec(g: &Gpu, arena: &wgpu::Buffer, what: &str, ty: GgmlType, w: &[u8], cols: usize, rows: usize, x: &[f32], n_tok: usize) -> f64 {
+    let vty = quant::vec_dot_type(ty);
+    let rb = ty.row_bytes(cols as u64).unwrap() as usize;
+    let ab = vty.row_bytes(cols as u64).unwrap() as usize;
+    let mut acts = Vec::new();
+    let mut tmp = Vec::new();
+    for t in 0..n_tok {
+        quant::quantize_activation(vty, &x[t * cols..(t + 1) * cols], &mut tmp).unwrap();
+        acts.extend_from_slice(&tmp);
+    }
+    let (wb, abuf) = (up(g, &w[..rows * rb]), up(g, &acts));
+    let y = g.ctx.scratch("y", 4 * rows * n_tok).unwrap();
+    let mut rec = Recorder::new(&g.ctx, arena);
+    g.k.matvec(&mut rec, ty, cols, rows, &wb, 0, &abuf, 0, &y, 0, rows, n_tok).unwrap();
+    let got = read(g, &mut rec, &y, rows * n_tok);
+    let mut wrow = vec![0f32; cols];
+    let mut worst = 0f64;
+    for t in 0..n_tok {
+        for r in 0..rows {
+            let want = quant::vec_dot(ty, cols, &w[r * rb..(r + 1) * rb], &acts[t * ab..(t + 1) * ab]);
+            quant::dequantize_row(ty, &w[r * rb..(r + 1) * rb], &mut wrow).unwrap();
+            let scale: f64 = wrow.iter().zip(&x[t * cols..]).map(|(a, b)| (a * b).abs() as f64).sum::<f64>().max(1e-6);
+            let d = (got[t * rows + r] - want).abs() as f64 / scale;
+            assert!(d < 1e-5, "{what} {ty:?} row {r} token {t}: gpu {} cpu {want} (rel {d:e})", got[t * rows + r]);
+            worst = worst.max(d);
+        }
+    }
+    worst
+}
+
+#[test]
+fn matvec_every_type_matches_cpu() {
+    let Some(g) = gpu() else { return };
+    // Each test records with its own parameter arena (tests run in parallel on one device).
+    let arena = Recorder::arena_buffer(&g.ctx);
+    let x = f32s("act_x.f32");
+    let mut done = Vec::new();
+    for ty in [
+        GgmlType::F32,
+        GgmlType::F16,
+        GgmlType::BF16,
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+        GgmlType::Q8_0,
+        GgmlType::Q2K,
+        GgmlType::Q3K,
+        GgmlType::Q4K,
+        GgmlType::Q5K,
+        GgmlType::Q6K,
+        GgmlType::IQ4NL,
+        GgmlType::IQ4XS,
+        GgmlType::MXFP4,
+    ] {
+        let w = fixture(&format!("weights_{}.bin", ty.name()));
+        // 1024 elements: as 2 rows of 512 (two K-quant super-blocks or 16 small blocks per row),
+        // times 4 activation rows.
+        let worst = check_matvec(g, &arena, "synthetic", ty, &w, 512, 2, &x, 4);
+        done.push(format!("{}: {worst:.1e}", ty.name()));
+    }
+    eprintln!("max relative |gpu - cpu| per type: {}", done.join(", "));
+}
+
+#[test]
+fn matvec_real_smollm2_tensors_match_cpu() {
+    let Some(g) = gpu() else { return };
+    // Each test records with its own parameter arena (tests run in parallel on one device).
+    let arena = Recorder::arena_buffer(&g.ctx);
+    let path = root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let src = les::store::FileSource::open(&path).unwrap_or_else(|e| panic!("{}: {e} (run tools/fetch_models.sh)", path.display()));
+    let gg = les::gguf::GgufFile::read(&src).unwrap();
+    let x = f32s("act_x.f32");
+    for (name, rows) in [("blk.0.ffn_down.weight", 576), ("blk.0.attn_q.weight", 576), ("token_embd.weight", 256)] {
+        let t = gg.tensor(name).unwrap();
+        let cols = t.dims[0] as usize;
+        let rb = t.ty.row_bytes(cols as u64).unwrap() as usize;
+        let data = les::store::ByteSource::read_vec(&src, t.offset, rows * rb).unwrap();
+        let xs: Vec<f32> = x.iter().cycle().take(cols * 2).copied().collect();
+        let worst = check_matvec(g, &arena, name, t.ty, &data, cols, rows, &xs, 2);
+        eprintln!("{name} ({:?}, {rows} x {cols}): max relative |gpu - cpu| {worst:.1e}", t.ty);
+    }
+}
+
+#[test]
+fn activation_quantization_is_byte_exact() {
+    let Some(g) = gpu() else { return };
+    // Each test records with its own parameter arena (tests run in parallel on one device).
+    let arena = Recorder::arena_buffer(&g.ctx);
+    let x = f32s("act_x.f32");
+    let (cols, n_tok) = (512, 4);
+    let xb = upf(g, &x[..cols * n_tok]);
+    for ty in [GgmlType::Q8_0, GgmlType::Q8_1, GgmlType::Q8K, GgmlType::F16, GgmlType::BF16] {
+        let row = ty.row_bytes(cols as u64).unwrap() as usize;
+        let mut want = Vec::new();
+        let mut tmp = Vec::new();
+        for t in 0..n_tok {
+            quant::quantize_activation(ty, &x[t * cols..(t + 1) * cols], &mut tmp).unwrap();
+            want.extend_from_slice(&tmp);
+        }
+        let o = g.ctx.scratch("o", row * n_tok).unwrap();
+        let mut rec = Recorder::new(&g.ctx, &arena);
+        g.k.quant_act(&mut rec, ty, &xb, 0, cols, n_tok, &o, 0).unwrap();
+        let got = read_bytes(g, &mut rec, &o, row * n_tok);
+        let diff = got.iter().zip(&want).filter(|(a, b)| a != b).count();
+        assert_eq!(diff, 0, "{ty:?}: {diff} of {} bytes differ from the CPU's quantize_activation", want.len());
+    }
+}
+
+#[test]
+fn rms_norm_matches_cpu() {
+    let Some(g) = gpu() else { return };
+    // Each test records with its own parameter arena (tests run in parallel on one device).
+    let arena = Recorder::arena_buffer(&g.ctx);
+    let x = f32s("act_x.f32");
+    let (n, rows) = (576, 3);
+    let w: Vec<f32> = (0..n).map(|i| 0.5 + (i % 7) as f32 * 0.25).collect();
+    let (xb, wb) = (upf(g, &x[..n * rows]), upf(g, &w));
+    let y = g.ctx.scratch("y", 4 * n * rows).unwrap();
+    let mut rec = Recorder::new(&g.ctx, &arena);
+    g.k.rms_norm(&mut rec, &xb, 0, &wb, n, rows, 1e-5, Some((&y, 0)));
+    let got = read(g, &mut rec, &y, n * rows);
+    // In place over groups (Q/K norm): 64-value groups.
+    g.k.rms_norm(&mut rec, &xb, 0, &wb, 64, n * rows / 64, 1e-6, None);
+    let got_in = read(g, &mut rec, &xb, n * rows);
+    let mut want = vec![0f32; n];
+    for r in 0..rows {
+        ops::rms_norm(&x[r * n..(r + 1) * n], &w, 1e-5, &mut want);
+        for i in 0..n {
+            assert!((got[r * n + i] - want[i]).abs() <= 2e-6 * want[i].abs().max(1e-3), "row {r} [{i}]: {} vs {}", got[r * n + i], want[i]);
+        }
+    }
+    let mut grp = x[..n * rows].to_vec();
+    ops::rms_norm_groups(&mut grp, &w[..64], 1e-6);
+    for (i, (a, b)) in got_in.iter().zip(&grp).enumerate() {
+        assert!((a - b).abs() <= 2e-6 * b.abs().max(1e-3), "group norm [{i}]: {a} vs {b}");
+    }
+}
+
+#[test]
+fn rope_matches_cpu_both_modes() {
+    let Some(g) = gpu() else { return };
+    // Each test records with its own parameter arena (tests run in parallel on one device).
+    let arena = Recorder::arena_buffer(&g.ctx);
+    let x = f32s("act_x.f32");
+    let (n_head, hd, n_rot, n_tok, pos0) = (4, 64, 64, 3, 1000);
+    let n = n_head * hd;
+    let mut cs = Vec::new();
+    let mut one = Vec::new();
+    for t in 0..n_tok {
+        ops::rope_cache(pos0 + t, n_rot, 10000.0, &mut one);
+        cs.extend_from_slice(&one);
+    }
+    let csb = upf(g, &cs);
+    for kind in [ops::RopeKind::Norm, ops::RopeKind::Neox] {
+        let xb = upf(g, &x[..n * n_tok]);
+        let mut rec = Recorder::new(&g.ctx, &arena);
+        g.k.rope(&mut rec, &xb, 0, &csb, n_head, hd, n_rot, kind == ops::RopeKind::Neox, n_tok);
+        let got = read(g, &mut rec, &xb, n * n_tok);
+        for t in 0..n_tok {
+            let mut want = x[t * n..(t + 1) * n].to_vec();
+            ops::rope(&mut want, hd, n_rot, kind, &cs[t * n_rot..(t + 1) * n_rot]);
+            for i in 0..n {
+                assert!((got[t * n + i] - want[i]).abs() <= 1e-6 * want[i].abs().max(1.0), "{kind:?} t{t} [{i}]: {} vs {}", got[t * n + i], want[i]);
+            }
+        }
+    }
+}
+
+#[test]
+fn kv_store_and_attention_match_cpu() {
+    let Some(g) = gpu() else { return };
+    // Each test records with its own parameter arena (tests run in parallel on one device).
+    let arena = Recorder::arena_buffer(&g.ctx);
+    let x = f32s("act_x.f32");
+    let (n_head, n_head_kv, hd, n_ctx, n_layer) = (6, 2, 64, 16, 2);
+    let nkv = n_head_kv * hd;
+    let layer = 1;
+    // 12 positions of keys/values, written in two batches (8 then 4), then 4 queries at 8..12.
+    let kvals: Vec<f32> = x.iter().take(12 * nkv).map(|v| v * 0.7).collect();
+    let vvals: Vec<f32> = x.iter().rev().take(12 * nkv).copied().collect();
+    let words = n_layer * n_head_kv * n_ctx * hd / 2;
+    let kc = g.ctx.scratch("kc", 4 * words).unwrap();
+    let vc = g.ctx.scratch("vc", 4 * words).unwrap();
+    let mut rec = Recorder::new(&g.ctx, &arena);
+    for (p0, n) in [(0usize, 8usize), (8, 4)] {
+        let kb = upf(g, &kvals[p0 * nkv..(p0 + n) * nkv]);
+        let vb = upf(g, &vvals[p0 * nkv..(p0 + n) * nkv]);
+        g.k.kv_store(&mut rec, &kb, &vb, &kc, &vc, n_head_kv, hd, n_ctx, layer, p0, n);
+        rec.submit();
+    }
+    // The cache holds the CPU's f16 rounding of every value.
+    let mut cpu = les::model::KvCache::new(n_layer, n_ctx, n_head_kv, hd);
+    for p in 0..12 {
+        cpu.store(layer, p, &kvals[p * nkv..(p + 1) * nkv], &vvals[p * nkv..(p + 1) * nkv]);
+    }
+    let got_k = read_bytes(g, &mut rec, &kc, 4 * words);
+    for h in 0..n_head_kv {
+        let (kr, _) = cpu.head(layer, h, 12);
+        for (i, v) in kr.iter().enumerate() {
+            let at = (((layer * n_head_kv + h) * n_ctx) * hd + i) * 2;
+            assert_eq!(u16::from_le_bytes([got_k[at], got_k[at + 1]]), v.to_bits(), "K head {h} [{i}]");
+        }
+    }
+    let n_tok = 4;
+    let pos0 = 8;
+    let q: Vec<f32> = x.iter().skip(100).take(n_tok * n_head * hd).copied().collect();
+    let qb = upf(g, &q);
+    let o = g.ctx.scratch("o", 4 * n_tok * n_head * hd).unwrap();
+    let scale = 1.0 / (hd as f32).sqrt();
+    g.k.attention(&mut rec, &qb, &kc, &vc, &o, n_head, n_head_kv, hd, n_ctx, layer, pos0, n_tok, scale);
+    let got = read(g, &mut rec, &o, n_tok * n_head * hd);
+    let mut worst = 0f32;
+    for t in 0..n_tok {
+        for h in 0..n_head {
+            let (kr, vr) = cpu.head(layer, h / (n_head / n_head_kv), pos0 + t + 1);
+            let mut want = vec![0f32; hd];
+            let qh = &q[(t * n_head + h) * hd..(t * n_head + h + 1) * hd];
+            ops::attend_head(qh, kr, vr, hd, pos0 + t + 1, scale, &mut want, &mut Vec::new(), &mut Vec::new());
+            for i in 0..hd {
+                let d = (got[(t * n_head + h) * hd + i] - want[i]).abs();
+                worst = worst.max(d);
+                // f16 accumulation: one f16 ulp of the running sum either way.
+                assert!(d <= 2e-3 * want[i].abs().max(0.25), "t{t} h{h} [{i}]: {} vs {}", got[(t * n_head + h) * hd + i], want[i]);
+            }
+        }
+    }
+    eprintln!("attention max |gpu - cpu| = {worst:e}");
+}
+
+#[test]
+fn elementwise_kernels_match_cpu() {
+    let Some(g) = gpu() else { return };
+    // Each test records with its own parameter arena (tests run in parallel on one device).
+    let arena = Recorder::arena_buffer(&g.ctx);
+    let x = f32s("act_x.f32");
+    let n = 256;
+    let (a, b) = (&x[..n], &x[n..2 * n]);
+    let (ab, bb) = (upf(g, a), upf(g, b));
+    let y = g.ctx.scratch("y", 4 * 4 * n).unwrap();
+    let mut rec = Recorder::new(&g.ctx, &arena);
+    // swiglu: ggml_expf is ported op for op; WGSL allows division 2.5 ulp from exact, so a few ulp.
+    g.k.swiglu(&mut rec, &ab, &bb, &y, n);
+    let got = read(g, &mut rec, &y, n);
+    let mut want = vec![0f32; n];
+    ops::swiglu(a, b, &mut want);
+    let ulps = got.iter().zip(&want).map(|(p, q)| if p == q { 0 } else { (p.to_bits() as i64 - q.to_bits() as i64).abs() }).max().unwrap();
+    assert!(ulps <= 4, "swiglu differs from the CPU by {ulps} ulp");
+    // add (with a period: a bias over 4 rows).
+    let yb = upf(g, &x[..4 * n]);
+    g.k.add(&mut rec, &bb, 0, &yb, 0, 4 * n, n);
+    let got = read(g, &mut rec, &yb, 4 * n);
+    for i in 0..4 * n {
+        assert_eq!(got[i], x[i] + b[i % n], "add [{i}]");
+    }
+    // gather rows 3, 0 of a 4-row matrix; scatter them back weighted into rows 1, 2.
+    let m = upf(g, &x[..4 * n]);
+    let gy = g.ctx.scratch("gy", 4 * 2 * n).unwrap();
+    g.k.gather(&mut rec, &m, &gy, n, &[3, 0]);
+    let sy = g.ctx.scratch("sy", 4 * 4 * n).unwrap();
+    g.k.scatter(&mut rec, &gy, &sy, n, &[1, 2], &[0.25, -2.0]);
+    let got = read(g, &mut rec, &sy, 4 * n);
+    for i in 0..n {
+        assert_eq!(got[i], 0.0);
+        assert_eq!(got[n + i], x[3 * n + i] * 0.25);
+        assert_eq!(got[2 * n + i], x[i] * -2.0);
+    }
+    // combine: 2 tokens x 3 ranks, summed in rank order.
+    let per = upf(g, &x[..6 * n]);
+    let cy = g.ctx.scratch("cy", 4 * 2 * n).unwrap();
+    g.k.combine(&mut rec, &per, &cy, n, 2, 3);
+    let got = read(g, &mut rec, &cy, 2 * n);
+    for t in 0..2 {
+        for i in 0..n {
+            let want = (x[(3 * t) * n + i] + x[(3 * t + 1) * n + i]) + x[(3 * t + 2) * n + i];
+            assert_eq!(got[t * n + i], want, "combine t{t} [{i}]");
+        }
+    }
+    // gate_add: y += x * sigmoid(g) per token.
+    let gb = upf(g, &[0.3, -1.7]);
+    let yy = upf(g, &x[..2 * n]);
+    g.k.gate_add(&mut rec, &per, &gb, &yy, n, 2);
+    let got = read(g, &mut rec, &yy, 2 * n);
+    for t in 0..2 {
+        let s = ops::sigmoid([0.3f32, -1.7][t]);
+        for i in 0..n {
+            let want = x[t * n + i] + x[t * n + i] * s;
+            assert!((got[t * n + i] - want).abs() <= 1e-6 * want.abs().max(1.0), "gate_add t{t} [{i}]");
+        }
+    }
+}
