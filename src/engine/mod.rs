@@ -12,6 +12,8 @@ use crate::gguf::{GgufError, GgufFile};
 use crate::model::{ExpertMode, KvCache, Logits, Model, ModelError};
 use crate::store::ByteSource;
 use crate::tokenizer::{Tokenizer, TokenizerError};
+use crate::backend::wgpu::model::{GpuModel, GpuOptions};
+use crate::backend::BackendKind;
 use sampling::{Sampler, SamplerConfig};
 
 #[derive(Debug, thiserror::Error)]
@@ -28,6 +30,8 @@ pub enum EngineError {
     EmptyPrompt,
     #[error("prompt of {0} tokens does not fit the context of {1} (raise --ctx-size)")]
     PromptTooLong(usize, usize),
+    #[error(transparent)]
+    Gpu(#[from] crate::backend::wgpu::GpuError),
 }
 
 /// Timing and counts of one generation.
@@ -83,6 +87,8 @@ pub struct Session {
     pub gguf: GgufFile,
     /// Prompt tokens per forward pass (0 = the whole prompt at once).
     pub prefill_batch: usize,
+    /// The GPU forward when the session runs on the wgpu backend (`None`: the CPU).
+    pub gpu: Option<GpuModel>,
 }
 
 /// Current and peak resident memory of this process in bytes (Linux; `None` elsewhere).
@@ -107,7 +113,55 @@ impl Session {
         let model = Model::load(src, &gguf, mode)?;
         let n_ctx = n_ctx.min(model.cfg.n_ctx_train.max(1));
         let kv = model.new_kv(n_ctx);
-        Ok(Self { model, tokenizer, kv, gguf, prefill_batch })
+        Ok(Self { model, tokenizer, kv, gguf, prefill_batch, gpu: None })
+    }
+
+    /// Run on `kind`: `Cpu` keeps the CPU; `Wgpu` uploads the dense weights to the GPU (an error
+    /// when no adapter exists); `Auto` uses a hardware GPU when there is one and the CPU otherwise
+    /// (software adapters such as lavapipe are slower than the CPU backend). Returns a line
+    /// describing the choice.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn set_backend(&mut self, kind: BackendKind, opts: &GpuOptions) -> Result<String, EngineError> {
+        use crate::backend::wgpu::GpuContext;
+        let ctx = match kind {
+            BackendKind::Cpu => {
+                self.use_cpu();
+                return Ok("backend: cpu".into());
+            }
+            BackendKind::Wgpu => GpuContext::new()?,
+            BackendKind::Auto => match GpuContext::new() {
+                Ok(c) if c.info.device_type != wgpu::DeviceType::Cpu => c,
+                Ok(c) => {
+                    self.use_cpu();
+                    return Ok(format!("backend: cpu (auto: the only GPU adapter, {}, is a software rasterizer)", c.info.name));
+                }
+                Err(e) => {
+                    self.use_cpu();
+                    return Ok(format!("backend: cpu (auto: {e})"));
+                }
+            },
+        };
+        let line = format!("backend: wgpu on {} ({:?})", ctx.info.name, ctx.info.backend);
+        let gpu = GpuModel::new(std::sync::Arc::new(ctx), &self.model, self.kv.n_ctx, opts)?;
+        // Keys and values live on the GPU; the CPU cache keeps only the position count.
+        self.kv = KvCache::new(0, self.kv.n_ctx, self.model.cfg.n_head_kv, self.model.cfg.head_dim);
+        self.gpu = Some(gpu);
+        Ok(line)
+    }
+
+    fn use_cpu(&mut self) {
+        if self.gpu.take().is_some() {
+            self.kv = self.model.new_kv(self.kv.n_ctx);
+        }
+    }
+
+    /// One forward pass on the session's backend.
+    pub fn forward(&mut self, tokens: &[u32], want: Logits) -> Result<Vec<f32>, EngineError> {
+        #[cfg(not(target_arch = "wasm32"))]
+        if let Some(g) = &self.gpu {
+            return Ok(g.forward(&self.model, tokens, &mut self.kv, want)?);
+        }
+        Ok(self.model.forward(tokens, &mut self.kv, want)?)
     }
 
     /// Run the prompt (in batches of `prefill_batch`), returning the last position's logits.
@@ -115,7 +169,7 @@ impl Session {
         let b = if self.prefill_batch == 0 { prompt.len().max(1) } else { self.prefill_batch };
         let mut logits = Vec::new();
         for chunk in prompt.chunks(b) {
-            logits = self.model.forward(chunk, &mut self.kv, Logits::Last)?;
+            logits = self.forward(chunk, Logits::Last)?;
         }
         Ok(logits)
     }
@@ -174,7 +228,7 @@ impl Session {
             if out.len() == n || self.kv.len + 1 >= self.kv.n_ctx {
                 break;
             }
-            logits = self.model.forward(&[tok], &mut self.kv, Logits::Last)?;
+            logits = self.forward(&[tok], Logits::Last)?;
         }
         let rest = utf8.finish();
         if !rest.is_empty() {
