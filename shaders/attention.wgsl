@@ -1,10 +1,13 @@
-// Causal attention of one (token, head) per workgroup over an f16 KV cache, as the CPU backend's
-// `attend_head` (llama.cpp's CPU flash-attention path, ggml-cpu/ops.cpp
-// `ggml_compute_forward_flash_attn_ext_f16`): q rounded to f16, s = (q . k) * scale, online
-// softmax, V accumulated in f16 (VKQ16) with fma, output acc / sum.
+// Causal attention over an f16 KV cache, as the CPU backend's `attend_head` (llama.cpp's CPU
+// flash-attention path, ggml-cpu/ops.cpp `ggml_compute_forward_flash_attn_ext_f16`), in two passes
+// so no pass needs a barrier per key position:
+//   scores:    one thread per (token, head, position): s = dot_f16(k, f16(q)) * scale, summed in
+//              the CPU's order (4 x 16 fma lanes per 64 values, then the same pairwise tree)
+//   softmax_v: one workgroup per (token, head), threads over pairs of dimensions: online softmax
+//              with V accumulated in f16 (VKQ16) with fma, output acc / sum.
 //
 // KV layout (u32 = two f16): K[((layer * n_head_kv + kvh) * n_ctx + pos) * head_dim / 2 + p].
-// `kv_store` writes rows of n_head_kv * head_dim f32 values at positions pos0 + t.
+// Scores: S[(t * n_head + h) * n_kv_max + j] with n_kv_max = pos0 + n_tok.
 
 struct Params {
     n_head: u32,
@@ -25,54 +28,74 @@ struct Params {
 @group(0) @binding(1) var<storage, read> K: array<u32>;
 @group(0) @binding(2) var<storage, read> V: array<u32>;
 @group(0) @binding(3) var<storage, read_write> O: array<f32>;
-@group(0) @binding(4) var<uniform> P: Params;
+@group(0) @binding(4) var<storage, read_write> S: array<f32>;
+@group(0) @binding(5) var<uniform> P: Params;
 
-var<workgroup> partial: array<f32, 64>;
+fn kv_base(h: u32) -> u32 {
+    let kvh = h / (P.n_head / P.n_head_kv);
+    return (P.layer * P.n_head_kv + kvh) * P.n_ctx * (P.head_dim / 2u);
+}
+
+fn k_at(base: u32, j: u32, d: u32) -> f32 {
+    let w = unpack2x16float(K[base + j * (P.head_dim / 2u) + d / 2u]);
+    return select(w.x, w.y, (d & 1u) == 1u);
+}
 
 @compute @workgroup_size(64)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let t = wid.x;
-    let h = wid.y;
-    let kvh = h / (P.n_head / P.n_head_kv);
-    let hp = P.head_dim / 2u;
-    let n_kv = P.pos0 + t + 1u;
+fn scores(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
+    let n_kv_max = P.pos0 + P.n_tok;
+    let i = gid.x + gid.y * nw.x * 64u;
+    if (i >= P.n_tok * P.n_head * n_kv_max) { return; }
+    let j = i % n_kv_max;
+    let th = i / n_kv_max;
+    let t = th / P.n_head;
+    let h = th % P.n_head;
+    if (j >= P.pos0 + t + 1u) { return; }
+    let base = kv_base(h);
     let qb = P.q_off + (t * P.n_head + h) * P.head_dim;
-    let kvb = (P.layer * P.n_head_kv + kvh) * P.n_ctx * hp;
-    // Each thread owns pairs p = lid, lid + 64, ... (head_dim <= 512).
-    var acc: array<vec2<f32>, 4>;
-    var qv: array<vec2<f32>, 4>;
-    for (var i = 0u; i < 4u; i++) {
-        acc[i] = vec2<f32>(0.0);
-        let p = lid + 64u * i;
-        if (p < hp) {
-            qv[i] = vec2<f32>(f16_round(Q[qb + 2u * p]), f16_round(Q[qb + 2u * p + 1u]));
+    let np = P.head_dim & ~63u;
+    var acc: array<f32, 64>;
+    for (var l = 0u; l < 64u; l++) { acc[l] = 0.0; }
+    for (var c = 0u; c < np; c += 64u) {
+        for (var l = 0u; l < 64u; l++) {
+            acc[l] = fma(k_at(base, j, c + l), f16_round(Q[qb + c + l]), acc[l]);
         }
     }
-    var m = -3.4028235e38;
+    // acc[16 * r + l] is the CPU's acc[r][l].
+    var v: array<f32, 16>;
+    for (var l = 0u; l < 16u; l++) { v[l] = (acc[l] + acc[32u + l]) + (acc[16u + l] + acc[48u + l]); }
+    var t3: array<f32, 8>;
+    for (var l = 0u; l < 8u; l++) { t3[l] = v[l + 8u] + v[l]; }
+    var t6: array<f32, 4>;
+    for (var l = 0u; l < 4u; l++) { t6[l] = t3[l + 4u] + t3[l]; }
+    var s = (t6[0] + t6[2]) + (t6[1] + t6[3]);
+    for (var d = np; d < P.head_dim; d++) {
+        s += k_at(base, j, d) * f16_round(Q[qb + d]);
+    }
+    S[th * n_kv_max + j] = s * P.scale;
+}
+
+@compute @workgroup_size(64)
+fn softmax_v(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let t = wid.x;
+    let h = wid.y;
+    let hp = P.head_dim / 2u;
+    let n_kv_max = P.pos0 + P.n_tok;
+    let n_kv = P.pos0 + t + 1u;
+    let base = kv_base(h);
+    let sb = (t * P.n_head + h) * n_kv_max;
+    // Each thread owns pairs p = lid, lid + 64, ... (head_dim <= 512).
+    var acc: array<vec2<f32>, 4>;
+    for (var i = 0u; i < 4u; i++) { acc[i] = vec2<f32>(0.0); }
+    var m = 0.0;
     var first = true;
     var s_sum = 0.0;
     for (var j = 0u; j < n_kv; j++) {
-        var d = 0.0;
-        for (var i = 0u; i < 4u; i++) {
-            let p = lid + 64u * i;
-            if (p < hp) {
-                let k = unpack2x16float(K[kvb + j * hp + p]);
-                d = fma(k.x, qv[i].x, d);
-                d = fma(k.y, qv[i].y, d);
-            }
-        }
-        partial[lid] = d;
-        workgroupBarrier();
-        for (var s = 32u; s > 0u; s = s >> 1u) {
-            if (lid < s) { partial[lid] += partial[lid + s]; }
-            workgroupBarrier();
-        }
-        let sc = partial[0] * P.scale;
-        workgroupBarrier();
+        let sc = S[sb + j];
         var ms = 1.0;
         var vs = 1.0;
         if (first || sc > m) {
-            if (!first) { ms = exp(m - sc); } else { ms = 0.0; }
+            if (first) { ms = 0.0; } else { ms = exp(m - sc); }
             m = sc;
             first = false;
             for (var i = 0u; i < 4u; i++) {
@@ -84,7 +107,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         for (var i = 0u; i < 4u; i++) {
             let p = lid + 64u * i;
             if (p < hp) {
-                let v = unpack2x16float(V[kvb + j * hp + p]);
+                let v = unpack2x16float(V[base + j * hp + p]);
                 acc[i] = vec2<f32>(f16_round(fma(v.x, vs, acc[i].x)), f16_round(fma(v.y, vs, acc[i].y)));
             }
         }

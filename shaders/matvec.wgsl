@@ -7,7 +7,12 @@
 // an exact i32 sum per block scaled in f32. Only the order in which block contributions are summed
 // differs from the CPU (64 strided partial sums, then a tree). The Rust side appends
 // `fn block_dot(w: u32, a: u32) -> f32` for the weight type (the files in shaders/quant/) and the
-// constants WB (weight block bytes) and AB (activation block bytes).
+// constants WB (weight block bytes) and AB (activation block bytes). Blocks are read as 32-bit
+// words (a funnel shift where a block is not 4-byte aligned) and multiplied four int8 lanes at a
+// time with dot4I8Packed; the integer sums are exact, so the order inside a block does not matter.
+//
+// Threads: `tpr` threads per row (a power of two, 1..64, about the number of blocks per row), so
+// a 64-thread workgroup covers 64 / tpr rows.
 
 struct Params {
     rows: u32,
@@ -20,7 +25,7 @@ struct Params {
     y_stride: u32,
     grid_x: u32,
     n_tok: u32,
-    _p0: u32,
+    tpr: u32,
     _p1: u32,
 }
 
@@ -34,6 +39,21 @@ fn wi8(o: u32) -> i32 { return (i32(wb(o)) << 24u) >> 24u; }
 fn wu16(o: u32) -> u32 { return wb(o) | (wb(o + 1u) << 8u); }
 fn wf16(o: u32) -> f32 { return f16_bits_to_f32(wu16(o)); }
 fn wu32(o: u32) -> u32 { return wu16(o) | (wu16(o + 2u) << 16u); }
+// The 32-bit little-endian word at any byte offset.
+fn ww(o: u32) -> u32 {
+    let i = o >> 2u;
+    let s = (o & 3u) << 3u;
+    if (s == 0u) { return W[i]; }
+    return (W[i] >> s) | (W[i + 1u] << (32u - s));
+}
+fn aw(o: u32) -> u32 {
+    let i = o >> 2u;
+    let s = (o & 3u) << 3u;
+    if (s == 0u) { return A[i]; }
+    return (A[i] >> s) | (A[i + 1u] << (32u - s));
+}
+// Sum of the four int8 lanes of a word.
+fn lanesum(x: u32) -> i32 { return dot4I8Packed(x, 0x01010101u); }
 fn ab(o: u32) -> u32 { return (A[o >> 2u] >> ((o & 3u) << 3u)) & 0xffu; }
 fn ai8(o: u32) -> i32 { return (i32(ab(o)) << 24u) >> 24u; }
 fn au16(o: u32) -> u32 { return ab(o) | (ab(o + 1u) << 8u); }
@@ -46,26 +66,27 @@ var<workgroup> partial: array<f32, 64>;
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let row = wid.x + wid.y * P.grid_x;
+    let tpr = P.tpr;
+    let row = (wid.x + wid.y * P.grid_x) * (WG / tpr) + lid / tpr;
+    let lane = lid % tpr;
     let t = wid.z;
-    if (row >= P.rows) {
-        return;
-    }
-    let wbase = P.w_off + row * P.w_row_bytes;
-    let abase = P.a_off + t * P.a_row_bytes;
     var acc = 0.0;
-    for (var b = lid; b < P.n_blocks; b = b + WG) {
-        acc = acc + block_dot(wbase + b * WB, abase + b * AB);
+    if (row < P.rows) {
+        let wbase = P.w_off + row * P.w_row_bytes;
+        let abase = P.a_off + t * P.a_row_bytes;
+        for (var b = lane; b < P.n_blocks; b = b + tpr) {
+            acc = acc + block_dot(wbase + b * WB, abase + b * AB);
+        }
     }
     partial[lid] = acc;
     workgroupBarrier();
     for (var s = WG / 2u; s > 0u; s = s >> 1u) {
-        if (lid < s) {
+        if (s < tpr && lane < s) {
             partial[lid] = partial[lid] + partial[lid + s];
         }
         workgroupBarrier();
     }
-    if (lid == 0u) {
-        Y[P.y_off + t * P.y_stride + row] = partial[0];
+    if (lane == 0u && row < P.rows) {
+        Y[P.y_off + t * P.y_stride + row] = partial[lid];
     }
 }

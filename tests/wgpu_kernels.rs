@@ -283,7 +283,8 @@ fn kv_store_and_attention_match_cpu() {
     let qb = upf(g, &q);
     let o = g.ctx.scratch("o", 4 * n_tok * n_head * hd).unwrap();
     let scale = 1.0 / (hd as f32).sqrt();
-    g.k.attention(&mut rec, &qb, &kc, &vc, &o, n_head, n_head_kv, hd, n_ctx, layer, pos0, n_tok, scale);
+    let sc = g.ctx.scratch("scores", 4 * n_tok * n_head * (pos0 + n_tok)).unwrap();
+    g.k.attention(&mut rec, &qb, &kc, &vc, &o, &sc, n_head, n_head_kv, hd, n_ctx, layer, pos0, n_tok, scale);
     let got = read(g, &mut rec, &o, n_tok * n_head * hd);
     let mut worst = 0f32;
     for t in 0..n_tok {

@@ -1,4 +1,7 @@
-// BF16 weights x BF16 activations (ggml_vec_dot_bf16), one element per "block".
-const WB: u32 = 2u;
-const AB: u32 = 2u;
-fn block_dot(w: u32, a: u32) -> f32 { return bf16_bits_to_f32(wu16(w)) * bf16_bits_to_f32(au16(a)); }
+// BF16 weights x BF16 activations (ggml_vec_dot_bf16), four elements per "block".
+const WB: u32 = 8u;
+const AB: u32 = 8u;
+fn bf2(x: u32) -> vec2<f32> { return vec2<f32>(bitcast<f32>(x << 16u), bitcast<f32>(x & 0xffff0000u)); }
+fn block_dot(w: u32, a: u32) -> f32 {
+    return dot(vec4<f32>(bf2(ww(w)), bf2(ww(w + 4u))), vec4<f32>(bf2(aw(a)), bf2(aw(a + 4u))));
+}

@@ -1,4 +1,10 @@
-// F16 weights x F16 activations (ggml_vec_dot_f16), one element per "block".
-const WB: u32 = 2u;
-const AB: u32 = 2u;
-fn block_dot(w: u32, a: u32) -> f32 { return wf16(w) * af16(a); }
+// F16 weights x F16 activations (ggml_vec_dot_f16), four elements per "block". f16 -> f32 is exact.
+const WB: u32 = 8u;
+const AB: u32 = 8u;
+fn block_dot(w: u32, a: u32) -> f32 {
+    let x0 = unpack2x16float(ww(w));
+    let x1 = unpack2x16float(ww(w + 4u));
+    let y0 = unpack2x16float(aw(a));
+    let y1 = unpack2x16float(aw(a + 4u));
+    return dot(vec4<f32>(x0, x1), vec4<f32>(y0, y1));
+}

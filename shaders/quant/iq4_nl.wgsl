@@ -4,9 +4,9 @@ const AB: u32 = 34u;
 const KV = array<i32, 16>(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113);
 fn block_dot(w: u32, a: u32) -> f32 {
     var s = 0;
-    for (var j = 0u; j < 16u; j++) {
-        let q = wb(w + 2u + j);
-        s += KV[q & 15u] * ai8(a + 2u + j) + KV[q >> 4u] * ai8(a + 18u + j);
+    for (var j = 0u; j < 16u; j += 4u) {
+        let q = ww(w + 2u + j);
+        s += dot4I8Packed(lut4(q, 0u), aw(a + 2u + j)) + dot4I8Packed(lut4(q, 4u), aw(a + 18u + j));
     }
     return (af16(a) * wf16(w)) * f32(s);
 }

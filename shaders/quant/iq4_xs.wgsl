@@ -8,9 +8,9 @@ fn block_dot(w: u32, a: u32) -> f32 {
     var isum = 0;
     for (var ib = 0u; ib < 8u; ib++) {
         var s = 0;
-        for (var j = 0u; j < 16u; j++) {
-            let q = wb(w + 8u + 16u * ib + j);
-            s += KV[q & 15u] * ai8(a + 4u + 32u * ib + j) + KV[q >> 4u] * ai8(a + 20u + 32u * ib + j);
+        for (var j = 0u; j < 16u; j += 4u) {
+            let q = ww(w + 8u + 16u * ib + j);
+            s += dot4I8Packed(lut4(q, 0u), aw(a + 4u + 32u * ib + j)) + dot4I8Packed(lut4(q, 4u), aw(a + 20u + 32u * ib + j));
         }
         let sc = i32(((wb(w + 4u + ib / 2u) >> (4u * (ib % 2u))) & 15u) | (((sh >> (2u * ib)) & 3u) << 4u)) - 32;
         isum += sc * s;

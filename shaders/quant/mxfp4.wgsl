@@ -9,9 +9,9 @@ fn e8m0_half(e: u32) -> f32 {
 }
 fn block_dot(w: u32, a: u32) -> f32 {
     var s = 0;
-    for (var j = 0u; j < 16u; j++) {
-        let q = wb(w + 1u + j);
-        s += KV[q & 15u] * ai8(a + 2u + j) + KV[q >> 4u] * ai8(a + 18u + j);
+    for (var j = 0u; j < 16u; j += 4u) {
+        let q = ww(w + 1u + j);
+        s += dot4I8Packed(lut4(q, 0u), aw(a + 2u + j)) + dot4I8Packed(lut4(q, 4u), aw(a + 18u + j));
     }
     return (af16(a) * e8m0_half(wb(w))) * f32(s);
 }

@@ -1,5 +1,6 @@
 // block_q2_K (84 B: scales[16]@0 (scale | min << 4), qs[64]@16, d@80, dmin@82) x block_q8_K
 // (292 B: d f32@0, qs[256]@4, bsums i16[16]@260): d_a*d*sum(scale*dot) - d_a*dmin*sum(min*bsum).
+// Element n*128 + j*32 + l is bits 2j..2j+1 of qs[n*32 + l]; group g = element / 16.
 const WB: u32 = 84u;
 const AB: u32 = 292u;
 fn block_dot(w: u32, a: u32) -> f32 {
@@ -7,14 +8,13 @@ fn block_dot(w: u32, a: u32) -> f32 {
     var isum = 0;
     var summs = 0;
     for (var g = 0u; g < 16u; g++) {
+        let n = g / 8u;
+        let j = (g % 8u) / 2u;
+        let l0 = (g % 2u) * 16u;
         var dg = 0;
-        for (var i = 0u; i < 16u; i++) {
-            let e = g * 16u + i;
-            let n = e / 128u;
-            let j = (e % 128u) / 32u;
-            let l = e % 32u;
-            let q = i32((wb(w + 16u + n * 32u + l) >> (2u * j)) & 3u);
-            dg += q * ai8(a + 4u + e);
+        for (var l = 0u; l < 16u; l += 4u) {
+            let q = (ww(w + 16u + n * 32u + l0 + l) >> (2u * j)) & 0x03030303u;
+            dg += dot4I8Packed(q, aw(a + 4u + g * 16u + l));
         }
         let sc = wb(w + g);
         isum += i32(sc & 15u) * dg;

@@ -4,9 +4,9 @@ const WB: u32 = 20u;
 const AB: u32 = 36u;
 fn block_dot(w: u32, a: u32) -> f32 {
     var s = 0;
-    for (var j = 0u; j < 16u; j++) {
-        let q = wb(w + 4u + j);
-        s += i32(q & 15u) * ai8(a + 4u + j) + i32(q >> 4u) * ai8(a + 20u + j);
+    for (var j = 0u; j < 16u; j += 4u) {
+        let q = ww(w + 4u + j);
+        s += dot4I8Packed(q & 0x0f0f0f0fu, aw(a + 4u + j)) + dot4I8Packed((q >> 4u) & 0x0f0f0f0fu, aw(a + 20u + j));
     }
     return (wf16(w) * af16(a)) * f32(s) + wf16(w + 2u) * af16(a + 2u);
 }

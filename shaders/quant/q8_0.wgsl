@@ -3,6 +3,6 @@ const WB: u32 = 34u;
 const AB: u32 = 34u;
 fn block_dot(w: u32, a: u32) -> f32 {
     var s = 0;
-    for (var j = 0u; j < 32u; j++) { s += wi8(w + 2u + j) * ai8(a + 2u + j); }
+    for (var j = 0u; j < 32u; j += 4u) { s += dot4I8Packed(ww(w + 2u + j), aw(a + 2u + j)); }
     return f32(s) * (wf16(w) * af16(a));
 }

@@ -11,6 +11,7 @@ use std::sync::Mutex;
 const COMMON: &str = include_str!("../../../shaders/common.wgsl");
 const MATVEC: &str = include_str!("../../../shaders/matvec.wgsl");
 const K4: &str = include_str!("../../../shaders/quant/k4.wgsl");
+const LUT: &str = include_str!("../../../shaders/quant/lut.wgsl");
 const ACT_QUANT: &str = include_str!("../../../shaders/act_quant.wgsl");
 const RMS_NORM: &str = include_str!("../../../shaders/rms_norm.wgsl");
 const ROPE: &str = include_str!("../../../shaders/rope.wgsl");
@@ -35,9 +36,9 @@ fn quant_source(ty: GgmlType) -> Option<String> {
         Q4K => return Some(format!("{K4}\n{}", include_str!("../../../shaders/quant/q4_k.wgsl"))),
         Q5K => return Some(format!("{K4}\n{}", include_str!("../../../shaders/quant/q5_k.wgsl"))),
         Q6K => include_str!("../../../shaders/quant/q6_k.wgsl"),
-        IQ4NL => include_str!("../../../shaders/quant/iq4_nl.wgsl"),
-        IQ4XS => include_str!("../../../shaders/quant/iq4_xs.wgsl"),
-        MXFP4 => include_str!("../../../shaders/quant/mxfp4.wgsl"),
+        IQ4NL => return Some(format!("{LUT}\n{}", include_str!("../../../shaders/quant/iq4_nl.wgsl"))),
+        IQ4XS => return Some(format!("{LUT}\n{}", include_str!("../../../shaders/quant/iq4_xs.wgsl"))),
+        MXFP4 => return Some(format!("{LUT}\n{}", include_str!("../../../shaders/quant/mxfp4.wgsl"))),
         _ => return None,
     };
     Some(s.to_string())
@@ -124,6 +125,8 @@ pub struct Kernels {
     /// Bound where a kernel does not use a binding.
     pub dummy: wgpu::Buffer,
     pub dummy2: wgpu::Buffer,
+    /// Most threads per matvec row (see matvec.wgsl).
+    pub max_tpr: usize,
 }
 
 fn bytes_of(words: &[u32]) -> Vec<u8> {
@@ -151,11 +154,25 @@ impl Kernels {
         let norm = Kernel::new(ctx, "rms_norm", RMS_NORM, &[ReadWrite, Read, ReadWrite, Uniform], &["main", "inplace"]);
         let rope = Kernel::new(ctx, "rope", ROPE, &[ReadWrite, Read, Uniform], &["main"]);
         let kv = Kernel::new(ctx, "kv_store", KV_STORE, &[Read, Read, ReadWrite, ReadWrite, Uniform], &["main"]);
-        let attn = Kernel::new(ctx, "attention", ATTENTION, &[Read, Read, Read, ReadWrite, Uniform], &["main"]);
+        let attn = Kernel::new(ctx, "attention", ATTENTION, &[Read, Read, Read, ReadWrite, ReadWrite, Uniform], &["scores", "softmax_v"]);
         let ew = Kernel::new(ctx, "elementwise", ELEMENTWISE, &[Read, Read, ReadWrite, Read, Uniform], &["add", "swiglu", "gather", "scatter", "combine", "gate_add"]);
         let matvec_layout = bind_layout(ctx, "matvec", &[Read, Read, ReadWrite, Uniform]);
         let mk = |l| ctx.device.create_buffer(&wgpu::BufferDescriptor { label: Some(l), size: 256, usage: wgpu::BufferUsages::STORAGE, mapped_at_creation: false });
-        Self { matvec_layout, matvec: Mutex::new(HashMap::new()), act, norm, rope, kv, attn, ew, dummy: mk("dummy"), dummy2: mk("dummy2") }
+        Self { matvec_layout, matvec: Mutex::new(HashMap::new()), act, norm, rope, kv, attn, ew, dummy: mk("dummy"), dummy2: mk("dummy2"), max_tpr: Self::default_tpr(ctx) }
+    }
+
+    /// Threads per matvec row: a software rasterizer (lavapipe, SwiftShader) runs a workgroup's
+    /// barriers as coroutine switches, so one thread per row is fastest there (4.4x on Q4_1,
+    /// examples/gpu_prof.rs); hardware GPUs get up to 64 threads per row. `LES_TPR` overrides.
+    fn default_tpr(ctx: &GpuContext) -> usize {
+        if let Some(v) = std::env::var("LES_TPR").ok().and_then(|v| v.parse::<usize>().ok()) {
+            return v.clamp(1, 64).next_power_of_two();
+        }
+        if ctx.info.device_type == wgpu::DeviceType::Cpu {
+            1
+        } else {
+            64
+        }
     }
 
     fn matvec_pipeline(&self, ctx: &GpuContext, ty: GgmlType) -> Result<std::sync::Arc<wgpu::ComputePipeline>, GpuError> {
@@ -193,12 +210,18 @@ impl Kernels {
     pub fn matvec(&self, rec: &mut Recorder<'_>, ty: GgmlType, cols: usize, rows: usize, w: Buf, w_off: u64, a: Buf, a_off: u64, y: Buf, y_off: usize, y_stride: usize, n_tok: usize) -> Result<(), GpuError> {
         let p = self.matvec_pipeline(rec.ctx, ty)?;
         let float = matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);
-        let n_blocks = if float { cols } else { cols / ty.block_size() };
+        if float && cols % 4 != 0 {
+            return Err(GpuError::Validation(format!("{} matvec needs a multiple of 4 columns, got {cols}", ty.name())));
+        }
+        // Float kernels take four elements per "block".
+        let n_blocks = if float { cols / 4 } else { cols / ty.block_size() };
+        let tpr = n_blocks.next_power_of_two().clamp(1, self.max_tpr);
+        let groups = rows.div_ceil(64 / tpr);
         let w_row = ty.row_bytes(cols as u64).unwrap_or(0) as u32;
         let a_row = vec_dot_type(ty).row_bytes(cols as u64).unwrap_or(0) as u32;
-        let grid_x = rows.min(65535);
-        let grid_y = rows.div_ceil(grid_x);
-        let prm = rec.push(&bytes_of(&[rows as u32, n_blocks as u32, w_row, a_row, w_off as u32, a_off as u32, y_off as u32, y_stride as u32, grid_x as u32, n_tok as u32, 0, 0]));
+        let grid_x = groups.min(65535);
+        let grid_y = groups.div_ceil(grid_x);
+        let prm = rec.push(&bytes_of(&[rows as u32, n_blocks as u32, w_row, a_row, w_off as u32, a_off as u32, y_off as u32, y_stride as u32, grid_x as u32, n_tok as u32, tpr as u32, 0]));
         let bg = self.bind(rec, &self.matvec_layout, vec![entire(w), entire(a), entire(y), rec.arena_binding(prm)]);
         rec.dispatch(&p, &bg, (grid_x as u32, grid_y as u32, n_tok as u32));
         Ok(())
@@ -254,11 +277,13 @@ impl Kernels {
     }
 
     /// Causal attention for `n_tok` query rows at positions `pos0..` over the layer's KV cache.
+    /// `scores` needs `n_tok * n_head * (pos0 + n_tok)` f32 values.
     #[allow(clippy::too_many_arguments)]
-    pub fn attention(&self, rec: &mut Recorder<'_>, q: Buf, kc: Buf, vc: Buf, o: Buf, n_head: usize, n_head_kv: usize, head_dim: usize, n_ctx: usize, layer: usize, pos0: usize, n_tok: usize, scale: f32) {
+    pub fn attention(&self, rec: &mut Recorder<'_>, q: Buf, kc: Buf, vc: Buf, o: Buf, scores: Buf, n_head: usize, n_head_kv: usize, head_dim: usize, n_ctx: usize, layer: usize, pos0: usize, n_tok: usize, scale: f32) {
         let prm = rec.push(&bytes_of(&[n_head as u32, n_head_kv as u32, head_dim as u32, n_ctx as u32, layer as u32, pos0 as u32, n_tok as u32, scale.to_bits(), 0, 0, 0, 0]));
-        let bg = self.bind(rec, &self.attn.layout, vec![entire(q), entire(kc), entire(vc), entire(o), rec.arena_binding(prm)]);
-        rec.dispatch(&self.attn.pipelines["main"], &bg, (n_tok as u32, n_head as u32, 1));
+        let bg = self.bind(rec, &self.attn.layout, vec![entire(q), entire(kc), entire(vc), entire(o), entire(scores), rec.arena_binding(prm)]);
+        rec.dispatch(&self.attn.pipelines["scores"], &bg, groups_1d(n_tok * n_head * (pos0 + n_tok)));
+        rec.dispatch(&self.attn.pipelines["softmax_v"], &bg, (n_tok as u32, n_head as u32, 1));
     }
 
     #[allow(clippy::too_many_arguments)]

@@ -102,6 +102,7 @@ struct Scratch {
     hout: wgpu::Buffer,
     logits: wgpu::Buffer,
     cs: wgpu::Buffer,
+    scores: wgpu::Buffer,
     acts: Vec<wgpu::Buffer>,
     arena: wgpu::Buffer,
 }
@@ -237,6 +238,7 @@ impl GpuModel {
             hout: f("hout", t * e)?,
             logits: f("logits", t * output.rows)?,
             cs: f("rope-cs", t * c.n_rot.max(2))?,
+            scores: f("attention-scores", t * c.n_head * n_ctx)?,
             acts,
             arena: Recorder::arena_buffer(g),
         };
@@ -369,7 +371,7 @@ impl GpuModel {
             k.rope(&mut rec, &s.q, 0, &s.cs, c.n_head, c.head_dim, c.n_rot, neox, t_n);
             k.rope(&mut rec, &s.k, 0, &s.cs, c.n_head_kv, c.head_dim, c.n_rot, neox, t_n);
             k.kv_store(&mut rec, &s.k, &s.v, &self.kc, &self.vc, c.n_head_kv, c.head_dim, self.n_ctx, il, pos0, t_n);
-            k.attention(&mut rec, &s.q, &self.kc, &self.vc, &s.attn, c.n_head, c.n_head_kv, c.head_dim, self.n_ctx, il, pos0, t_n, scale);
+            k.attention(&mut rec, &s.q, &self.kc, &self.vc, &s.attn, &s.scores, c.n_head, c.n_head_kv, c.head_dim, self.n_ctx, il, pos0, t_n, scale);
             {
                 let mut a = ActIn::new(&s.attn, 0, nq, t_n);
                 self.mm(&mut rec, &l.wo, &mut a, &s.cur, 0, e)?;
