@@ -113,6 +113,25 @@ impl LadderReport {
     }
 }
 
+/// A streamed rung's figures: `t` output tokens in `ms`, `loads` experts and `bytes` read while
+/// decoding, cache statistics `s`.
+fn streamed_rung(name: &str, t: usize, ms: f64, s: &crate::expert::stream::StreamStats, io_threads: usize, loads: u64, bytes: u64) -> Rung {
+    Rung {
+        name: name.into(),
+        tokens_per_s: t as f64 / (ms / 1000.0),
+        hit_rate: s.hit_rate(),
+        recall_d1: s.recall(1),
+        precision_d1: s.precision(1),
+        mb_read_per_token: s.bytes_per_token() / 1e6,
+        stall_ms_per_token: s.stall_ms_per_token(),
+        io_busy: s.io_busy_fraction(io_threads),
+        tokens: t,
+        experts_per_token: Some(loads as f64 / t.max(1) as f64),
+        mb_per_accepted_token: Some(bytes as f64 / 1e6 / t.max(1) as f64),
+        ..Default::default()
+    }
+}
+
 /// Expert loads and bytes read so far.
 fn io_counts(ex: &StreamingExperts) -> (u64, u64) {
     let s = ex.stats();
@@ -194,20 +213,7 @@ pub fn run(model: &str, bundle: &str, opts: &StreamOptions, prompts: &[String], 
                 }
             }
         }
-        rep.rungs.push(Rung {
-            name: name.into(),
-            tokens_per_s: t as f64 / (ms / 1000.0),
-            hit_rate: s.hit_rate(),
-            recall_d1: s.recall(1),
-            precision_d1: s.precision(1),
-            mb_read_per_token: s.bytes_per_token() / 1e6,
-            stall_ms_per_token: s.stall_ms_per_token(),
-            io_busy: s.io_busy_fraction(o.cache.io_threads),
-            tokens: t,
-            experts_per_token: Some(loads as f64 / t.max(1) as f64),
-            mb_per_accepted_token: Some(bytes as f64 / 1e6 / t.max(1) as f64),
-            ..Default::default()
-        });
+        rep.rungs.push(streamed_rung(name, t, ms, &s, o.cache.io_threads, loads, bytes));
         drop(st);
     }
     // + speculative: the bundle rung's settings, decoding through speculative verification. A
@@ -252,21 +258,9 @@ pub fn run(model: &str, bundle: &str, opts: &StreamOptions, prompts: &[String], 
             bytes += sp.bytes_read.unwrap_or(0);
         }
         let s = st.experts.stats();
-        rep.rungs.push(Rung {
-            name: "+ speculative".into(),
-            tokens_per_s: t as f64 / (ms / 1000.0),
-            hit_rate: s.hit_rate(),
-            recall_d1: s.recall(1),
-            precision_d1: s.precision(1),
-            mb_read_per_token: s.bytes_per_token() / 1e6,
-            stall_ms_per_token: s.stall_ms_per_token(),
-            io_busy: s.io_busy_fraction(o.cache.io_threads),
-            tokens: t,
-            acceptance_rate: Some(accepted as f64 / drafted.max(1) as f64),
-            experts_per_token: Some(loads as f64 / t.max(1) as f64),
-            mb_per_accepted_token: Some(bytes as f64 / 1e6 / t.max(1) as f64),
-            ..Default::default()
-        });
+        let mut r = streamed_rung("+ speculative", t, ms, &s, o.cache.io_threads, loads, bytes);
+        r.acceptance_rate = Some(accepted as f64 / drafted.max(1) as f64);
+        rep.rungs.push(r);
     }
     let on_demand = rep.rungs.iter().find(|r| r.name == "on-demand").map(|r| r.tokens_per_s).unwrap_or(1.0);
     for r in &mut rep.rungs {
