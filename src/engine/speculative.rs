@@ -385,14 +385,14 @@ pub fn generate(
     let mut out: Vec<u32> = Vec::new();
     let mut utf8 = Utf8Stream::default();
     // Commit one token; false when generation must stop.
-    let mut commit = |t: u32, toks: &mut Vec<u32>, out: &mut Vec<u32>, s: &mut Sampler| -> bool {
-        if !ignore_eos && sess.tokenizer.is_eog(t) {
+    let mut commit = |tk: &crate::tokenizer::Tokenizer, t: u32, toks: &mut Vec<u32>, out: &mut Vec<u32>, s: &mut Sampler| -> bool {
+        if !ignore_eos && tk.is_eog(t) {
             return false;
         }
         out.push(t);
         toks.push(t);
         s.accept(t);
-        let text = utf8.push(&sess.tokenizer.token_to_piece(t, false));
+        let text = utf8.push(&tk.token_to_piece(t, false));
         on_token(t, &text) && out.len() < n && toks.len() < n_ctx
     };
     let mut going = n > 0;
@@ -410,7 +410,7 @@ pub fn generate(
         batch.push(*toks.last().unwrap());
         batch.extend_from_slice(d);
         let base = sess.kv.len;
-        let logits = sess.model.forward(&batch, &mut sess.kv, Logits::All)?;
+        let logits = sess.forward(&batch, Logits::All)?;
         spec.target_forwards += 1;
         spec.drafted += d.len() as u64;
         let nv = logits.len() / batch.len();
@@ -460,7 +460,7 @@ pub fn generate(
         spec.accepted += k as u64;
         sess.kv.truncate(base + 1 + k);
         for &t in &new {
-            if !commit(t, &mut toks, &mut out, &mut s) {
+            if !commit(&sess.tokenizer, t, &mut toks, &mut out, &mut s) {
                 going = false;
                 break;
             }
