@@ -1,12 +1,14 @@
 //! `les`: command-line interface.
 //!
 //!   les run --model PATH (--prompt TEXT | --chat) [-n N] [--temp T] [--seed S] …
+//!           [--draft-model PATH | --lookup] [--draft-max N]
 //!   les inspect PATH
 //!   les bench decode --model PATH [-n N]
 
 use clap::{Args, Parser, Subcommand};
 use les::engine::chat::Message;
 use les::engine::sampling::SamplerConfig;
+use les::engine::speculative::{self, Draft, DraftModel, PromptLookup, SpecOptions};
 use les::engine::{memory_usage, Session};
 use les::gguf::GgufFile;
 use les::model::ExpertMode;
@@ -155,12 +157,22 @@ struct RunArgs {
     /// Keep generating past end-of-generation tokens.
     #[arg(long)]
     ignore_eos: bool,
+    /// Speculative decoding with this draft model (same vocabulary as --model; loaded resident).
+    #[arg(long, conflicts_with = "lookup")]
+    draft_model: Option<String>,
+    /// Speculative decoding with prompt lookup (n-gram drafts from the prompt and the output).
+    #[arg(long)]
+    lookup: bool,
+    /// Most draft tokens verified per target forward (default 4 with --draft-model, 16 with --lookup).
+    #[arg(long)]
+    draft_max: Option<usize>,
 }
 
 #[derive(Subcommand)]
 enum BenchCmd {
-    /// The ladder: resident → on-demand (no prefetch, LRU) → + lookahead → + packed bundle, same
-    /// prompts in one process, plus oracle and pure-I/O bounds from the recorded routing trace.
+    /// The ladder: resident → on-demand (no prefetch, LRU) → + lookahead → + packed bundle →
+    /// + speculative, same prompts in one process, plus oracle and pure-I/O bounds from the
+    /// recorded routing trace.
     Ladder {
         #[command(flatten)]
         m: ModelArgs,
@@ -180,6 +192,12 @@ enum BenchCmd {
         /// Skip the resident rung (models larger than RAM).
         #[arg(long)]
         no_resident: bool,
+        /// Draft model for the + speculative rung (default: prompt lookup).
+        #[arg(long)]
+        draft_model: Option<String>,
+        /// γ of the + speculative rung (default 4 with --draft-model, 16 with prompt lookup).
+        #[arg(long)]
+        draft_max: Option<usize>,
     },
     /// Soak: many generations in one process under a budget; prints RSS and hit rate per run.
     Soak {
@@ -234,7 +252,7 @@ fn run(cli: Cli) -> Res {
         Cmd::Bench(BenchCmd::Decode { m, n_predict, reps }) => cmd_bench_decode(&m, n_predict, reps),
         Cmd::Pack { input, output } => cmd_pack(&input, &output),
         Cmd::Bench(BenchCmd::Soak { m, s, runs, n_predict }) => cmd_soak(&m, &s, runs, n_predict),
-        Cmd::Bench(BenchCmd::Ladder { m, s, bundle, n_predict, n_prompts, prompts, no_resident }) => {
+        Cmd::Bench(BenchCmd::Ladder { m, s, bundle, n_predict, n_prompts, prompts, no_resident, draft_model, draft_max }) => {
             if let Some(t) = m.threads {
                 les::backend::cpu::par::init_threads(t);
             }
@@ -252,7 +270,8 @@ fn run(cli: Cli) -> Res {
                     b
                 }
             };
-            let rep = les::engine::ladder::run(&m.model, &bundle, &opts, &ps, n_predict, !no_resident)?;
+            let spec = les::engine::ladder::SpecRung { draft_model, draft_max };
+            let rep = les::engine::ladder::run(&m.model, &bundle, &opts, &ps, n_predict, !no_resident, &spec)?;
             println!("{}", rep.table());
             if let Some(p) = &s.stats_json {
                 std::fs::write(p, serde_json::to_string_pretty(&rep)?)?;
@@ -290,7 +309,26 @@ fn cmd_run(a: RunArgs) -> Res {
             session
         }
     };
-    let r = cmd_run_inner(&a, &mut sess);
+    let mut draft: Option<Box<dyn Draft>> = match (&a.draft_model, a.lookup) {
+        (Some(p), _) => {
+            let src = FileSource::open(p)?;
+            let d = DraftModel::load(&src, &sess.tokenizer, sess.kv.n_ctx)?;
+            eprintln!("les: draft model {p}: {:.1} MiB of weights (outside --memory-budget)", d.bytes as f64 / 1048576.0);
+            Some(Box::new(d))
+        }
+        (None, true) => Some(Box::new(PromptLookup::default())),
+        (None, false) => None,
+    };
+    let gamma = a.draft_max.unwrap_or(if a.lookup { speculative::LOOKUP_DRAFT_MAX } else { speculative::DRAFT_MODEL_DRAFT_MAX });
+    let probe_ex = streaming.clone();
+    let probe = move || {
+        probe_ex.as_ref().map(|e| {
+            let s = e.stats();
+            (s.demand_loads + s.prefetch_loads, s.bytes_read)
+        }).unwrap_or((0, 0))
+    };
+    let spec = Spec { draft: draft.as_deref_mut(), gamma, io: if streaming.is_some() { Some(&probe) } else { None } };
+    let r = cmd_run_inner(&a, &mut sess, spec);
     if let Some(ex) = &streaming {
         let st = ex.stats();
         eprintln!(
@@ -312,7 +350,14 @@ fn cmd_run(a: RunArgs) -> Res {
     r
 }
 
-fn cmd_run_inner(a: &RunArgs, sess: &mut Session) -> Res {
+/// Speculative decoding settings of `les run`.
+struct Spec<'a> {
+    draft: Option<&'a mut (dyn Draft + 'static)>,
+    gamma: usize,
+    io: Option<speculative::IoProbe<'a>>,
+}
+
+fn cmd_run_inner(a: &RunArgs, sess: &mut Session, mut spec: Spec<'_>) -> Res {
     let sess = sess;
     let sampler = SamplerConfig {
         temperature: a.temp,
@@ -333,7 +378,7 @@ fn cmd_run_inner(a: &RunArgs, sess: &mut Session) -> Res {
             }
             history.push(Message { role: "user".into(), content: line });
             let p = sess.chat_prompt(&history)?;
-            let reply = generate_one(sess, &p, a, &sampler)?;
+            let reply = generate_one(sess, &p, a, &sampler, &mut spec)?;
             history.push(Message { role: "assistant".into(), content: reply });
             println!();
         }
@@ -344,21 +389,29 @@ fn cmd_run_inner(a: &RunArgs, sess: &mut Session) -> Res {
         None => return Err("give --prompt TEXT or --chat".into()),
     }
     for p in prompts {
-        generate_one(sess, &p, a, &sampler)?;
+        generate_one(sess, &p, a, &sampler, &mut spec)?;
     }
     Ok(())
 }
 
-fn generate_one(sess: &mut Session, prompt: &str, a: &RunArgs, sampler: &SamplerConfig) -> Result<String, Box<dyn std::error::Error>> {
+fn generate_one(sess: &mut Session, prompt: &str, a: &RunArgs, sampler: &SamplerConfig, spec: &mut Spec<'_>) -> Result<String, Box<dyn std::error::Error>> {
     let toks = sess.tokenize(prompt);
     let mut out = std::io::stdout().lock();
     let mut text = String::new();
-    let (_, st) = sess.generate(&toks, a.n_predict, sampler, a.ignore_eos, &mut |_, s| {
+    let mut on_text = |_, s: &str| {
         text.push_str(s);
         let _ = out.write_all(s.as_bytes());
         let _ = out.flush();
         true
-    })?;
+    };
+    let (st, spec_st) = match spec.draft.as_deref_mut() {
+        None => (sess.generate(&toks, a.n_predict, sampler, a.ignore_eos, &mut on_text)?.1, None),
+        Some(d) => {
+            let o = SpecOptions { draft_max: spec.gamma, io: spec.io };
+            let (_, st, sp) = speculative::generate(sess, Some(d), &o, &toks, a.n_predict, sampler, a.ignore_eos, &mut on_text)?;
+            (st, Some(sp))
+        }
+    };
     let mem = memory_usage().map(|(_, peak)| format!(", peak memory {:.1} MiB", peak as f64 / 1048576.0)).unwrap_or_default();
     eprintln!(
         "\nles: prompt {} tokens, {:.1} tokens/s | decode {} tokens, {:.1} tokens/s{}",
@@ -368,6 +421,9 @@ fn generate_one(sess: &mut Session, prompt: &str, a: &RunArgs, sampler: &Sampler
         st.gen_tps(),
         mem
     );
+    if let Some(sp) = spec_st {
+        eprintln!("les: {}", sp.line());
+    }
     Ok(text)
 }
 

@@ -1,14 +1,16 @@
 //! The ladder benchmark: the same prompts, in one process, through each rung of the stack —
-//! resident → on-demand (no prefetch, LRU) → + lookahead → + packed bundle — with per-rung
+//! resident → on-demand (no prefetch, LRU) → + lookahead → + packed bundle → + speculative
+//! decoding (draft model or prompt lookup, from the bundle with lookahead) — with per-rung
 //! tokens/s, ratio to on-demand, hit rate, recall, MB read per token and stall ms per token, plus
 //! two bounds from the recorded routing trace: pure I/O time (the bytes a Belady-optimal cache of
 //! the same size must still read, at the store's measured throughput) and the oracle
 //! (Belady-optimal cache with perfect prediction: I/O fully overlapped with compute).
 
 use super::sampling::SamplerConfig;
+use super::speculative::{self, Draft, DraftModel, PromptLookup, SpecOptions};
 use super::stream::{open_streaming, StreamOptions};
 use super::Session;
-use crate::expert::stream::{belady_misses, Policy};
+use crate::expert::stream::{belady_misses, Policy, StreamingExperts};
 use crate::model::ExpertMode;
 use crate::store::FileSource;
 use std::time::Instant;
@@ -25,6 +27,21 @@ pub struct Rung {
     pub stall_ms_per_token: f64,
     pub io_busy: f64,
     pub tokens: usize,
+    /// Speculative rung: draft tokens accepted / proposed.
+    pub acceptance_rate: Option<f64>,
+    /// Decode only (after the prompt), per output token (every output token is one the target
+    /// accepted): experts loaded (demand + prefetch) and MB read. Streamed rungs.
+    pub experts_per_token: Option<f64>,
+    pub mb_per_accepted_token: Option<f64>,
+}
+
+/// The speculative rung's draft source.
+#[derive(Clone, Debug, Default)]
+pub struct SpecRung {
+    /// Draft model (same vocabulary); `None`: prompt lookup.
+    pub draft_model: Option<String>,
+    /// γ (default: 4 with a draft model, 16 with prompt lookup).
+    pub draft_max: Option<usize>,
 }
 
 #[derive(Clone, Debug, Default, serde::Serialize)]
@@ -42,6 +59,8 @@ pub struct LadderReport {
     pub belady_hit_rate: f64,
     pub store_mb_per_s: f64,
     pub per_layer: Vec<(usize, f64, f64, f64)>,
+    /// How the speculative rung ran (draft source, γ, memory).
+    pub spec_note: String,
 }
 
 impl LadderReport {
@@ -75,6 +94,14 @@ impl LadderReport {
                 100.0 * r.io_busy
             );
         }
+        s += &format!("decode only, per output (accepted) token:\n{:<14} {:>8} {:>14} {:>12}\n", "rung", "accept %", "experts/token", "MB/token");
+        for r in self.rungs.iter().filter(|r| r.experts_per_token.is_some()) {
+            let acc = r.acceptance_rate.map(|a| format!("{:.1}", 100.0 * a)).unwrap_or_else(|| "-".into());
+            s += &format!("{:<14} {:>8} {:>14.1} {:>12.2}\n", r.name, acc, r.experts_per_token.unwrap_or(0.0), r.mb_per_accepted_token.unwrap_or(0.0));
+        }
+        if !self.spec_note.is_empty() {
+            s += &format!("{}\n", self.spec_note);
+        }
         s += &format!(
             "bounds: oracle {:.2} tok/s (Belady hit rate {:.1}%, I/O hidden behind compute) | pure I/O {:.2} ms/token at {:.0} MB/s measured\n",
             self.oracle_tokens_per_s,
@@ -86,16 +113,54 @@ impl LadderReport {
     }
 }
 
-fn decode_all(sess: &mut Session, prompts: &[String], n: usize) -> Result<(usize, f64), Box<dyn std::error::Error>> {
-    let mut toks = 0;
-    let mut ms = 0.0;
+/// A streamed rung's figures: `t` output tokens in `ms`, `loads` experts and `bytes` read while
+/// decoding, cache statistics `s`.
+fn streamed_rung(name: &str, t: usize, ms: f64, s: &crate::expert::stream::StreamStats, io_threads: usize, loads: u64, bytes: u64) -> Rung {
+    Rung {
+        name: name.into(),
+        tokens_per_s: t as f64 / (ms / 1000.0),
+        hit_rate: s.hit_rate(),
+        recall_d1: s.recall(1),
+        precision_d1: s.precision(1),
+        mb_read_per_token: s.bytes_per_token() / 1e6,
+        stall_ms_per_token: s.stall_ms_per_token(),
+        io_busy: s.io_busy_fraction(io_threads),
+        tokens: t,
+        experts_per_token: Some(loads as f64 / t.max(1) as f64),
+        mb_per_accepted_token: Some(bytes as f64 / 1e6 / t.max(1) as f64),
+        ..Default::default()
+    }
+}
+
+/// Expert loads and bytes read so far.
+fn io_counts(ex: &StreamingExperts) -> (u64, u64) {
+    let s = ex.stats();
+    (s.demand_loads + s.prefetch_loads, s.bytes_read)
+}
+
+/// Decode every prompt; returns output tokens, decode ms and, when `ex` is given, the expert loads
+/// and bytes read after each prompt (counted from the first output token, which the prompt's
+/// forward pass produces).
+fn decode_all(sess: &mut Session, prompts: &[String], n: usize, ex: Option<&StreamingExperts>) -> Result<(usize, f64, u64, u64), Box<dyn std::error::Error>> {
+    let (mut toks, mut ms, mut loads, mut bytes) = (0, 0.0, 0, 0);
     for p in prompts {
         let t = sess.tokenize(p);
-        let (_, st) = sess.generate(&t, n, &SamplerConfig::greedy(), true, &mut |_, _| true)?;
+        let mut at_first = None;
+        let (_, st) = sess.generate(&t, n, &SamplerConfig::greedy(), true, &mut |_, _| {
+            if at_first.is_none() {
+                at_first = ex.map(io_counts);
+            }
+            true
+        })?;
+        if let (Some(e), Some((l0, b0))) = (ex, at_first) {
+            let (l1, b1) = io_counts(e);
+            loads += l1 - l0;
+            bytes += b1 - b0;
+        }
         toks += st.gen_tokens;
         ms += st.gen_ms;
     }
-    Ok((toks, ms))
+    Ok((toks, ms, loads, bytes))
 }
 
 fn evict(path: &str) {
@@ -106,13 +171,13 @@ fn evict(path: &str) {
 
 /// Run the ladder. Decode time only (prefill excluded); every streamed rung starts cold (the file
 /// is evicted from the page cache first).
-pub fn run(model: &str, bundle: &str, opts: &StreamOptions, prompts: &[String], n: usize, resident: bool) -> Result<LadderReport, Box<dyn std::error::Error>> {
+pub fn run(model: &str, bundle: &str, opts: &StreamOptions, prompts: &[String], n: usize, resident: bool, spec: &SpecRung) -> Result<LadderReport, Box<dyn std::error::Error>> {
     let mut rep = LadderReport { model: model.into(), store: opts.profile.map(|p| p.name.to_string()).unwrap_or_else(|| if opts.direct { "disk (O_DIRECT)".into() } else { "disk".into() }), budget: opts.budget, ..Default::default() };
     let mut compute_ms_per_tok = None;
     if resident {
         let src = FileSource::open(model)?;
         let mut s = Session::load(&src, ExpertMode::Resident, opts.n_ctx)?;
-        let (t, ms) = decode_all(&mut s, prompts, n)?;
+        let (t, ms, _, _) = decode_all(&mut s, prompts, n, None)?;
         compute_ms_per_tok = Some(ms / t.max(1) as f64);
         rep.rungs.push(Rung { name: "resident".into(), tokens_per_s: t as f64 / (ms / 1000.0), hit_rate: 1.0, tokens: t, ..Default::default() });
     }
@@ -131,7 +196,7 @@ pub fn run(model: &str, bundle: &str, opts: &StreamOptions, prompts: &[String], 
         expert_bytes_max = st.plan.expert_bytes_max;
         rep.slot_fraction = (rep.slots as u64 * st.plan.expert_bytes_max) as f64 / st.plan.total_expert_bytes.max(1) as f64;
         st.experts.reset_stats();
-        let (t, ms) = decode_all(&mut st.session, prompts, n)?;
+        let (t, ms, loads, bytes) = decode_all(&mut st.session, prompts, n, Some(&st.experts))?;
         let s = st.experts.stats();
         if name == "on-demand" {
             route = st.experts.take_route_log();
@@ -148,19 +213,54 @@ pub fn run(model: &str, bundle: &str, opts: &StreamOptions, prompts: &[String], 
                 }
             }
         }
-        rep.rungs.push(Rung {
-            name: name.into(),
-            tokens_per_s: t as f64 / (ms / 1000.0),
-            hit_rate: s.hit_rate(),
-            recall_d1: s.recall(1),
-            precision_d1: s.precision(1),
-            mb_read_per_token: s.bytes_per_token() / 1e6,
-            stall_ms_per_token: s.stall_ms_per_token(),
-            io_busy: s.io_busy_fraction(o.cache.io_threads),
-            tokens: t,
-            ..Default::default()
-        });
+        rep.rungs.push(streamed_rung(name, t, ms, &s, o.cache.io_threads, loads, bytes));
         drop(st);
+    }
+    // + speculative: the bundle rung's settings, decoding through speculative verification. A
+    // draft model's weights and KV cache come out of the same budget (fewer expert slots).
+    {
+        let mut o = opts.clone();
+        o.cache.prefetch = true;
+        let mut draft: Box<dyn Draft> = match &spec.draft_model {
+            Some(p) => {
+                // The target's tokenizer and context size, from the GGUF's metadata.
+                let g = crate::gguf::GgufFile::read(&FileSource::open(model)?)?;
+                let tok = crate::tokenizer::Tokenizer::from_gguf(&g)?;
+                let n_ctx = o.n_ctx.min(crate::model::Config::from_gguf(&g)?.n_ctx_train.max(1));
+                let d = DraftModel::load(&FileSource::open(p)?, &tok, n_ctx)?;
+                let extra = d.bytes + crate::model::KvCache::bytes(d.model.cfg.n_layer, d.kv.n_ctx, d.model.cfg.n_head_kv, d.model.cfg.head_dim) as u64;
+                o.budget = o.budget.saturating_sub(extra);
+                rep.spec_note = format!("+ speculative: draft model {p} (γ {}), its weights + KV ({:.1} MiB) taken from the budget", spec.draft_max.unwrap_or(speculative::DRAFT_MODEL_DRAFT_MAX), extra as f64 / 1048576.0);
+                Box::new(d)
+            }
+            None => {
+                rep.spec_note = format!("+ speculative: prompt lookup (γ {})", spec.draft_max.unwrap_or(speculative::LOOKUP_DRAFT_MAX));
+                Box::new(PromptLookup::default())
+            }
+        };
+        let gamma = spec.draft_max.unwrap_or(if spec.draft_model.is_some() { speculative::DRAFT_MODEL_DRAFT_MAX } else { speculative::LOOKUP_DRAFT_MAX });
+        evict(bundle);
+        let mut st = open_streaming(bundle, &o)?;
+        rep.spec_note += &format!(", {} expert slots", st.experts.config().slots);
+        st.experts.reset_stats();
+        let ex = st.experts.clone();
+        let probe = move || io_counts(&ex);
+        let so = SpecOptions { draft_max: gamma, io: Some(&probe) };
+        let (mut t, mut ms, mut drafted, mut accepted, mut loads, mut bytes) = (0usize, 0.0, 0u64, 0u64, 0u64, 0u64);
+        for p in prompts {
+            let toks = st.session.tokenize(p);
+            let (_, g, sp) = speculative::generate(&mut st.session, Some(&mut *draft), &so, &toks, n, &SamplerConfig::greedy(), true, &mut |_, _| true)?;
+            t += g.gen_tokens;
+            ms += g.gen_ms;
+            drafted += sp.drafted;
+            accepted += sp.accepted;
+            loads += sp.expert_loads.unwrap_or(0);
+            bytes += sp.bytes_read.unwrap_or(0);
+        }
+        let s = st.experts.stats();
+        let mut r = streamed_rung("+ speculative", t, ms, &s, o.cache.io_threads, loads, bytes);
+        r.acceptance_rate = Some(accepted as f64 / drafted.max(1) as f64);
+        rep.rungs.push(r);
     }
     let on_demand = rep.rungs.iter().find(|r| r.name == "on-demand").map(|r| r.tokens_per_s).unwrap_or(1.0);
     for r in &mut rep.rungs {

@@ -3,6 +3,7 @@
 
 pub mod chat;
 pub mod sampling;
+pub mod speculative;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod ladder;
 #[cfg(not(target_arch = "wasm32"))]

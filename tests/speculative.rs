@@ -1,0 +1,318 @@
+//! Speculative decoding is lossless: greedy speculative output equals the same engine's plain
+//! greedy output (the reference) on every committed prompt, with both draft sources, resident and
+//! streamed; speculative sampling draws from the target's distribution (chi-square against the
+//! target's probabilities, with a tolerance computed from the sample size).
+
+mod common;
+use common::*;
+use les::engine::sampling::{Sampler, SamplerConfig};
+use les::engine::speculative::{self, Draft, DraftModel, Proposal, PromptLookup, SpecError, SpecOptions};
+use les::engine::stream::{open_streaming, StreamOptions};
+use les::engine::{EngineError, Session};
+use les::expert::stream::StreamConfig;
+use les::model::{ExpertMode, Logits};
+use les::store::FileSource;
+
+fn prompts() -> Vec<String> {
+    let s = std::fs::read_to_string(root().join("tests/fixtures/prompts.txt")).unwrap();
+    s.lines().filter(|l| !l.trim().is_empty()).map(String::from).collect()
+}
+
+fn session(name: &str) -> Session {
+    let src = FileSource::open(model(name)).unwrap();
+    Session::load(&src, ExpertMode::Resident, 512).unwrap()
+}
+
+fn draft_model(name: &str, target: &Session) -> DraftModel {
+    let src = FileSource::open(model(name)).unwrap();
+    DraftModel::load(&src, &target.tokenizer, 512).unwrap()
+}
+
+fn plain_greedy(s: &mut Session, toks: &[u32], n: usize) -> Vec<u32> {
+    s.generate(toks, n, &SamplerConfig::greedy(), true, &mut |_, _| true).unwrap().0
+}
+
+fn spec_greedy(s: &mut Session, d: &mut dyn Draft, gamma: usize, toks: &[u32], n: usize) -> (Vec<u32>, speculative::SpecStats) {
+    let o = SpecOptions { draft_max: gamma, io: None };
+    let (out, _, st) = speculative::generate(s, Some(d), &o, toks, n, &SamplerConfig::greedy(), true, &mut |_, _| true).unwrap();
+    (out, st)
+}
+
+/// Logits of `toks` fed one token per forward vs all in one `Logits::All` forward after a shared
+/// prefix: every row must be bit-identical (the premise of lossless greedy verification).
+fn batched_equals_single(name: &str) {
+    let mut s = session(name);
+    let prefix = s.tokenize("The capital of France is Paris, and the capital of");
+    let cont: Vec<u32> = s.tokenize(" Germany is Berlin.").into_iter().filter(|&t| Some(t) != s.tokenizer.bos()).collect();
+    s.kv.clear();
+    s.model.forward(&prefix, &mut s.kv, Logits::Last).unwrap();
+    let base = s.kv.len;
+    let mut single = Vec::new();
+    for &t in &cont {
+        single.extend(s.model.forward(&[t], &mut s.kv, Logits::Last).unwrap());
+    }
+    s.kv.truncate(base);
+    let batched = s.model.forward(&cont, &mut s.kv, Logits::All).unwrap();
+    assert_eq!(single.len(), batched.len());
+    let nv = single.len() / cont.len();
+    for r in 0..cont.len() {
+        let (a, b) = (&single[r * nv..(r + 1) * nv], &batched[r * nv..(r + 1) * nv]);
+        let same = a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+        assert!(same, "{name}: row {r} of a {}-token batch differs from its single-token logits", cont.len());
+    }
+    // Rolling back and re-running reproduces the same rows too (the KV truncate is exact).
+    s.kv.truncate(base);
+    let again = s.model.forward(&cont, &mut s.kv, Logits::All).unwrap();
+    assert!(again.iter().zip(&batched).all(|(x, y)| x.to_bits() == y.to_bits()), "{name}: rerun after rollback differs");
+}
+
+#[test]
+fn batched_logits_are_bit_identical_to_single_token_logits() {
+    for m in ["SmolLM2-135M-Instruct.Q4_1.gguf", "rand-llama-moe.gguf", "rand-qwen2moe.gguf", "rand-qwen3moe.gguf", "rand-olmoe.gguf"] {
+        batched_equals_single(m);
+    }
+}
+
+#[test]
+fn greedy_prompt_lookup_equals_plain_greedy_on_every_prompt() {
+    let mut s = session("SmolLM2-135M-Instruct.Q4_1.gguf");
+    let n = 32;
+    let (mut drafted, mut accepted) = (0, 0);
+    for (i, p) in prompts().iter().enumerate() {
+        let toks = s.tokenize(p);
+        let want = plain_greedy(&mut s, &toks, n);
+        // llama.cpp's γ (16) and a short one.
+        for gamma in [speculative::LOOKUP_DRAFT_MAX, 3] {
+            let (got, st) = spec_greedy(&mut s, &mut PromptLookup::default(), gamma, &toks, n);
+            assert_eq!(got, want, "prompt {i} ({p:?}), γ {gamma}: speculative greedy differs from plain greedy");
+            assert_eq!(st.gen_tokens as usize, want.len());
+            drafted += st.drafted;
+            accepted += st.accepted;
+        }
+    }
+    // The test must exercise acceptance and rejection both.
+    assert!(accepted > 0 && accepted < drafted, "drafted {drafted}, accepted {accepted}");
+}
+
+#[test]
+fn greedy_draft_model_equals_plain_greedy_on_every_prompt() {
+    // A random MoE target (SmolLM2's vocabulary) with SmolLM2 drafting: almost every draft is
+    // rejected, so rollback is exercised on every round.
+    let mut t = session("rand-llama-moe.gguf");
+    let mut d = draft_model("SmolLM2-135M-Instruct.Q4_1.gguf", &t);
+    let n = 24;
+    for (i, p) in prompts().iter().enumerate() {
+        let toks = t.tokenize(p);
+        let want = plain_greedy(&mut t, &toks, n);
+        let (got, st) = spec_greedy(&mut t, &mut d, 4, &toks, n);
+        assert_eq!(got, want, "rand-llama-moe, prompt {i} ({p:?}): speculative greedy differs from plain greedy");
+        assert!(st.drafted > 0);
+    }
+    // SmolMoE-32x2 (upcycled from SmolLM2) with SmolLM2 drafting: most drafts are accepted.
+    let mut t = session("smolmoe-32x2.gguf");
+    let mut d = draft_model("SmolLM2-135M-Instruct.Q4_1.gguf", &t);
+    let n = 16;
+    let (mut drafted, mut accepted) = (0, 0);
+    for (i, p) in prompts().iter().enumerate() {
+        let toks = t.tokenize(p);
+        let want = plain_greedy(&mut t, &toks, n);
+        let (got, st) = spec_greedy(&mut t, &mut d, 4, &toks, n);
+        assert_eq!(got, want, "smolmoe-32x2, prompt {i} ({p:?}): speculative greedy differs from plain greedy");
+        drafted += st.drafted;
+        accepted += st.accepted;
+    }
+    assert!(accepted > 0 && accepted < drafted, "drafted {drafted}, accepted {accepted}");
+}
+
+#[test]
+fn draft_model_with_another_vocabulary_is_a_typed_error() {
+    let t = session("rand-llama-moe.gguf");
+    let src = FileSource::open(model("gemma-3-270m-q4_k_m.gguf")).unwrap();
+    match DraftModel::load(&src, &t.tokenizer, 64) {
+        Err(SpecError::VocabMismatch(why)) => assert!(!why.is_empty()),
+        Err(e) => panic!("expected VocabMismatch, got {e}"),
+        Ok(_) => panic!("a draft with another vocabulary was accepted"),
+    }
+}
+
+#[test]
+fn streamed_speculative_equals_resident_plain_greedy() {
+    let path = model("smolmoe-32x2.gguf");
+    let mut r = session("smolmoe-32x2.gguf");
+    let ps = ["The capital of France is", "def fibonacci(n):"];
+    let n = 16;
+    let want: Vec<Vec<u32>> = ps.iter().map(|p| {
+        let t = r.tokenize(p);
+        plain_greedy(&mut r, &t, n)
+    }).collect();
+    drop(r);
+    // ~10% of the experts resident.
+    let opts = StreamOptions { budget: 0, n_ctx: 512, direct: false, profile: None, cache: StreamConfig { prefetch: true, io_threads: 3, ..Default::default() }, slots: Some(96) };
+    let mut st = open_streaming(path.to_str().unwrap(), &opts).unwrap();
+    let mut d = draft_model("SmolLM2-135M-Instruct.Q4_1.gguf", &st.session);
+    let ex = st.experts.clone();
+    let probe = move || {
+        let s = ex.stats();
+        (s.demand_loads + s.prefetch_loads, s.bytes_read)
+    };
+    for (i, p) in ps.iter().enumerate() {
+        let toks = st.session.tokenize(p);
+        for lookup in [false, true] {
+            let o = SpecOptions { draft_max: 4, io: Some(&probe) };
+            let mut pl = PromptLookup::default();
+            let dr: &mut dyn Draft = if lookup { &mut pl } else { &mut d };
+            let (got, _, s) = speculative::generate(&mut st.session, Some(dr), &o, &toks, n, &SamplerConfig::greedy(), true, &mut |_, _| true).unwrap();
+            assert_eq!(got, want[i], "streamed speculative ({}) differs from resident plain greedy on prompt {i}", if lookup { "lookup" } else { "draft model" });
+            assert!(s.bytes_read.unwrap() > 0 && s.expert_loads.unwrap() > 0);
+        }
+    }
+}
+
+/// A deliberately poor draft: proposes tokens drawn from a fixed distribution over a few tokens,
+/// whatever the context (tests acceptance and the residual draw at once).
+struct FixedDraft {
+    q: Vec<f32>,
+    rng: Sampler,
+}
+
+impl Draft for FixedDraft {
+    fn name(&self) -> &'static str {
+        "fixed"
+    }
+    fn propose(&mut self, _ctx: &[u32], max: usize) -> Result<Proposal, EngineError> {
+        let tokens: Vec<u32> = (0..max).map(|_| self.rng.sample_probs(&self.q)).collect();
+        Ok(Proposal { q: Some(vec![self.q.clone(); tokens.len()]), tokens })
+    }
+}
+
+/// Upper quantile of χ²(k) at a one-sided false-alarm rate of about 1e-6 (Wilson–Hilferty).
+fn chi2_critical(k: usize) -> f64 {
+    let k = k as f64;
+    let z = 4.75;
+    k * (1.0 - 2.0 / (9.0 * k) + z * (2.0 / (9.0 * k)).sqrt()).powi(3)
+}
+
+/// Chi-square of `counts` against probabilities `p` over bins (the last bin: everything else).
+fn chi2(counts: &[u64], p: &[f64], n: u64) -> f64 {
+    counts.iter().zip(p).map(|(&c, &pi)| {
+        let e = pi * n as f64;
+        (c as f64 - e).powi(2) / e
+    }).sum()
+}
+
+/// First sampled token over many seeds, speculative vs the target's distribution.
+fn first_token_distribution(cfg: SamplerConfig, draft: &mut dyn FnMut(&Session, &[f32]) -> Box<dyn Draft>, trials: u64) {
+    let mut t = session("rand-llama-moe.gguf");
+    let toks = t.tokenize("Once upon a time");
+    // The target's distribution of the first token (after the sampler's transforms).
+    t.kv.clear();
+    let logits = t.model.forward(&toks, &mut t.kv, Logits::Last).unwrap();
+    let mut s0 = Sampler::new(cfg.clone());
+    for &x in &toks {
+        s0.accept(x);
+    }
+    let p = s0.probs(&logits);
+    // Bins: tokens by descending probability, each bin closed once it holds 1/32 of the mass
+    // (a likely token is a bin of its own); the rest of the vocabulary is the last bin.
+    let mut order: Vec<usize> = (0..p.len()).collect();
+    order.sort_by(|&a, &b| p[b].partial_cmp(&p[a]).unwrap());
+    let mut bin_id = vec![usize::MAX; p.len()];
+    let mut bp: Vec<f64> = vec![0.0];
+    for &i in &order {
+        if p[i] <= 0.0 {
+            break;
+        }
+        if *bp.last().unwrap() >= 1.0 / 32.0 {
+            bp.push(0.0);
+        }
+        bin_id[i] = bp.len() - 1;
+        *bp.last_mut().unwrap() += p[i] as f64;
+    }
+    bp.push(0.0); // tokens the target never picks
+    // Merge a light last bin into its neighbour (expected counts ≥ 20).
+    while bp.len() > 2 && bp[bp.len() - 2] * (trials as f64) < 20.0 {
+        let last = bp.len() - 2;
+        bp[last - 1] += bp[last];
+        bp.remove(last);
+        for b in bin_id.iter_mut() {
+            if *b == last {
+                *b = last - 1;
+            }
+        }
+    }
+    let zero_bin = bp.len() - 1;
+    bp.pop();
+    eprintln!("bins (target mass): {bp:.4?}");
+    assert!(bp.len() >= 2, "too few bins");
+    let bins = bin_id;
+    let bin_of = |tok: u32| bins[tok as usize];
+    let mut d = draft(&t, &p);
+    // The draft's own first-token distribution, binned the same way (the test's power: sampling
+    // from the draft instead of the target must fail it).
+    let q0 = {
+        d.start(&cfg);
+        d.prefill(&toks[..toks.len() - 1]).unwrap();
+        let pr = d.propose(&toks, 1).unwrap();
+        pr.q.map(|q| q[0].clone())
+    };
+    let mut counts = vec![0u64; bp.len()];
+    let mut impossible = 0u64;
+    let (mut drafted, mut accepted) = (0, 0);
+    for seed in 0..trials {
+        let c = SamplerConfig { seed, ..cfg.clone() };
+        let o = SpecOptions { draft_max: 3, io: None };
+        let (out, _, st) = speculative::generate(&mut t, Some(&mut *d), &o, &toks, 2, &c, true, &mut |_, _| true).unwrap();
+        match bin_of(out[0]) {
+            usize::MAX => impossible += 1,
+            b => counts[b] += 1,
+        }
+        drafted += st.drafted;
+        accepted += st.accepted;
+    }
+    assert_eq!(impossible, 0, "tokens of target probability 0 were emitted (bin {zero_bin})");
+    let x2 = chi2(&counts, &bp, trials);
+    let crit = chi2_critical(bp.len() - 1);
+    eprintln!("{} bins, χ² = {x2:.1} (critical {crit:.1}), drafted {drafted}, accepted {accepted}", bp.len());
+    assert!(x2 < crit, "speculative sampling does not follow the target distribution: χ² {x2:.1} ≥ {crit:.1} (counts {counts:?}, p {bp:?})");
+    assert!(accepted > 0 && accepted < drafted, "both branches must run: drafted {drafted}, accepted {accepted}");
+    if let Some(q) = q0 {
+        let mut bq = vec![0f64; bp.len()];
+        for (i, &qi) in q.iter().enumerate() {
+            if bins[i] != usize::MAX {
+                bq[bins[i]] += qi as f64;
+            }
+        }
+        let expect_wrong: f64 = bq.iter().zip(&bp).map(|(&qi, &pi)| (qi - pi).powi(2) / pi * trials as f64).sum();
+        eprintln!("drawing from the draft instead would give χ² ≈ {expect_wrong:.1}");
+        assert!(expect_wrong > 3.0 * crit, "the test cannot tell the draft from the target (expected χ² {expect_wrong:.1})");
+    }
+}
+
+#[test]
+fn speculative_sampling_follows_the_target_distribution_with_a_poor_draft() {
+    // Temperature 1 with llama.cpp's default truncations (top-k 40, top-p 0.95, min-p 0.05); the
+    // draft puts its mass on the target's three likeliest tokens in the wrong proportions and on
+    // two tokens the target never picks.
+    let cfg = SamplerConfig { temperature: 1.0, ..Default::default() };
+    let mut mk = |_: &Session, p: &[f32]| -> Box<dyn Draft> {
+        let mut order: Vec<usize> = (0..p.len()).collect();
+        order.sort_by(|&a, &b| p[b].partial_cmp(&p[a]).unwrap());
+        let mut q = vec![0f32; p.len()];
+        q[order[0]] = 0.1;
+        q[order[1]] = 0.4;
+        q[order[2]] = 0.2;
+        q[order[p.len() - 1]] = 0.15;
+        q[order[p.len() / 2]] = 0.15;
+        Box::new(FixedDraft { q, rng: Sampler::new(SamplerConfig { seed: 99, ..Default::default() }) })
+    };
+    first_token_distribution(cfg, &mut mk, 2000);
+}
+
+#[test]
+fn speculative_sampling_with_a_draft_model_follows_the_target_distribution() {
+    // The draft is another random model with the same vocabulary (its distribution overlaps the
+    // target's by a few percent at temperature 2: rejections dominate, some drafts are accepted).
+    let cfg = SamplerConfig { temperature: 2.0, top_k: 0, top_p: 1.0, min_p: 0.0, ..Default::default() };
+    let mut mk = |t: &Session, _: &[f32]| -> Box<dyn Draft> { Box::new(draft_model("rand-qwen3moe.gguf", t)) };
+    first_token_distribution(cfg, &mut mk, 1500);
+}
