@@ -30,7 +30,11 @@ enum Cmd {
     /// Print a GGUF file's metadata and tensor table.
     Inspect {
         /// GGUF file.
-        path: String,
+        #[arg(required_unless_present = "device")]
+        path: Option<String>,
+        /// Print the GPU adapter wgpu finds: backend, limits and features.
+        #[arg(long)]
+        device: bool,
         /// Print every metadata value in full (default: arrays abbreviated).
         #[arg(long)]
         full: bool,
@@ -59,6 +63,22 @@ struct ModelArgs {
     /// Worker threads (default: all cores).
     #[arg(short = 't', long)]
     threads: Option<usize>,
+    /// Compute backend: cpu, wgpu (WebGPU / Metal / Vulkan / DX12), or auto (a hardware GPU when
+    /// there is one, else the CPU).
+    #[arg(long, default_value = "auto")]
+    backend: les::backend::BackendKind,
+    /// wgpu: expert slots on the GPU (default: every expert, at most 1 GiB).
+    #[arg(long)]
+    gpu_expert_slots: Option<usize>,
+}
+
+impl ModelArgs {
+    /// Move the session to the chosen backend; prints the choice to stderr.
+    fn apply_backend(&self, s: &mut Session) -> Res {
+        let line = s.set_backend(self.backend, &les::backend::wgpu::model::GpuOptions { expert_slots: self.gpu_expert_slots })?;
+        eprintln!("les: {line}");
+        Ok(())
+    }
 }
 
 #[derive(Args, Clone, Default)]
@@ -242,13 +262,26 @@ fn open(m: &ModelArgs) -> Result<Session, Box<dyn std::error::Error>> {
         les::backend::cpu::par::init_threads(t);
     }
     let src = FileSource::open(&m.model)?;
-    Ok(Session::load(&src, ExpertMode::Resident, m.ctx_size)?)
+    let mut s = Session::load(&src, ExpertMode::Resident, m.ctx_size)?;
+    m.apply_backend(&mut s)?;
+    Ok(s)
 }
 
 fn run(cli: Cli) -> Res {
     match cli.cmd {
         Cmd::Run(a) => cmd_run(a),
-        Cmd::Inspect { path, full } => cmd_inspect(&path, full),
+        Cmd::Inspect { path, full, device } => {
+            if device {
+                match les::backend::wgpu::GpuContext::new() {
+                    Ok(c) => println!("{}", c.describe()),
+                    Err(e) => println!("no GPU: {e}"),
+                }
+            }
+            match path {
+                Some(p) => cmd_inspect(&p, full),
+                None => Ok(()),
+            }
+        }
         Cmd::Bench(BenchCmd::Decode { m, n_predict, reps }) => cmd_bench_decode(&m, n_predict, reps),
         Cmd::Pack { input, output } => cmd_pack(&input, &output),
         Cmd::Bench(BenchCmd::Soak { m, s, runs, n_predict }) => cmd_soak(&m, &s, runs, n_predict),
@@ -304,7 +337,8 @@ fn cmd_run(a: RunArgs) -> Res {
                 st.store_kind,
                 a.s.store
             );
-            let les::engine::stream::Streaming { session, experts, .. } = st;
+            let les::engine::stream::Streaming { mut session, experts, .. } = st;
+            a.m.apply_backend(&mut session)?;
             streaming = Some(experts);
             session
         }
@@ -480,6 +514,7 @@ fn cmd_soak(m: &ModelArgs, s: &StreamArgs, runs: usize, n: usize) -> Res {
     }
     let budget = les::engine::stream::parse_bytes(s.memory_budget.as_deref().ok_or("bench soak needs --memory-budget")?)?;
     let mut st = les::engine::stream::open_streaming(&m.model, &s.options(budget, m.ctx_size)?)?;
+    m.apply_backend(&mut st.session)?;
     let prompts = ["The capital of France is", "Once upon a time, in a small village by the sea,", "def fibonacci(n):", "The three primary colors are"];
     let mut first_rss = 0u64;
     let mut max_dev = 0f64;
@@ -546,8 +581,9 @@ fn cmd_bench_decode(m: &ModelArgs, n: usize, reps: usize) -> Res {
     }
     let mean = all.iter().sum::<f64>() / all.len() as f64;
     println!(
-        "les bench decode: model {} | threads {} | {} tokens x {} reps | decode best {:.2} tokens/s, mean {:.2} tokens/s",
+        "les bench decode: model {} | backend {} | threads {} | {} tokens x {} reps | decode best {:.2} tokens/s, mean {:.2} tokens/s",
         m.model,
+        if sess.gpu.is_some() { "wgpu" } else { "cpu" },
         les::backend::cpu::par::n_threads(),
         n,
         all.len(),
