@@ -101,3 +101,101 @@ fn gpu_greedy_equals_cpu_smollm2() {
     let (_, bad, _) = compare("SmolLM2-135M-Instruct.Q4_1.gguf", 8, 32);
     assert_eq!(bad, 0, "SmolLM2: GPU greedy tokens differ from the CPU's");
 }
+
+/// Logits after the prompt and after each continuation token (teacher forced).
+fn logits_seq(s: &mut Session, prompt: &[u32], cont: &[u32]) -> Vec<Vec<f32>> {
+    s.kv.clear();
+    let mut out = vec![s.prefill(prompt).unwrap()];
+    for &t in cont {
+        out.push(s.forward(&[t], Logits::Last).unwrap());
+    }
+    out
+}
+
+/// On the GPU, streamed experts (a CPU cache of 10% / 30% of experts feeding a GPU slot pool of
+/// the same size, prefetch on) give logits bit-identical to every expert resident on the GPU.
+fn gpu_lossless(model_file: &str, n: usize) {
+    use les::engine::stream::{open_streaming, StreamOptions};
+    use les::expert::stream::{Policy, StreamConfig};
+    let path = model(model_file);
+    let src = FileSource::open(&path).unwrap();
+    let mut res = Session::load(&src, ExpertMode::Resident, 256).unwrap();
+    let c = res.model.cfg.clone();
+    let total = c.n_layer * c.n_expert;
+    res.set_backend(BackendKind::Wgpu, &GpuOptions { expert_slots: Some(total) }).unwrap();
+    let prompts = ["The capital of France is", "def fibonacci(n):"];
+    let mut want = Vec::new();
+    let mut seqs = Vec::new();
+    for p in prompts {
+        let toks = res.tokenize(p);
+        let (cont, _) = res.generate(&toks, n, &SamplerConfig::greedy(), true, &mut |_, _| true).unwrap();
+        want.push(logits_seq(&mut res, &toks, &cont));
+        seqs.push((toks, cont));
+    }
+    drop(res);
+    for frac in [0.1, 0.3] {
+        let slots = ((total as f64 * frac).round() as usize).max(c.n_expert_used + 1);
+        let opts = StreamOptions {
+            budget: 0,
+            n_ctx: 256,
+            direct: false,
+            profile: None,
+            cache: StreamConfig { policy: Policy::Lru, prefetch: true, depth: 2, io_threads: 3, ..Default::default() },
+            slots: Some(slots),
+        };
+        let mut st = open_streaming(path.to_str().unwrap(), &opts).unwrap();
+        st.session.set_backend(BackendKind::Wgpu, &GpuOptions { expert_slots: Some(slots) }).unwrap();
+        for (i, (p, cont)) in seqs.iter().enumerate() {
+            let got = logits_seq(&mut st.session, p, cont);
+            for (r, (a, b)) in got.iter().zip(&want[i]).enumerate() {
+                assert!(a == b, "{model_file}: GPU logits differ (prompt {i}, row {r}) at {:.0}% slots", frac * 100.0);
+            }
+        }
+        let gs = st.session.gpu.as_ref().unwrap().stats();
+        assert!(gs.experts.uploads > gs.experts.hits / 100, "the small GPU pool must have reloaded experts");
+        assert!(st.experts.stats().bytes_read > 0, "nothing was streamed");
+        eprintln!("{model_file}: {:.0}% slots: bit-identical on the GPU; {} uploads, {} GPU hits, {} readbacks ({:.2} ms each)", frac * 100.0, gs.experts.uploads, gs.experts.hits, gs.readbacks, gs.readback_ms / gs.readbacks.max(1) as f64);
+    }
+}
+
+#[test]
+fn gpu_streamed_equals_gpu_resident() {
+    if !gpu_available() {
+        return;
+    }
+    for m in ["rand-llama-moe.gguf", "rand-qwen2moe.gguf", "rand-qwen3moe.gguf", "rand-olmoe.gguf"] {
+        gpu_lossless(m, 8);
+    }
+}
+
+#[test]
+fn gpu_device_lost_fails_cleanly_and_a_new_session_works() {
+    if !gpu_available() {
+        return;
+    }
+    let path = model("rand-olmoe.gguf");
+    let src = FileSource::open(&path).unwrap();
+    let mut s = Session::load(&src, ExpertMode::Resident, 64).unwrap();
+    s.set_backend(BackendKind::Wgpu, &GpuOptions::default()).unwrap();
+    let toks = s.tokenize("Hello");
+    let want = s.prefill(&toks).unwrap();
+    s.gpu.as_ref().unwrap().ctx.destroy();
+    s.kv.clear();
+    let err = s.prefill(&toks).expect_err("a destroyed device must fail the forward pass");
+    eprintln!("after device loss: {err}");
+    let mut s2 = Session::load(&src, ExpertMode::Resident, 64).unwrap();
+    s2.set_backend(BackendKind::Wgpu, &GpuOptions::default()).unwrap();
+    assert_eq!(s2.prefill(&toks).unwrap(), want, "a new session after a device loss computes as before");
+}
+
+#[test]
+fn gpu_slot_larger_than_the_binding_limit_is_a_clear_error() {
+    if !gpu_available() {
+        return;
+    }
+    let ctx = les::backend::wgpu::GpuContext::new().unwrap();
+    let too_big = ctx.max_binding() as usize + 4;
+    let err = les::backend::wgpu::experts::GpuExpertPool::new(&ctx, 2, too_big).err().expect("a slot over the limit must be refused");
+    let msg = err.to_string();
+    assert!(msg.contains("limit") && msg.contains(&too_big.to_string()), "{msg}");
+}
