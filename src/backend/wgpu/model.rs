@@ -16,6 +16,19 @@ use crate::model::{route, Config, Ffn, KvCache, Logits, Model, ModelError};
 use crate::quant::{vec_dot_type, GgmlType};
 use std::sync::Arc;
 
+/// `LES_DEBUG_DUMP=1`: print an intermediate's sum in the CPU forward's format (one extra
+/// readback each; a debugging aid only).
+async fn dump(rec: &mut Recorder<'_>, name: &str, il: usize, b: &wgpu::Buffer, n: usize) -> Result<(), GpuError> {
+    use std::sync::OnceLock;
+    static ON: OnceLock<bool> = OnceLock::new();
+    if *ON.get_or_init(|| std::env::var_os("LES_DEBUG_DUMP").is_some()) {
+        let v = rec.readback(&[(b, 0, 4 * n as u64)]).await?.remove(0);
+        let sum: f64 = v.iter().map(|&x| x as f64).sum();
+        eprintln!("{name}-{il}: sum = {sum:.6} first = {:?}", &v[..v.len().min(3)]);
+    }
+    Ok(())
+}
+
 /// Tokens per GPU pass (longer inputs run in chunks).
 pub const GPU_BATCH: usize = 32;
 
@@ -377,6 +390,8 @@ impl GpuModel {
                 self.mm(&mut rec, &l.wo, &mut a, &s.cur, 0, e)?;
             }
             k.add(&mut rec, &s.cur, 0, &s.x, 0, t_n * e, 0);
+            dump(&mut rec, "attn_out", il, &s.cur, t_n * e).await?;
+            dump(&mut rec, "ffn_inp", il, &s.x, t_n * e).await?;
             k.rms_norm(&mut rec, &s.x, 0, &l.ffn_norm, e, t_n, c.rms_eps, Some((&s.cur, 0)));
             match &l.ffn {
                 GpuFfn::Dense { gate, up, down } => {
@@ -438,7 +453,9 @@ impl GpuModel {
                     }
                 }
             }
+            dump(&mut rec, "ffn_out", il, &s.ffo, t_n * e).await?;
             k.add(&mut rec, &s.ffo, 0, &s.x, 0, t_n * e, 0);
+            dump(&mut rec, "l_out", il, &s.x, t_n * e).await?;
         }
         kv.len = pos0 + t_n;
         let mut logits = Vec::new();
