@@ -3,9 +3,28 @@
 #   ./build.sh demo    fetch the default real model and run the main job on it
 #   ./build.sh test    install what the tests need, prepare fixtures, run every test
 #   ./build.sh models  fetch real models and build the MoE test models
+#   ./build.sh ios     (macOS + Xcode) build target/LES.xcframework for iOS, the simulator and macOS
 set -euo pipefail
 cd "$(dirname "$0")"
 cmd=${1:-demo}
+
+as_root() {
+  if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+# lavapipe (Vulkan on the CPU) for the wgpu backend's tests on GPU-less machines.
+need_vulkan() {
+  ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1 && return 0
+  as_root apt-get update -qq && as_root apt-get install -y -qq mesa-vulkan-drivers libvulkan1 >/dev/null
+}
+
+need_targets() {
+  local have
+  have=$(rustup target list --installed 2>/dev/null || true)
+  for t in "$@"; do
+    grep -qx "$t" <<<"$have" || rustup target add "$t"
+  done
+}
 
 need_python_pkgs() {
   python3 -c "import gguf, numpy" 2>/dev/null || python3 -m pip install -q "gguf==0.19.0" numpy
@@ -29,15 +48,35 @@ case "$cmd" in
     ;;
   test)
     need_python_pkgs
-    rustup target list --installed 2>/dev/null | grep -q wasm32-unknown-unknown || rustup target add wasm32-unknown-unknown
+    need_vulkan
+    need_targets wasm32-unknown-unknown aarch64-apple-ios aarch64-apple-darwin
     tools/fetch_models.sh
     tools/build_models.sh smolmoe
     tools/make_tokenizer_refs.sh vocabs
     cargo build --lib --target wasm32-unknown-unknown
+    # Apple: the library (C ABI + wgpu on Metal) type-checks for iOS and macOS (linking needs Xcode).
+    cargo check --lib --no-default-features --target aarch64-apple-ios
+    cargo check --lib --no-default-features --target aarch64-apple-darwin
     cargo test --release
     ;;
+  ios)
+    # Untested on a device here (no macOS machine): builds the static library for each Apple
+    # target and wraps it with the C header into an XCFramework (see docs/apple.md).
+    [ "$(uname)" = Darwin ] || { echo "build.sh ios needs macOS with Xcode" >&2; exit 1; }
+    need_targets aarch64-apple-ios aarch64-apple-ios-sim aarch64-apple-darwin
+    for t in aarch64-apple-ios aarch64-apple-ios-sim aarch64-apple-darwin; do
+      cargo build --release --lib --no-default-features --target "$t"
+    done
+    rm -rf target/LES.xcframework
+    xcodebuild -create-xcframework \
+      -library target/aarch64-apple-ios/release/libles.a -headers include \
+      -library target/aarch64-apple-ios-sim/release/libles.a -headers include \
+      -library target/aarch64-apple-darwin/release/libles.a -headers include \
+      -output target/LES.xcframework
+    echo "built target/LES.xcframework"
+    ;;
   *)
-    echo "usage: ./build.sh demo|test|models" >&2
+    echo "usage: ./build.sh demo|test|models|ios" >&2
     exit 2
     ;;
 esac

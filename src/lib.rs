@@ -11,3 +11,5 @@ pub mod backend;
 pub mod engine;
 pub mod expert;
 pub mod model;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod ffi;
