@@ -590,5 +590,20 @@ fn cmd_bench_decode(m: &ModelArgs, n: usize, reps: usize) -> Res {
         best,
         mean
     );
+    if let Some(g) = &sess.gpu {
+        let st = g.stats();
+        println!(
+            "  wgpu: {} forwards, {:.2} readbacks/forward at {:.3} ms each ({:.1}% of the time), {:.0} dispatches and {:.1} submits per forward, expert slots {} ({} uploads, {} hits)",
+            st.forwards,
+            st.readbacks as f64 / st.forwards.max(1) as f64,
+            st.readback_ms / st.readbacks.max(1) as f64,
+            100.0 * st.readback_ms / (all.iter().map(|t| n as f64 / t * 1000.0).sum::<f64>()).max(1e-9),
+            st.dispatches as f64 / st.forwards.max(1) as f64,
+            st.submits as f64 / st.forwards.max(1) as f64,
+            g.expert_slots(),
+            st.experts.uploads,
+            st.experts.hits
+        );
+    }
     Ok(())
 }

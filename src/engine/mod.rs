@@ -13,8 +13,9 @@ use crate::gguf::{GgufError, GgufFile};
 use crate::model::{ExpertMode, KvCache, Logits, Model, ModelError};
 use crate::store::ByteSource;
 use crate::tokenizer::{Tokenizer, TokenizerError};
-use crate::backend::wgpu::model::{GpuModel, GpuOptions};
-use crate::backend::BackendKind;
+use crate::backend::wgpu::model::GpuModel;
+#[cfg(not(target_arch = "wasm32"))]
+use crate::backend::{wgpu::model::GpuOptions, BackendKind};
 use sampling::{Sampler, SamplerConfig};
 
 #[derive(Debug, thiserror::Error)]
@@ -150,6 +151,7 @@ impl Session {
         Ok(line)
     }
 
+    #[cfg(not(target_arch = "wasm32"))]
     fn use_cpu(&mut self) {
         if self.gpu.take().is_some() {
             self.kv = self.model.new_kv(self.kv.n_ctx);
