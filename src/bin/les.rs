@@ -592,12 +592,13 @@ fn cmd_bench_decode(m: &ModelArgs, n: usize, reps: usize) -> Res {
     );
     if let Some(g) = &sess.gpu {
         let st = g.stats();
+        let sync = g.probe_sync_ms(20)?;
         println!(
-            "  wgpu: {} forwards, {:.2} readbacks/forward at {:.3} ms each ({:.1}% of the time), {:.0} dispatches and {:.1} submits per forward, expert slots {} ({} uploads, {} hits)",
+            "  wgpu: {} forwards, {:.2} readbacks/forward (each waits {:.3} ms for the GPU on average; an idle sync costs {:.3} ms), {:.0} dispatches and {:.1} submits per forward, expert slots {} ({} uploads, {} hits)",
             st.forwards,
             st.readbacks as f64 / st.forwards.max(1) as f64,
             st.readback_ms / st.readbacks.max(1) as f64,
-            100.0 * st.readback_ms / (all.iter().map(|t| n as f64 / t * 1000.0).sum::<f64>()).max(1e-9),
+            sync,
             st.dispatches as f64 / st.forwards.max(1) as f64,
             st.submits as f64 / st.forwards.max(1) as f64,
             g.expert_slots(),

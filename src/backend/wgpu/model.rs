@@ -279,6 +279,19 @@ impl GpuModel {
         s
     }
 
+    /// The cost of one GPU→CPU synchronisation with nothing to wait for: mean ms of `n`
+    /// 4-byte readbacks on an idle queue (the per-MoE-layer price of routing on the CPU).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn probe_sync_ms(&self, n: usize) -> Result<f64, GpuError> {
+        let mut rec = Recorder::new(&self.ctx, &self.s.arena);
+        super::block_on(rec.readback(&[(&self.s.sgate, 0, 4)]))?;
+        let t0 = crate::engine::now_ms();
+        for _ in 0..n.max(1) {
+            super::block_on(rec.readback(&[(&self.s.sgate, 0, 4)]))?;
+        }
+        Ok((crate::engine::now_ms() - t0) / n.max(1) as f64)
+    }
+
     pub fn expert_slots(&self) -> usize {
         self.pool.lock().unwrap().as_ref().map(|p| p.n_slots()).unwrap_or(0)
     }
