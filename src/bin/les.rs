@@ -50,6 +50,31 @@ enum Cmd {
     /// Benchmarks.
     #[command(subcommand)]
     Bench(BenchCmd),
+    /// Quality evaluation.
+    #[command(subcommand)]
+    Eval(EvalCmd),
+}
+
+#[derive(Subcommand)]
+enum EvalCmd {
+    /// Perplexity of a text (llama-perplexity's method: chunks of --chunk tokens, second half of
+    /// each scored), and with --base the mean KL divergence from a base model and top-1 agreement.
+    Ppl {
+        #[command(flatten)]
+        m: ModelArgs,
+        /// Text file to score.
+        #[arg(long)]
+        text: String,
+        /// Tokens per chunk.
+        #[arg(long, default_value_t = 256)]
+        chunk: usize,
+        /// Base model (same tokenizer) for KL(base ‖ model).
+        #[arg(long)]
+        base: Option<String>,
+        /// Write the report as JSON.
+        #[arg(long)]
+        json: Option<String>,
+    },
 }
 
 #[derive(Args, Clone)]
@@ -284,6 +309,23 @@ fn run(cli: Cli) -> Res {
         }
         Cmd::Bench(BenchCmd::Decode { m, n_predict, reps }) => cmd_bench_decode(&m, n_predict, reps),
         Cmd::Pack { input, output } => cmd_pack(&input, &output),
+        Cmd::Eval(EvalCmd::Ppl { m, text, chunk, base, json }) => {
+            let body = std::fs::read_to_string(&text).map_err(|e| format!("{text}: {e}"))?;
+            let mut sess = open(&ModelArgs { ctx_size: m.ctx_size.max(chunk), ..m.clone() })?;
+            let mut b = match &base {
+                Some(p) => Some(open(&ModelArgs { model: p.clone(), ctx_size: m.ctx_size.max(chunk), ..m.clone() })?),
+                None => None,
+            };
+            let r = les::engine::eval::perplexity(&mut sess, b.as_mut(), &body, chunk)?;
+            println!("les eval ppl: model {} | text {text} | {} chunks of {} tokens, {} scored | PPL {:.4} (NLL {:.5} nats/token)", m.model, r.chunks, r.n_ctx, r.scored, r.ppl, r.nll);
+            if let (Some(kl), Some(same), Some(bp)) = (r.kl, r.same_top, r.base_ppl) {
+                println!("  vs base {}: base PPL {:.4} | PPL ratio {:.4} | mean KL {:.6} nats/token | same top-1 {:.2}%", base.as_deref().unwrap_or(""), bp, r.ppl / bp, kl, 100.0 * same);
+            }
+            if let Some(p) = json {
+                std::fs::write(p, serde_json::to_string_pretty(&r)?)?;
+            }
+            Ok(())
+        }
         Cmd::Bench(BenchCmd::Soak { m, s, runs, n_predict }) => cmd_soak(&m, &s, runs, n_predict),
         Cmd::Bench(BenchCmd::Ladder { m, s, bundle, n_predict, n_prompts, prompts, no_resident, draft_model, draft_max }) => {
             if let Some(t) = m.threads {

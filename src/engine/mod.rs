@@ -2,6 +2,7 @@
 //! sampling and chat templates.
 
 pub mod chat;
+pub mod eval;
 pub mod sampling;
 pub mod speculative;
 #[cfg(not(target_arch = "wasm32"))]
