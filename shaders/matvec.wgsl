@@ -12,7 +12,8 @@
 // time with dot4I8Packed; the integer sums are exact, so the order inside a block does not matter.
 //
 // Threads: `tpr` threads per row (a power of two, 1..64, about the number of blocks per row), so
-// a 64-thread workgroup covers 64 / tpr rows.
+// a 64-thread workgroup covers 64 / tpr rows. The entry point (and its reduction of the per-thread
+// partial sums) comes from matvec_tree.wgsl, or matvec_subgroup.wgsl on adapters with subgroups.
 
 struct Params {
     rows: u32,
@@ -60,33 +61,3 @@ fn au16(o: u32) -> u32 { return ab(o) | (ab(o + 1u) << 8u); }
 fn ai16(o: u32) -> i32 { return (i32(au16(o)) << 16u) >> 16u; }
 fn af16(o: u32) -> f32 { return f16_bits_to_f32(au16(o)); }
 fn af32(o: u32) -> f32 { return bitcast<f32>(au16(o) | (au16(o + 2u) << 16u)); }
-
-const WG: u32 = 64u;
-var<workgroup> partial: array<f32, 64>;
-
-@compute @workgroup_size(64)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let tpr = P.tpr;
-    let row = (wid.x + wid.y * P.grid_x) * (WG / tpr) + lid / tpr;
-    let lane = lid % tpr;
-    let t = wid.z;
-    var acc = 0.0;
-    if (row < P.rows) {
-        let wbase = P.w_off + row * P.w_row_bytes;
-        let abase = P.a_off + t * P.a_row_bytes;
-        for (var b = lane; b < P.n_blocks; b = b + tpr) {
-            acc = acc + block_dot(wbase + b * WB, abase + b * AB);
-        }
-    }
-    partial[lid] = acc;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s = s >> 1u) {
-        if (s < tpr && lane < s) {
-            partial[lid] = partial[lid] + partial[lid + s];
-        }
-        workgroupBarrier();
-    }
-    if (lane == 0u && row < P.rows) {
-        Y[P.y_off + t * P.y_stride + row] = partial[lid];
-    }
-}

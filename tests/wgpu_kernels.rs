@@ -137,6 +137,31 @@ fn matvec_every_type_matches_cpu() {
     eprintln!("max relative |gpu - cpu| per type: {}", done.join(", "));
 }
 
+/// The matvec reductions real GPUs use (several threads per row: shared-memory tree, and
+/// subgroupAdd where the adapter has subgroups) against the CPU, forced on this adapter.
+#[test]
+fn matvec_reduction_variants_match_cpu() {
+    let Some(g0) = gpu() else { return };
+    let x = f32s("act_x.f32");
+    for (tpr, subgroups) in [(8, false), (64, false), (64, true)] {
+        if subgroups && !g0.ctx.device.features().contains(wgpu::Features::SUBGROUP) {
+            eprintln!("adapter without subgroups: skipping that variant");
+            continue;
+        }
+        let ctx = GpuContext::new().unwrap();
+        let mut k = Kernels::new(&ctx);
+        k.max_tpr = tpr;
+        k.use_subgroups = subgroups;
+        let g = Gpu { ctx, k };
+        let arena = Recorder::arena_buffer(&g.ctx);
+        for ty in [GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4K, GgmlType::Q6K, GgmlType::F16, GgmlType::F32] {
+            let w = fixture(&format!("weights_{}.bin", ty.name()));
+            let worst = check_matvec(&g, &arena, "variant", ty, &w, 512, 2, &x, 4);
+            eprintln!("tpr {tpr} subgroups {subgroups} {}: {worst:.1e}", ty.name());
+        }
+    }
+}
+
 #[test]
 fn matvec_real_smollm2_tensors_match_cpu() {
     let Some(g) = gpu() else { return };

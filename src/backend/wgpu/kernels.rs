@@ -10,6 +10,8 @@ use std::sync::Mutex;
 
 const COMMON: &str = include_str!("../../../shaders/common.wgsl");
 const MATVEC: &str = include_str!("../../../shaders/matvec.wgsl");
+const MATVEC_TREE: &str = include_str!("../../../shaders/matvec_tree.wgsl");
+const MATVEC_SUBGROUP: &str = include_str!("../../../shaders/matvec_subgroup.wgsl");
 const K4: &str = include_str!("../../../shaders/quant/k4.wgsl");
 const LUT: &str = include_str!("../../../shaders/quant/lut.wgsl");
 const ACT_QUANT: &str = include_str!("../../../shaders/act_quant.wgsl");
@@ -115,7 +117,7 @@ pub type Buf<'a> = &'a wgpu::Buffer;
 /// All pipelines of the backend. Matvec pipelines are compiled on first use per weight type.
 pub struct Kernels {
     matvec_layout: wgpu::BindGroupLayout,
-    matvec: Mutex<HashMap<GgmlType, std::sync::Arc<wgpu::ComputePipeline>>>,
+    matvec: Mutex<HashMap<(GgmlType, bool), std::sync::Arc<wgpu::ComputePipeline>>>,
     act: Kernel,
     norm: Kernel,
     rope: Kernel,
@@ -127,6 +129,9 @@ pub struct Kernels {
     pub dummy2: wgpu::Buffer,
     /// Most threads per matvec row (see matvec.wgsl).
     pub max_tpr: usize,
+    /// Reduce rows with subgroupAdd when a row has the whole workgroup (the device has the
+    /// `subgroups` feature and subgroups of at most 64 lanes).
+    pub use_subgroups: bool,
 }
 
 fn bytes_of(words: &[u32]) -> Vec<u8> {
@@ -158,7 +163,7 @@ impl Kernels {
         let ew = Kernel::new(ctx, "elementwise", ELEMENTWISE, &[Read, Read, ReadWrite, Read, Uniform], &["add", "swiglu", "gather", "scatter", "combine", "gate_add"]);
         let matvec_layout = bind_layout(ctx, "matvec", &[Read, Read, ReadWrite, Uniform]);
         let mk = |l| ctx.device.create_buffer(&wgpu::BufferDescriptor { label: Some(l), size: 256, usage: wgpu::BufferUsages::STORAGE, mapped_at_creation: false });
-        Self { matvec_layout, matvec: Mutex::new(HashMap::new()), act, norm, rope, kv, attn, ew, dummy: mk("dummy"), dummy2: mk("dummy2"), max_tpr: Self::default_tpr(ctx) }
+        Self { matvec_layout, matvec: Mutex::new(HashMap::new()), act, norm, rope, kv, attn, ew, dummy: mk("dummy"), dummy2: mk("dummy2"), max_tpr: Self::default_tpr(ctx), use_subgroups: ctx.device.features().contains(wgpu::Features::SUBGROUP) && ctx.info.subgroup_min_size >= 1 && ctx.info.subgroup_max_size <= 64 }
     }
 
     /// Threads per matvec row: a software rasterizer (lavapipe, SwiftShader) runs a workgroup's
@@ -175,16 +180,14 @@ impl Kernels {
         }
     }
 
-    fn matvec_pipeline(&self, ctx: &GpuContext, ty: GgmlType) -> Result<std::sync::Arc<wgpu::ComputePipeline>, GpuError> {
+    fn matvec_pipeline(&self, ctx: &GpuContext, ty: GgmlType, subgroup: bool) -> Result<std::sync::Arc<wgpu::ComputePipeline>, GpuError> {
         let mut m = self.matvec.lock().unwrap();
-        if let Some(p) = m.get(&ty) {
+        if let Some(p) = m.get(&(ty, subgroup)) {
             return Ok(p.clone());
         }
         let q = quant_source(ty).ok_or(GpuError::Unsupported(ty.name()))?;
-        let module = ctx.device.create_shader_module(wgpu::ShaderModuleDescriptor {
-            label: Some("matvec"),
-            source: wgpu::ShaderSource::Wgsl(format!("{COMMON}\n{MATVEC}\n{q}").into()),
-        });
+        let src = if subgroup { format!("{COMMON}\n{MATVEC}\n{MATVEC_SUBGROUP}\n{q}") } else { format!("{COMMON}\n{MATVEC}\n{MATVEC_TREE}\n{q}") };
+        let module = ctx.device.create_shader_module(wgpu::ShaderModuleDescriptor { label: Some("matvec"), source: wgpu::ShaderSource::Wgsl(src.into()) });
         let pl = ctx.device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor { label: Some("matvec"), bind_group_layouts: &[Some(&self.matvec_layout)], immediate_size: 0 });
         let p = std::sync::Arc::new(ctx.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: Some(ty.name()),
@@ -194,7 +197,7 @@ impl Kernels {
             compilation_options: Default::default(),
             cache: None,
         }));
-        m.insert(ty, p.clone());
+        m.insert((ty, subgroup), p.clone());
         Ok(p)
     }
 
@@ -208,7 +211,6 @@ impl Kernels {
     /// vec_dot_type (see [`Self::quant_act`]).
     #[allow(clippy::too_many_arguments)]
     pub fn matvec(&self, rec: &mut Recorder<'_>, ty: GgmlType, cols: usize, rows: usize, w: Buf, w_off: u64, a: Buf, a_off: u64, y: Buf, y_off: usize, y_stride: usize, n_tok: usize) -> Result<(), GpuError> {
-        let p = self.matvec_pipeline(rec.ctx, ty)?;
         let float = matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);
         if float && cols % 4 != 0 {
             return Err(GpuError::Validation(format!("{} matvec needs a multiple of 4 columns, got {cols}", ty.name())));
@@ -217,6 +219,7 @@ impl Kernels {
         let n_blocks = if float { cols / 4 } else { cols / ty.block_size() };
         let tpr = n_blocks.next_power_of_two().clamp(1, self.max_tpr);
         let groups = rows.div_ceil(64 / tpr);
+        let p = self.matvec_pipeline(rec.ctx, ty, self.use_subgroups && tpr == 64)?;
         let w_row = ty.row_bytes(cols as u64).unwrap_or(0) as u32;
         let a_row = vec_dot_type(ty).row_bytes(cols as u64).unwrap_or(0) as u32;
         let grid_x = groups.min(65535);

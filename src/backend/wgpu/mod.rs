@@ -61,7 +61,8 @@ impl GpuContext {
         let (device, queue) = adapter
             .request_device(&wgpu::DeviceDescriptor {
                 label: Some("les"),
-                required_features: wgpu::Features::empty(),
+                // Optional features the kernels use when present.
+                required_features: features & (wgpu::Features::SUBGROUP | wgpu::Features::SHADER_F16),
                 required_limits: limits.clone(),
                 ..Default::default()
             })
@@ -168,11 +169,18 @@ pub(crate) fn pad4(n: usize) -> usize {
     (n + 3) & !3
 }
 
-/// `queue.write_buffer` with the data zero-padded to a multiple of 4 bytes.
+/// Bytes per `write_buffer` call: uploads go through wgpu's staging memory in pieces of this size,
+/// so no upload ever needs a staging buffer as large as a tensor or an expert.
+pub const UPLOAD_CHUNK: usize = 1 << 20;
+
+/// `queue.write_buffer` in [`UPLOAD_CHUNK`] pieces, the data zero-padded to a multiple of 4 bytes.
 pub(crate) fn write_padded(queue: &wgpu::Queue, buf: &wgpu::Buffer, offset: u64, data: &[u8]) {
     let whole = data.len() & !3;
-    if whole > 0 {
-        queue.write_buffer(buf, offset, &data[..whole]);
+    let mut at = 0;
+    while at < whole {
+        let n = UPLOAD_CHUNK.min(whole - at);
+        queue.write_buffer(buf, offset + at as u64, &data[at..at + n]);
+        at += n;
     }
     if whole < data.len() {
         let mut tail = [0u8; 4];
