@@ -139,6 +139,14 @@ pub trait ExpertSource: Send + Sync {
     /// `f(i, block)` exactly once for every `i in 0..ids.len()`, in any order (typically resident
     /// experts first, then misses as their bytes arrive).
     fn with_experts(&self, layer: usize, ids: &[u32], f: &mut dyn FnMut(usize, &ExpertBlock)) -> Result<(), ExpertError>;
+    /// As [`Self::with_experts`], but the caller already holds the experts for which `held`
+    /// returns true (a GPU slot pool in front of this source): they count as hits and are not
+    /// loaded or handed over; `f` is called only for the others (with their index in `ids`).
+    fn with_experts_except(&self, layer: usize, ids: &[u32], held: &dyn Fn(u32) -> bool, f: &mut dyn FnMut(usize, &ExpertBlock)) -> Result<(), ExpertError> {
+        let rest: Vec<usize> = (0..ids.len()).filter(|&i| !held(ids[i])).collect();
+        let sub: Vec<u32> = rest.iter().map(|&i| ids[i]).collect();
+        self.with_experts(layer, &sub, &mut |ui, b| f(rest[ui], b))
+    }
     /// Lookahead hook: the input of layer `layer`'s FFN (after its norm) is known. Schedulers use
     /// it to predict and prefetch later layers' experts; the default does nothing.
     fn on_hidden(&self, _layer: usize, _h: &[f32], _n_tok: usize) {}

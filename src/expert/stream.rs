@@ -583,6 +583,10 @@ impl ExpertSource for StreamingExperts {
     }
 
     fn with_experts(&self, layer: usize, ids: &[u32], f: &mut dyn FnMut(usize, &ExpertBlock)) -> Result<(), ExpertError> {
+        self.with_experts_except(layer, ids, &|_| false, f)
+    }
+
+    fn with_experts_except(&self, layer: usize, ids: &[u32], held: &dyn Fn(u32) -> bool, f: &mut dyn FnMut(usize, &ExpertBlock)) -> Result<(), ExpertError> {
         let sh = &self.sh;
         let keys: Vec<(usize, usize)> = ids.iter().map(|&e| (layer, e as usize)).collect();
         for &(_, e) in &keys {
@@ -627,6 +631,11 @@ impl ExpertSource for StreamingExperts {
             g.last_route[layer] = keys.iter().map(|k| k.1).collect();
             g.route_log.extend(keys.iter().map(|k| (k.0 as u32, k.1 as u32)));
             for (i, &key) in keys.iter().enumerate() {
+                if held(key.1 as u32) {
+                    // Held by the consumer (a GPU slot): a hit that needs no bytes from here.
+                    g.stats.layers[layer].hits += 1;
+                    continue;
+                }
                 match g.map.get(&key).copied() {
                     Some(s) => {
                         g.slots[s].pins += 1;

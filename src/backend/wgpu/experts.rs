@@ -27,8 +27,11 @@ impl SlotLayout {
     }
 
     pub fn of(blk: &ExpertBlock) -> (Self, usize) {
-        let (g, u, d) = (blk.gate().data.len(), blk.up().data.len(), blk.down().data.len());
-        (Self { gate: 0, up: pad4(g) as u64, down: (pad4(g) + pad4(u)) as u64 }, pad4(g) + pad4(u) + pad4(d))
+        (Self::of_layout(&blk.layout), Self::bytes_for(&blk.layout))
+    }
+
+    pub fn of_layout(l: &crate::expert::ExpertLayout) -> Self {
+        Self { gate: 0, up: pad4(l.gate_bytes) as u64, down: (pad4(l.gate_bytes) + pad4(l.up_bytes)) as u64 }
     }
 }
 
@@ -45,6 +48,8 @@ pub struct GpuExpertPool {
     slot_bytes: usize,
     slots: Vec<wgpu::Buffer>,
     owner: Vec<Option<(usize, usize)>>,
+    /// Shapes and types of the expert each slot holds.
+    layouts: Vec<Option<crate::expert::ExpertLayout>>,
     map: HashMap<(usize, usize), usize>,
     last_use: Vec<u64>,
     /// `rec.submits` value when the slot was last used (busy while equal to the current value).
@@ -75,6 +80,7 @@ impl GpuExpertPool {
             slot_bytes,
             slots,
             owner: vec![None; n_slots],
+            layouts: vec![None; n_slots],
             map: HashMap::new(),
             last_use: vec![0; n_slots],
             used_in: vec![None; n_slots],
@@ -93,6 +99,21 @@ impl GpuExpertPool {
 
     pub fn buffer(&self, slot: usize) -> &wgpu::Buffer {
         &self.slots[slot]
+    }
+
+    /// Whether expert `ex` of `layer` is in a slot.
+    pub fn holds(&self, layer: usize, ex: usize) -> bool {
+        self.map.contains_key(&(layer, ex))
+    }
+
+    /// The slot holding expert `ex` of `layer` and its layout, marking it used (a hit).
+    pub fn hit(&mut self, rec: &Recorder<'_>, layer: usize, ex: usize) -> Option<(usize, crate::expert::ExpertLayout)> {
+        let s = *self.map.get(&(layer, ex))?;
+        self.tick += 1;
+        self.stats.hits += 1;
+        self.last_use[s] = self.tick;
+        self.used_in[s] = Some(rec.submits);
+        Some((s, self.layouts[s].clone()?))
     }
 
     /// The slot holding expert `ex` of `layer`, uploading `blk` into a free or least recently
@@ -129,6 +150,7 @@ impl GpuExpertPool {
         write_padded(q, &self.slots[s], lay.up, blk.up().data);
         write_padded(q, &self.slots[s], lay.down, blk.down().data);
         self.owner[s] = Some((layer, ex));
+        self.layouts[s] = Some(blk.layout.clone());
         self.map.insert((layer, ex), s);
         self.last_use[s] = self.tick;
         self.used_in[s] = Some(rec.submits);

@@ -434,8 +434,18 @@ impl GpuModel {
                     }
                     let mut pool_g = self.pool.lock().unwrap();
                     let pool = pool_g.as_mut().ok_or(GpuError::Validation("no expert pool".into()))?;
+                    // Experts already in GPU slots run first; the expert source is asked only for
+                    // the others (it counts the held ones as hits and keeps predicting).
+                    let held: Vec<bool> = union.iter().map(|&ex| pool.holds(il, ex as usize)).collect();
+                    for (ui, &ex) in union.iter().enumerate() {
+                        if held[ui] {
+                            let (slot, lay) = pool.hit(&rec, il, ex as usize).ok_or(GpuError::Validation("slot vanished".into()))?;
+                            self.run_expert(&mut rec, pool, slot, &lay, ex, &sel, &wts, t_n, kk)?;
+                        }
+                    }
                     let mut err: Option<ModelError> = None;
-                    experts.with_experts(il, &union, &mut |ui, blk| {
+                    let held_fn = |ex: u32| union.iter().position(|&u| u == ex).is_some_and(|i| held[i]);
+                    experts.with_experts_except(il, &union, &held_fn, &mut |ui, blk| {
                         if err.is_some() {
                             return;
                         }
@@ -444,7 +454,8 @@ impl GpuModel {
                             err = Some(crate::expert::ExpertError::Invalid { layer: il, expert: ex as usize, why: "expert shape does not match n_embd".into() }.into());
                             return;
                         }
-                        if let Err(er) = self.run_expert(&mut rec, pool, il, ex, blk, &sel, &wts, t_n, kk) {
+                        let r = pool.ensure(&mut rec, il, ex as usize, blk).and_then(|slot| self.run_expert(&mut rec, pool, slot, &blk.layout, ex, &sel, &wts, t_n, kk));
+                        if let Err(er) = r {
                             err = Some(er.into());
                         }
                     })?;
@@ -511,14 +522,13 @@ impl GpuModel {
         self.mm(rec, down, &mut a, y, 0, e)
     }
 
-    /// One routed expert: gather its tokens' rows, SwiGLU FFN from its slot, scatter the outputs
-    /// times the router weights into their (token, rank) rows of `per`.
+    /// One routed expert (in GPU slot `slot`): gather its tokens' rows, SwiGLU FFN from the slot,
+    /// scatter the outputs times the router weights into their (token, rank) rows of `per`.
     #[allow(clippy::too_many_arguments)]
-    fn run_expert(&self, rec: &mut Recorder<'_>, pool: &mut GpuExpertPool, il: usize, ex: u32, blk: &crate::expert::ExpertBlock, sel: &[u32], wts: &[f32], t_n: usize, kk: usize) -> Result<(), GpuError> {
+    fn run_expert(&self, rec: &mut Recorder<'_>, pool: &GpuExpertPool, slot: usize, layout: &crate::expert::ExpertLayout, ex: u32, sel: &[u32], wts: &[f32], t_n: usize, kk: usize) -> Result<(), GpuError> {
         let s = &self.s;
         let e = self.cfg.n_embd;
-        let slot = pool.ensure(rec, il, ex as usize, blk)?;
-        let (lay, _) = SlotLayout::of(blk);
+        let lay = SlotLayout::of_layout(layout);
         let buf = pool.buffer(slot);
         let slots: Vec<u32> = (0..t_n * kk).filter(|&i| sel[i] == ex).map(|i| i as u32).collect();
         let toks: Vec<u32> = slots.iter().map(|&i| i / kk as u32).collect();
@@ -530,17 +540,16 @@ impl GpuModel {
             self.k.gather(rec, &s.cur, &s.xin, e, &toks);
             &s.xin
         };
-        let (g, u, d) = (blk.gate(), blk.up(), blk.down());
-        let ff = g.rows;
+        let ff = layout.n_ff;
         let mut a = ActIn::new(xin, 0, e, n);
-        let (ab, ao) = self.act_for(rec, g.ty, &mut a)?;
-        self.k.matvec(rec, g.ty, e, ff, buf, lay.gate, ab, ao, &s.g, 0, ff, n)?;
-        let (ab, ao) = self.act_for(rec, u.ty, &mut a)?;
-        self.k.matvec(rec, u.ty, e, ff, buf, lay.up, ab, ao, &s.u, 0, ff, n)?;
+        let (ab, ao) = self.act_for(rec, layout.gate_ty, &mut a)?;
+        self.k.matvec(rec, layout.gate_ty, e, ff, buf, lay.gate, ab, ao, &s.g, 0, ff, n)?;
+        let (ab, ao) = self.act_for(rec, layout.up_ty, &mut a)?;
+        self.k.matvec(rec, layout.up_ty, e, ff, buf, lay.up, ab, ao, &s.u, 0, ff, n)?;
         self.k.swiglu(rec, &s.g, &s.u, &s.h, n * ff);
         let mut a = ActIn::new(&s.h, 0, ff, n);
-        let (ab, ao) = self.act_for(rec, d.ty, &mut a)?;
-        self.k.matvec(rec, d.ty, ff, e, buf, lay.down, ab, ao, &s.ye, 0, e, n)?;
+        let (ab, ao) = self.act_for(rec, layout.down_ty, &mut a)?;
+        self.k.matvec(rec, layout.down_ty, ff, e, buf, lay.down, ab, ao, &s.ye, 0, e, n)?;
         self.k.scatter(rec, &s.ye, &s.per, e, &slots, &w);
         Ok(())
     }
