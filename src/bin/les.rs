@@ -92,15 +92,21 @@ struct ModelArgs {
     /// there is one, else the CPU).
     #[arg(long, default_value = "auto")]
     backend: les::backend::BackendKind,
-    /// wgpu: expert slots on the GPU (default: every expert, at most 1 GiB).
+    /// wgpu: expert slots on the GPU (default: as many as the memory budget's expert cache, else
+    /// every expert up to 1 GiB).
     #[arg(long)]
     gpu_expert_slots: Option<usize>,
 }
 
 impl ModelArgs {
-    /// Move the session to the chosen backend; prints the choice to stderr.
+    /// Move the session to the chosen backend; prints the choice to stderr. `budget_slots`: the
+    /// expert slots a memory budget allows, the GPU pool's default size under a budget.
     fn apply_backend(&self, s: &mut Session) -> Res {
-        let line = s.set_backend(self.backend, &les::backend::wgpu::model::GpuOptions { expert_slots: self.gpu_expert_slots })?;
+        self.apply_backend_with(s, None)
+    }
+
+    fn apply_backend_with(&self, s: &mut Session, budget_slots: Option<usize>) -> Res {
+        let line = s.set_backend(self.backend, &les::backend::wgpu::model::GpuOptions { expert_slots: self.gpu_expert_slots.or(budget_slots) })?;
         eprintln!("les: {line}");
         Ok(())
     }
@@ -380,7 +386,7 @@ fn cmd_run(a: RunArgs) -> Res {
                 a.s.store
             );
             let les::engine::stream::Streaming { mut session, experts, .. } = st;
-            a.m.apply_backend(&mut session)?;
+            a.m.apply_backend_with(&mut session, Some(experts.config().slots))?;
             streaming = Some(experts);
             session
         }

@@ -147,9 +147,17 @@ pub trait ExpertSource: Send + Sync {
         let sub: Vec<u32> = rest.iter().map(|&i| ids[i]).collect();
         self.with_experts(layer, &sub, &mut |ui, b| f(rest[ui], b))
     }
+    /// A consumer with its own expert store in front of this source (a GPU slot pool) says which
+    /// experts it holds, so prefetching skips them. The default ignores it.
+    fn set_holder(&self, _holder: Arc<dyn ExpertHolder>) {}
     /// Lookahead hook: the input of layer `layer`'s FFN (after its norm) is known. Schedulers use
     /// it to predict and prefetch later layers' experts; the default does nothing.
     fn on_hidden(&self, _layer: usize, _h: &[f32], _n_tok: usize) {}
+}
+
+/// Which experts a consumer already holds (see [`ExpertSource::set_holder`]).
+pub trait ExpertHolder: Send + Sync {
+    fn holds(&self, layer: usize, expert: usize) -> bool;
 }
 
 /// Every expert resident in memory (the reference run).

@@ -220,6 +220,8 @@ pub struct StreamingExperts {
     /// Per-layer FFN norm weights (`ffn_norm`), to re-weight layer l's normed hidden state as
     /// layer l+d's norm would before applying l+d's router. Empty: use the state as it is.
     ffn_norms: Vec<Vec<f32>>,
+    /// Experts a consumer (GPU slots) holds: never prefetched.
+    holder: std::sync::RwLock<Option<Arc<dyn super::ExpertHolder>>>,
 }
 
 impl StreamingExperts {
@@ -261,7 +263,7 @@ impl StreamingExperts {
                 std::thread::Builder::new().name(format!("les-io-{w}")).spawn(move || io_worker(sh, w)).expect("spawn I/O worker")
             })
             .collect();
-        let s = Self { sh, workers, routers, n_expert, n_used, hidden: Mutex::new(Vec::new()), ffn_norms: Vec::new() };
+        let s = Self { sh, workers, routers, n_expert, n_used, hidden: Mutex::new(Vec::new()), ffn_norms: Vec::new(), holder: std::sync::RwLock::new(None) };
         s.load_pinned();
         s
     }
@@ -337,6 +339,7 @@ impl StreamingExperts {
             };
             plans.push((l2, d, self.predict(l2, &hp)));
         }
+        let holder = self.holder.read().unwrap().clone();
         let mut g = sh.inner.lock().unwrap();
         let mut protect: HashSet<(usize, usize)> = HashSet::new();
         for (l2, _, p) in &plans {
@@ -353,7 +356,7 @@ impl StreamingExperts {
             }
             for e in p {
                 let key = (l2, e);
-                if g.map.contains_key(&key) {
+                if g.map.contains_key(&key) || holder.as_ref().is_some_and(|h| h.holds(l2, e)) {
                     continue;
                 }
                 match g.victim(sh.cfg.policy, &protect) {
@@ -584,6 +587,10 @@ impl ExpertSource for StreamingExperts {
 
     fn with_experts(&self, layer: usize, ids: &[u32], f: &mut dyn FnMut(usize, &ExpertBlock)) -> Result<(), ExpertError> {
         self.with_experts_except(layer, ids, &|_| false, f)
+    }
+
+    fn set_holder(&self, holder: Arc<dyn super::ExpertHolder>) {
+        *self.holder.write().unwrap() = Some(holder);
     }
 
     fn with_experts_except(&self, layer: usize, ids: &[u32], held: &dyn Fn(u32) -> bool, f: &mut dyn FnMut(usize, &ExpertBlock)) -> Result<(), ExpertError> {

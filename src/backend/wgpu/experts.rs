@@ -44,7 +44,20 @@ pub struct PoolStats {
     pub forced_submits: u64,
 }
 
+/// The set of (layer, expert) in GPU slots, shared with the expert source so it does not prefetch
+/// what the GPU already holds.
+#[derive(Default)]
+pub struct HeldSet(std::sync::RwLock<std::collections::HashSet<(usize, usize)>>);
+
+impl crate::expert::ExpertHolder for HeldSet {
+    fn holds(&self, layer: usize, expert: usize) -> bool {
+        self.0.read().unwrap().contains(&(layer, expert))
+    }
+}
+
 pub struct GpuExpertPool {
+    /// Mirror of `map`'s keys for the expert source.
+    pub held: std::sync::Arc<HeldSet>,
     slot_bytes: usize,
     slots: Vec<wgpu::Buffer>,
     owner: Vec<Option<(usize, usize)>>,
@@ -77,6 +90,7 @@ impl GpuExpertPool {
             })
             .collect();
         Ok(Self {
+            held: Default::default(),
             slot_bytes,
             slots,
             owner: vec![None; n_slots],
@@ -143,6 +157,7 @@ impl GpuExpertPool {
         };
         if let Some(old) = self.owner[s].take() {
             self.map.remove(&old);
+            self.held.0.write().unwrap().remove(&old);
         }
         let (lay, _) = SlotLayout::of(blk);
         let q = &rec.ctx.queue;
@@ -152,6 +167,7 @@ impl GpuExpertPool {
         self.owner[s] = Some((layer, ex));
         self.layouts[s] = Some(blk.layout.clone());
         self.map.insert((layer, ex), s);
+        self.held.0.write().unwrap().insert((layer, ex));
         self.last_use[s] = self.tick;
         self.used_in[s] = Some(rec.submits);
         self.stats.uploads += 1;

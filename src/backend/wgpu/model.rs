@@ -260,7 +260,9 @@ impl GpuModel {
             let slot_bytes = (0..c.n_layer).map(|l| SlotLayout::bytes_for(src.layout(l))).max().unwrap_or(0);
             let all = c.n_layer * c.n_expert;
             let n = opts.expert_slots.unwrap_or_else(|| all.min(((1usize << 30) / slot_bytes.max(1)).max(c.n_expert_used * 2)));
-            Some(GpuExpertPool::new(g, n.min(all), slot_bytes)?)
+            let pool = GpuExpertPool::new(g, n.min(all), slot_bytes)?;
+            src.set_holder(pool.held.clone());
+            Some(pool)
         } else {
             None
         };
