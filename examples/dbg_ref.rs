@@ -24,23 +24,4 @@ fn main() {
         println!("row {i}: max d {md:.4}  top {} ref {} ours {}", t0[0], t0[1], logits[t0[0].as_u64().unwrap() as usize]);
         if i < gen.len() { logits = s.model.forward(&[gen[i]], &mut s.kv, Logits::Last).unwrap(); }
     }
-    return;
-    // Also: full logits at last prompt position from the bin file
-    let bin = std::fs::read("tests/fixtures/refs/SmolLM2-135M-Instruct.Q4_1.logits.bin").unwrap();
-    let n = 49152;
-    let r: Vec<f32> = bin[..n*4].chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
-    s.kv.clear();
-    let l = s.model.forward(&toks, &mut s.kv, Logits::Last).unwrap();
-    let mut diffs: Vec<f32> = l.iter().zip(&r).map(|(a,b)| a-b).collect();
-    let mean = diffs.iter().sum::<f32>()/n as f32;
-    let maxd = diffs.iter().fold(0f32, |m, d| m.max(d.abs()));
-    diffs.sort_by(|a,b| a.partial_cmp(b).unwrap());
-    println!("full row: mean diff {mean} max {maxd} median {}", diffs[n/2]);
-    // one-token at a time prompt
-    s.kv.clear();
-    let mut l2 = vec![];
-    for &t in &toks { l2 = s.model.forward(&[t], &mut s.kv, Logits::Last).unwrap(); }
-    let maxd2 = l2.iter().zip(&r).fold(0f32, |m, (a,b)| m.max((a-b).abs()));
-    let maxd3 = l2.iter().zip(&l).fold(0f32, |m, (a,b)| m.max((a-b).abs()));
-    println!("token-by-token prompt: max vs ref {maxd2}, vs batched {maxd3}");
 }
