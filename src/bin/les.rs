@@ -89,8 +89,9 @@ struct ModelArgs {
     #[arg(short = 't', long)]
     threads: Option<usize>,
     /// Compute backend: cpu, wgpu (WebGPU / Metal / Vulkan / DX12), or auto (a hardware GPU when
-    /// there is one, else the CPU).
-    #[arg(long, default_value = "auto")]
+    /// there is one, else the CPU). Default cpu: loading a GPU driver costs ~50 MiB of resident
+    /// memory (measured with lavapipe), which a tight --memory-budget may not have.
+    #[arg(long, default_value = "cpu")]
     backend: les::backend::BackendKind,
     /// wgpu: expert slots on the GPU (default: as many as the memory budget's expert cache, else
     /// every expert up to 1 GiB).

@@ -132,11 +132,11 @@ impl Session {
                 return Ok("backend: cpu".into());
             }
             BackendKind::Wgpu => GpuContext::new()?,
-            BackendKind::Auto => match GpuContext::new() {
-                Ok(c) if c.info.device_type != wgpu::DeviceType::Cpu => c,
-                Ok(c) => {
+            BackendKind::Auto => match GpuContext::probe() {
+                Ok(info) if info.device_type != wgpu::DeviceType::Cpu => GpuContext::new()?,
+                Ok(info) => {
                     self.use_cpu();
-                    return Ok(format!("backend: cpu (auto: the only GPU adapter, {}, is a software rasterizer)", c.info.name));
+                    return Ok(format!("backend: cpu (auto: the only GPU adapter, {}, is a software rasterizer)", info.name));
                 }
                 Err(e) => {
                     self.use_cpu();

@@ -86,6 +86,15 @@ impl GpuContext {
         Ok(Self { device, queue, info, limits, features, lost, error })
     }
 
+    /// The default adapter's description, without opening a device (for `--backend auto`).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn probe() -> Result<wgpu::AdapterInfo, GpuError> {
+        let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+        let adapter = pollster::block_on(instance.request_adapter(&wgpu::RequestAdapterOptions { power_preference: wgpu::PowerPreference::HighPerformance, ..Default::default() }))
+            .map_err(|e| GpuError::NoAdapter(e.to_string()))?;
+        Ok(adapter.get_info())
+    }
+
     /// Blocking [`Self::new_async`] (native).
     #[cfg(not(target_arch = "wasm32"))]
     pub fn new() -> Result<Self, GpuError> {
