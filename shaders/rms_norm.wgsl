@@ -21,10 +21,8 @@ struct Params {
 
 var<workgroup> partial: array<f32, 64>;
 
-@compute @workgroup_size(64)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let r = wid.x;
-    let x = P.x_off + r * P.n;
+// 1 / rms of row x (all 64 threads call it; the result is the same for each).
+fn row_scale(x: u32, lid: u32) -> f32 {
     var acc = 0.0;
     for (var i = lid; i < P.n; i += 64u) {
         let v = X[x + i];
@@ -37,7 +35,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         workgroupBarrier();
     }
     let scale = 1.0 / sqrt(partial[0] / f32(P.n) + P.eps);
-    let y = P.y_off + r * P.n;
+    workgroupBarrier();
+    return scale;
+}
+
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let x = P.x_off + wid.x * P.n;
+    let scale = row_scale(x, lid);
+    let y = P.y_off + wid.x * P.n;
     for (var i = lid; i < P.n; i += 64u) {
         Y[y + i] = (X[x + i] * scale) * Wt[i];
     }
@@ -46,21 +52,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 // In place (Q/K norms): X is read and overwritten.
 @compute @workgroup_size(64)
 fn inplace(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let r = wid.x;
-    let x = P.x_off + r * P.n;
-    var acc = 0.0;
-    for (var i = lid; i < P.n; i += 64u) {
-        let v = X[x + i];
-        acc += v * v;
-    }
-    partial[lid] = acc;
-    workgroupBarrier();
-    for (var s = 32u; s > 0u; s = s >> 1u) {
-        if (lid < s) { partial[lid] += partial[lid + s]; }
-        workgroupBarrier();
-    }
-    let scale = 1.0 / sqrt(partial[0] / f32(P.n) + P.eps);
-    workgroupBarrier();
+    let x = P.x_off + wid.x * P.n;
+    let scale = row_scale(x, lid);
     for (var i = lid; i < P.n; i += 64u) {
         X[x + i] = (X[x + i] * scale) * Wt[i];
     }

@@ -441,13 +441,18 @@ pub(crate) fn route(c: &Config, logits: &[f32], t_n: usize) -> (Vec<u32>, Vec<f3
 
 /// `LES_DEBUG_DUMP=1`: print each intermediate's sum and first values (as llama.cpp's
 /// `llama-eval-callback` does) to compare runs op by op.
-fn dump(name: &str, il: usize, x: &[f32]) {
-    use std::sync::OnceLock;
-    static ON: OnceLock<bool> = OnceLock::new();
-    if *ON.get_or_init(|| std::env::var_os("LES_DEBUG_DUMP").is_some()) {
+pub(crate) fn dump(name: &str, il: usize, x: &[f32]) {
+    if dump_enabled() {
         let sum: f64 = x.iter().map(|&v| v as f64).sum();
         eprintln!("{name}-{il}: sum = {sum:.6} first = {:?}", &x[..x.len().min(3)]);
     }
+}
+
+/// Whether `LES_DEBUG_DUMP` is set (read once).
+pub(crate) fn dump_enabled() -> bool {
+    use std::sync::OnceLock;
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("LES_DEBUG_DUMP").is_some())
 }
 
 fn add_bias(x: &mut [f32], b: &Option<Vec<f32>>) {

@@ -19,12 +19,9 @@ use std::sync::Arc;
 /// `LES_DEBUG_DUMP=1`: print an intermediate's sum in the CPU forward's format (one extra
 /// readback each; a debugging aid only).
 async fn dump(rec: &mut Recorder<'_>, name: &str, il: usize, b: &wgpu::Buffer, n: usize) -> Result<(), GpuError> {
-    use std::sync::OnceLock;
-    static ON: OnceLock<bool> = OnceLock::new();
-    if *ON.get_or_init(|| std::env::var_os("LES_DEBUG_DUMP").is_some()) {
+    if crate::model::dump_enabled() {
         let v = rec.readback(&[(b, 0, 4 * n as u64)]).await?.remove(0);
-        let sum: f64 = v.iter().map(|&x| x as f64).sum();
-        eprintln!("{name}-{il}: sum = {sum:.6} first = {:?}", &v[..v.len().min(3)]);
+        crate::model::dump(name, il, &v);
     }
     Ok(())
 }
