@@ -3,6 +3,8 @@
 #   ./build.sh demo    fetch the default real model and run the main job on it
 #   ./build.sh test    install what the tests need, prepare fixtures, run every test
 #   ./build.sh models  fetch real models and build the MoE test models
+#   ./build.sh web     build the wasm engine into www/les/pkg (the demo page and the npm package)
+#   ./build.sh npm     build the npm package tarball target/npm/les-engine-<version>.tgz
 #   ./build.sh ios     (macOS + Xcode) build target/LES.xcframework for iOS, the simulator and macOS
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -24,6 +26,29 @@ need_targets() {
   for t in "$@"; do
     grep -qx "$t" <<<"$have" || rustup target add "$t"
   done
+}
+
+# wasm-bindgen CLI, pinned to the wasm-bindgen crate version in Cargo.lock (they must match).
+need_wasm_bindgen() {
+  local v
+  v=$(awk '/^name = "wasm-bindgen"$/{getline; gsub(/"/,"",$3); print $3}' Cargo.lock)
+  if ! wasm-bindgen --version 2>/dev/null | grep -qx "wasm-bindgen $v"; then
+    cargo install -q wasm-bindgen-cli --version "$v"
+  fi
+}
+
+# Headless Chromium (WebGPU through SwiftShader) and playwright-core for the browser tests.
+need_browser() {
+  command -v chromium >/dev/null || { as_root apt-get update -qq && DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq chromium >/dev/null; }
+  command -v node >/dev/null || { as_root apt-get update -qq && DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq nodejs npm >/dev/null; }
+  [ -d tests/e2e/node_modules/playwright-core ] || (cd tests/e2e && npm ci --silent --no-audit --no-fund)
+}
+
+build_web() {
+  need_targets wasm32-unknown-unknown
+  need_wasm_bindgen
+  cargo build --release --lib --target wasm32-unknown-unknown
+  wasm-bindgen --target web --out-dir www/les/pkg --out-name les target/wasm32-unknown-unknown/release/les.wasm
 }
 
 need_python_pkgs() {
@@ -58,6 +83,13 @@ case "$cmd" in
     cargo check --lib --no-default-features --target aarch64-apple-ios
     cargo check --lib --no-default-features --target aarch64-apple-darwin
     cargo test --release
+    ;;
+  web)
+    build_web
+    ;;
+  npm)
+    build_web
+    tools/make_npm.sh
     ;;
   ios)
     # Untested on a device here (no macOS machine): builds the static library for each Apple

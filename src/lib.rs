@@ -13,3 +13,5 @@ pub mod expert;
 pub mod model;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod ffi;
+#[cfg(target_arch = "wasm32")]
+pub mod wasm;

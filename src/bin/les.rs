@@ -218,6 +218,9 @@ struct RunArgs {
     /// Most draft tokens verified per target forward (default 4 with --draft-model, 16 with --lookup).
     #[arg(long)]
     draft_max: Option<usize>,
+    /// Write the generated token ids as a JSON array to FILE (one array per prompt, one per line).
+    #[arg(long, value_name = "FILE")]
+    tokens_out: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -487,14 +490,21 @@ fn generate_one(sess: &mut Session, prompt: &str, a: &RunArgs, sampler: &Sampler
         let _ = out.flush();
         true
     };
-    let (st, spec_st) = match spec.draft.as_deref_mut() {
-        None => (sess.generate(&toks, a.n_predict, sampler, a.ignore_eos, &mut on_text)?.1, None),
+    let (ids, st, spec_st) = match spec.draft.as_deref_mut() {
+        None => {
+            let (ids, st) = sess.generate(&toks, a.n_predict, sampler, a.ignore_eos, &mut on_text)?;
+            (ids, st, None)
+        }
         Some(d) => {
             let o = SpecOptions { draft_max: spec.gamma, io: spec.io };
-            let (_, st, sp) = speculative::generate(sess, Some(d), &o, &toks, a.n_predict, sampler, a.ignore_eos, &mut on_text)?;
-            (st, Some(sp))
+            let (ids, st, sp) = speculative::generate(sess, Some(d), &o, &toks, a.n_predict, sampler, a.ignore_eos, &mut on_text)?;
+            (ids, st, Some(sp))
         }
     };
+    if let Some(p) = &a.tokens_out {
+        let mut f = std::fs::OpenOptions::new().create(true).append(true).open(p)?;
+        writeln!(f, "{}", serde_json::to_string(&ids)?)?;
+    }
     let mem = memory_usage().map(|(_, peak)| format!(", peak memory {:.1} MiB", peak as f64 / 1048576.0)).unwrap_or_default();
     eprintln!(
         "\nles: prompt {} tokens, {:.1} tokens/s | decode {} tokens, {:.1} tokens/s{}",

@@ -2,9 +2,9 @@
 //! `--jinja` mode and Hugging Face's `apply_chat_template` do.
 
 use minijinja::{context, Environment, Error, ErrorKind};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Message {
     pub role: String,
     pub content: String,

@@ -7,7 +7,6 @@ pub mod sampling;
 pub mod speculative;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod ladder;
-#[cfg(not(target_arch = "wasm32"))]
 pub mod stream;
 
 use crate::gguf::{GgufError, GgufFile};
@@ -200,47 +199,111 @@ impl Session {
         ignore_eos: bool,
         on_token: &mut dyn FnMut(u32, &str) -> bool,
     ) -> Result<(Vec<u32>, GenStats), EngineError> {
+        let mut g = Generation::new(self, prompt, n, sampler, ignore_eos)?;
+        while let Some(input) = g.next_input() {
+            let logits = if g.is_prefill() { self.prefill(&input)? } else { self.forward(&input, Logits::Last)? };
+            if let Some((tok, text)) = g.feed(self, &logits) {
+                if !on_token(tok, &text) {
+                    g.stop();
+                }
+            }
+        }
+        let rest = g.finish();
+        if !rest.is_empty() {
+            on_token(u32::MAX, &rest);
+        }
+        Ok((g.out, g.stats))
+    }
+}
+
+/// One generation, step by step: the caller runs [`Generation::next_input`] through the model
+/// (prefill first, then one token at a time) and hands the logits to [`Generation::feed`]. The
+/// blocking [`Session::generate`] and the browser's async loop (one promise per token) share it.
+pub struct Generation {
+    sampler: Sampler,
+    utf8: Utf8Stream,
+    /// Tokens generated so far.
+    pub out: Vec<u32>,
+    n: usize,
+    ignore_eos: bool,
+    input: Vec<u32>,
+    prefill: bool,
+    done: bool,
+    pub stats: GenStats,
+    t_phase: f64,
+}
+
+impl Generation {
+    /// Start generating up to `n` tokens after `prompt` (clears the KV cache).
+    pub fn new(session: &mut Session, prompt: &[u32], n: usize, sampler: &SamplerConfig, ignore_eos: bool) -> Result<Self, EngineError> {
         if prompt.is_empty() {
             return Err(EngineError::EmptyPrompt);
         }
-        if prompt.len() >= self.kv.n_ctx {
-            return Err(EngineError::PromptTooLong(prompt.len(), self.kv.n_ctx));
+        if prompt.len() >= session.kv.n_ctx {
+            return Err(EngineError::PromptTooLong(prompt.len(), session.kv.n_ctx));
         }
-        self.kv.clear();
+        session.kv.clear();
         let mut s = Sampler::new(sampler.clone());
         for &t in prompt {
             s.accept(t);
         }
-        let mut stats = GenStats { prompt_tokens: prompt.len(), ..Default::default() };
-        let t0 = now_ms();
-        let mut logits = self.prefill(prompt)?;
-        stats.prompt_ms = now_ms() - t0;
-        let t1 = now_ms();
-        let mut out = Vec::new();
-        let mut utf8 = Utf8Stream::default();
-        for _ in 0..n {
-            let tok = s.sample(&logits);
-            if !ignore_eos && self.tokenizer.is_eog(tok) {
-                break;
-            }
-            out.push(tok);
-            s.accept(tok);
-            let text = utf8.push(&self.tokenizer.token_to_piece(tok, false));
-            if !on_token(tok, &text) {
-                break;
-            }
-            if out.len() == n || self.kv.len + 1 >= self.kv.n_ctx {
-                break;
-            }
-            logits = self.forward(&[tok], Logits::Last)?;
+        let stats = GenStats { prompt_tokens: prompt.len(), ..Default::default() };
+        Ok(Self { sampler: s, utf8: Utf8Stream::default(), out: Vec::new(), n, ignore_eos, input: prompt.to_vec(), prefill: true, done: n == 0, stats, t_phase: now_ms() })
+    }
+
+    /// The tokens to run next (the prompt, then the last sampled token); `None` when finished.
+    pub fn next_input(&mut self) -> Option<Vec<u32>> {
+        if self.done {
+            return None;
         }
-        let rest = utf8.finish();
-        if !rest.is_empty() {
-            on_token(u32::MAX, &rest);
+        Some(std::mem::take(&mut self.input))
+    }
+
+    /// True while the next input is the prompt.
+    pub fn is_prefill(&self) -> bool {
+        self.prefill
+    }
+
+    /// Sample from the logits of the last input; returns the token and its text (possibly empty
+    /// while a UTF-8 sequence is incomplete), or `None` when generation ended here.
+    pub fn feed(&mut self, session: &Session, logits: &[f32]) -> Option<(u32, String)> {
+        let now = now_ms();
+        if self.prefill {
+            self.stats.prompt_ms = now - self.t_phase;
+            self.prefill = false;
+            self.t_phase = now;
         }
-        stats.gen_tokens = out.len();
-        stats.gen_ms = now_ms() - t1;
-        Ok((out, stats))
+        self.stats.gen_ms = now - self.t_phase;
+        let tok = self.sampler.sample(logits);
+        if !self.ignore_eos && session.tokenizer.is_eog(tok) {
+            self.done = true;
+            return None;
+        }
+        self.out.push(tok);
+        self.stats.gen_tokens = self.out.len();
+        self.sampler.accept(tok);
+        let text = self.utf8.push(&session.tokenizer.token_to_piece(tok, false));
+        if self.out.len() >= self.n || session.kv.len + 1 >= session.kv.n_ctx {
+            self.done = true;
+        } else {
+            self.input = vec![tok];
+        }
+        Some((tok, text))
+    }
+
+    /// Stop after the current token (the caller's abort).
+    pub fn stop(&mut self) {
+        self.done = true;
+    }
+
+    pub fn is_done(&self) -> bool {
+        self.done
+    }
+
+    /// Text held back for an incomplete UTF-8 sequence at the end; call once finished.
+    pub fn finish(&mut self) -> String {
+        self.stats.gen_ms = now_ms() - self.t_phase;
+        self.utf8.finish()
     }
 }
 

@@ -10,8 +10,11 @@ use crate::expert::GgufExpertTensors;
 use crate::gguf::GgufFile;
 use crate::model::{Config, ExpertMode, KvCache};
 use crate::quant;
+#[cfg(not(target_arch = "wasm32"))]
 use crate::store::throttle::{DeviceProfile, Throttled};
-use crate::store::{ByteSource, FileSource, StoreError};
+#[cfg(not(target_arch = "wasm32"))]
+use crate::store::FileSource;
+use crate::store::{ByteSource, StoreError};
 use std::sync::Arc;
 
 /// Parse a byte size: `123`, `400MiB`, `1.5GiB`, `512KiB`, `400MB` (10^6), `2G` (= GiB).
@@ -92,6 +95,7 @@ pub struct StreamOptions {
     /// Read experts with O_DIRECT (bypass the page cache).
     pub direct: bool,
     /// Throttle expert reads to a device profile.
+    #[cfg(not(target_arch = "wasm32"))]
     pub profile: Option<DeviceProfile>,
     /// Cache and scheduler settings (`slots` is replaced by the budget plan's).
     pub cache: StreamConfig,
@@ -136,6 +140,7 @@ fn is_bundle(src: &dyn ByteSource) -> bool {
 }
 
 /// Open `path` (a GGUF or a `.les` bundle) for streaming under `opts.budget`.
+#[cfg(not(target_arch = "wasm32"))]
 pub fn open_streaming(path: &str, opts: &StreamOptions) -> Result<Streaming, OpenError> {
     let raw: Arc<dyn ByteSource> = Arc::new(if opts.direct { FileSource::open_direct(path)? } else { FileSource::open(path)? });
     let expert_src: Arc<dyn ByteSource> = match opts.profile {
@@ -144,6 +149,13 @@ pub fn open_streaming(path: &str, opts: &StreamOptions) -> Result<Streaming, Ope
     };
     // Dense weights are read once at load, without throttling.
     let dense_plain: Arc<dyn ByteSource> = Arc::new(FileSource::open(path)?);
+    open_streaming_sources(raw, expert_src, dense_plain, path, opts)
+}
+
+/// [`open_streaming`] over byte sources (the browser's OPFS / HTTP range stores): `raw` is the
+/// model (GGUF or bundle), `expert_src` the same bytes as experts are read (possibly throttled),
+/// `dense_plain` the same bytes for the one-time dense load. `name` is used in errors.
+pub fn open_streaming_sources(raw: Arc<dyn ByteSource>, expert_src: Arc<dyn ByteSource>, dense_plain: Arc<dyn ByteSource>, path: &str, opts: &StreamOptions) -> Result<Streaming, OpenError> {
     let (dense_src, store, store_kind): (Arc<dyn ByteSource>, Arc<dyn ExpertStore>, &'static str) = if is_bundle(&*raw) {
         let b = Bundle::open(expert_src.clone())?;
         let dense: Arc<dyn ByteSource> = Arc::new(Bundle::open(dense_plain)?.dense_source());
@@ -175,7 +187,10 @@ pub fn open_streaming(path: &str, opts: &StreamOptions) -> Result<Streaming, Ope
     let total_e: u64 = (0..store.n_layers()).map(|l| store.layout(l).bytes() as u64 * c.n_expert as u64).sum();
     let min_slots = c.n_expert_used + 1;
     let plan = match opts.slots {
-        Some(n) => BudgetPlan { budget: dense + kv + scratch + n as u64 * max_e, dense, kv, scratch, expert_bytes_max: max_e, slots: n, minimum: dense + kv + scratch + min_slots as u64 * max_e, total_expert_bytes: total_e },
+        Some(n) => {
+            let n = n.min(c.n_expert * c.n_layer);
+            BudgetPlan { budget: dense + kv + scratch + n as u64 * max_e, dense, kv, scratch, expert_bytes_max: max_e, slots: n, minimum: dense + kv + scratch + min_slots as u64 * max_e, total_expert_bytes: total_e }
+        }
         None => plan_budget(opts.budget, dense, kv, scratch, max_e, total_e, min_slots)?,
     };
     let mut cfg = opts.cache.clone();

@@ -204,6 +204,5 @@ impl ExpertSource for ResidentExperts {
 }
 
 pub mod store;
-#[cfg(not(target_arch = "wasm32"))]
 pub mod stream;
 pub mod bundle;

@@ -20,7 +20,7 @@ use super::store::ExpertStore;
 use super::{ExpertBlock, ExpertError, ExpertLayout, ExpertSource};
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
-use std::time::Instant;
+use web_time::Instant;
 
 /// Eviction policies.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -257,7 +257,10 @@ impl StreamingExperts {
             shutdown: false,
         };
         let sh = Arc::new(Shared { inner: Mutex::new(inner), io_cv: Condvar::new(), done_cv: Condvar::new(), bufs, store, cfg: cfg.clone(), t0: Instant::now() });
-        let workers = (0..cfg.io_threads.max(1))
+        // `io_threads == 0` (always on wasm32, which has no threads): no workers; the thread
+        // that needs an expert reads it itself (`service_inline`).
+        let n_workers = if cfg!(target_arch = "wasm32") { 0 } else { cfg.io_threads };
+        let workers = (0..n_workers)
             .map(|w| {
                 let sh = sh.clone();
                 std::thread::Builder::new().name(format!("les-io-{w}")).spawn(move || io_worker(sh, w)).expect("spawn I/O worker")
@@ -410,6 +413,20 @@ fn now_us(sh: &Shared) -> f64 {
     sh.t0.elapsed().as_secs_f64() * 1e6
 }
 
+/// The best queued request: demand first, then the nearest prefetch, FIFO within a class.
+/// Prefetches may use all workers but one, so a demand miss always starts at once; without
+/// workers (inline mode) only demands are served.
+fn pick_request(sh: &Shared, g: &mut Inner) -> Option<Req> {
+    let max_pf = if sh.inline() { 0 } else { sh.cfg.max_prefetch_inflight.min(sh.cfg.io_threads.saturating_sub(1)).max(if sh.cfg.io_threads == 1 { 1 } else { 0 }) };
+    let best = g.queue.iter().enumerate().filter(|(_, r)| r.demand || g.inflight_prefetch < max_pf).min_by_key(|(_, r)| (!r.demand, r.dist, r.seq)).map(|(i, _)| i)?;
+    let r = g.queue.swap_remove(best);
+    g.slots[r.slot].state = State::Loading;
+    if !r.demand {
+        g.inflight_prefetch += 1;
+    }
+    Some(r)
+}
+
 fn io_worker(sh: Arc<Shared>, w: usize) {
     loop {
         let req = {
@@ -418,29 +435,21 @@ fn io_worker(sh: Arc<Shared>, w: usize) {
                 if g.shutdown {
                     return;
                 }
-                // Best request: demand first, then nearest prefetch, FIFO within a class.
-                // Prefetches may use all workers but one, so a demand miss always starts at once.
-                let max_pf = sh.cfg.max_prefetch_inflight.min(sh.cfg.io_threads.saturating_sub(1)).max(if sh.cfg.io_threads == 1 { 1 } else { 0 });
-                let best = g
-                    .queue
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, r)| r.demand || g.inflight_prefetch < max_pf)
-                    .min_by_key(|(_, r)| (!r.demand, r.dist, r.seq))
-                    .map(|(i, _)| i);
-                if let Some(i) = best {
-                    let r = g.queue.swap_remove(i);
-                    g.slots[r.slot].state = State::Loading;
-                    if !r.demand {
-                        g.inflight_prefetch += 1;
-                    }
+                if let Some(r) = pick_request(&sh, &mut g) {
                     break r;
                 }
                 g = sh.io_cv.wait(g).unwrap();
             }
         };
+        run_request(&sh, req, w);
+    }
+}
+
+/// Read one requested expert into its slot and publish the result.
+fn run_request(sh: &Shared, req: Req, w: usize) {
+    {
         let t = Instant::now();
-        let ts = now_us(&sh);
+        let ts = now_us(sh);
         let res = {
             let mut b = sh.bufs[req.slot].write().unwrap();
             b.layout = sh.store.layout(req.key.0).clone();
@@ -492,6 +501,12 @@ fn io_worker(sh: Arc<Shared>, w: usize) {
         drop(g);
         sh.done_cv.notify_all();
         sh.io_cv.notify_all();
+    }
+}
+
+impl Shared {
+    fn inline(&self) -> bool {
+        cfg!(target_arch = "wasm32") || self.cfg.io_threads == 0
     }
 }
 
@@ -746,6 +761,24 @@ impl ExpertSource for StreamingExperts {
                             }
                             waiting.clear();
                             break Err(ExpertError::Invalid { layer, expert: keys[i].1, why: format!("load failed twice: {msg}") });
+                        }
+                    }
+                    if sh.inline() {
+                        // No I/O workers: read the next demanded expert on this thread.
+                        match pick_request(sh, &mut g) {
+                            Some(req) => {
+                                drop(g);
+                                run_request(sh, req, 0);
+                                g = sh.inner.lock().unwrap();
+                                continue;
+                            }
+                            None => {
+                                for &(_, s2) in &waiting {
+                                    g.slots[s2].pins -= 1;
+                                }
+                                waiting.clear();
+                                break Err(ExpertError::Invalid { layer, expert: keys[unassigned.first().copied().unwrap_or(0)].1, why: "no slot free and nothing to load (cache too small for one layer's experts)".into() });
+                            }
                         }
                     }
                     g = sh.done_cv.wait(g).unwrap();

@@ -1,0 +1,305 @@
+//! The browser entry points (wasm-bindgen). The engine runs in a dedicated worker (`www/les/
+//! worker.js`); the worker hands it a synchronous byte reader over the model (OPFS
+//! `FileSystemSyncAccessHandle`, IndexedDB chunks, or a synchronous HTTP `Range` request for bytes
+//! not stored yet) and drives generation one token per promise, so the worker stays responsive to
+//! `abort` and `stats` between tokens. Expert streaming, lookahead prediction and the slot cache are
+//! the native ones (`expert::stream`), run without I/O threads (wasm32 has none): a missed expert is
+//! read on the calling thread, and predictions are recorded (recall) and order nothing.
+
+use crate::engine::sampling::SamplerConfig;
+use crate::engine::stream::{open_streaming_sources, BudgetPlan, OpenError, StreamOptions};
+use crate::engine::{chat, Generation, Session};
+use crate::expert::stream::{StreamConfig, StreamingExperts};
+use crate::model::{ExpertMode, Logits};
+use crate::store::{check_range, ByteSource, StoreError};
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::sync::Arc;
+use wasm_bindgen::prelude::*;
+
+#[wasm_bindgen(start)]
+pub fn start() {
+    console_error_panic_hook::set_once();
+}
+
+/// CRC-32 (IEEE) of `data`, as the bundle manifest records it (`crc32fast`).
+#[wasm_bindgen]
+pub fn crc32(data: &[u8]) -> u32 {
+    crc32fast::hash(data)
+}
+
+/// A [`ByteSource`] over a JavaScript function `read(offset, length) -> Uint8Array` (synchronous;
+/// it may throw, which becomes a [`StoreError::Io`] carrying the message).
+struct JsSource {
+    read: js_sys::Function,
+    len: u64,
+}
+
+// wasm32 without atomics is single-threaded: the JS function is only ever called on this thread.
+unsafe impl Send for JsSource {}
+unsafe impl Sync for JsSource {}
+
+impl ByteSource for JsSource {
+    fn len(&self) -> u64 {
+        self.len
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+        check_range(offset, buf.len(), self.len)?;
+        let io = |msg: String| StoreError::Io { offset, len: buf.len(), source: std::io::Error::other(msg) };
+        let v = self
+            .read
+            .call2(&JsValue::NULL, &JsValue::from_f64(offset as f64), &JsValue::from_f64(buf.len() as f64))
+            .map_err(|e| io(js_error_text(&e)))?;
+        let a: js_sys::Uint8Array = v.dyn_into().map_err(|_| io("the reader did not return a Uint8Array".into()))?;
+        if a.length() as usize != buf.len() {
+            return Err(StoreError::ShortRead { offset, wanted: buf.len(), got: a.length() as usize });
+        }
+        a.copy_to(buf);
+        Ok(())
+    }
+}
+
+fn js_error_text(e: &JsValue) -> String {
+    if let Some(err) = e.dyn_ref::<js_sys::Error>() {
+        return String::from(err.message());
+    }
+    e.as_string().unwrap_or_else(|| format!("{e:?}"))
+}
+
+fn err(e: impl std::fmt::Display) -> JsError {
+    JsError::new(&e.to_string())
+}
+
+struct Inner {
+    session: Session,
+    experts: Option<Arc<StreamingExperts>>,
+    plan: Option<BudgetPlan>,
+    backend: String,
+    gen: Option<Generation>,
+    model_bytes: u64,
+}
+
+/// Generation options (JSON from JS; every field optional).
+#[derive(serde::Deserialize, Default)]
+#[serde(default)]
+struct GenOptions {
+    max_tokens: Option<usize>,
+    temperature: Option<f32>,
+    top_k: Option<usize>,
+    top_p: Option<f32>,
+    min_p: Option<f32>,
+    repeat_penalty: Option<f32>,
+    seed: Option<u64>,
+    ignore_eos: bool,
+}
+
+/// One loaded model and its generation state.
+#[wasm_bindgen]
+pub struct Engine {
+    inner: Rc<RefCell<Inner>>,
+    /// The last stats JSON (answered while a step holds the engine).
+    last_stats: Rc<RefCell<String>>,
+}
+
+#[wasm_bindgen]
+impl Engine {
+    /// Load a model (GGUF or `.les` bundle) of `len` bytes through `read(offset, length)`.
+    /// `budget_bytes > 0` streams experts under that memory budget; `0` keeps every expert resident.
+    #[wasm_bindgen(constructor)]
+    pub fn new(read: js_sys::Function, len: f64, budget_bytes: f64, n_ctx: u32, name: String) -> Result<Engine, JsError> {
+        let src: Arc<dyn ByteSource> = Arc::new(JsSource { read, len: len as u64 });
+        let n_ctx = if n_ctx == 0 { 2048 } else { n_ctx as usize };
+        let mut magic = [0u8; 8];
+        let is_bundle = src.len() >= 8 && src.read_at(0, &mut magic).is_ok() && &magic == b"LESBUNDL";
+        // A bundle is always read through the expert cache (its experts are not GGUF tensors);
+        // without a budget the cache holds every expert.
+        let streamed = if budget_bytes > 0.0 || is_bundle {
+            let opts = StreamOptions {
+                budget: budget_bytes as u64,
+                n_ctx,
+                direct: false,
+                cache: StreamConfig { io_threads: 0, ..Default::default() },
+                slots: if budget_bytes > 0.0 { None } else { Some(usize::MAX) },
+            };
+            match open_streaming_sources(src.clone(), src.clone(), src.clone(), &name, &opts) {
+                Ok(s) => Some((s.session, Some(s.experts), Some(s.plan))),
+                Err(OpenError::NotMoe(_)) => None, // a dense model: the budget does not apply
+                Err(e) => return Err(err(e)),
+            }
+        } else {
+            None
+        };
+        let (session, experts, plan) = match streamed {
+            Some(x) => x,
+            None => (Session::load_with_batch(&*src, ExpertMode::Resident, n_ctx, 32).map_err(err)?, None, None),
+        };
+        let inner = Inner { session, experts, plan, backend: "cpu (wasm)".into(), gen: None, model_bytes: len as u64 };
+        Ok(Engine { inner: Rc::new(RefCell::new(inner)), last_stats: Rc::new(RefCell::new(String::new())) })
+    }
+
+    /// Move the model to WebGPU (resolves with a line describing the adapter; rejects when there
+    /// is no adapter or a limit is too small, and the engine stays on the CPU).
+    #[wasm_bindgen(js_name = useWebGpu)]
+    pub fn use_webgpu(&self, expert_slots: Option<u32>) -> js_sys::Promise {
+        let inner = self.inner.clone();
+        wasm_bindgen_futures::future_to_promise(async move {
+            let ctx = crate::backend::wgpu::GpuContext::new_async().await.map_err(|e| JsValue::from(err(e)))?;
+            let line = format!("webgpu on {} ({})", ctx.info.name, if ctx.info.driver.is_empty() { ctx.info.vendor.to_string() } else { ctx.info.driver.clone() });
+            let mut g = inner.try_borrow_mut().map_err(|_| JsValue::from(err("engine busy")))?;
+            let slots = expert_slots.map(|n| n as usize).or(g.plan.as_ref().map(|p| p.slots));
+            let opts = crate::backend::wgpu::model::GpuOptions { expert_slots: slots };
+            let n_ctx = g.session.kv.n_ctx;
+            let gpu = crate::backend::wgpu::model::GpuModel::new(Arc::new(ctx), &g.session.model, n_ctx, &opts).map_err(|e| JsValue::from(err(e)))?;
+            let c = &g.session.model.cfg;
+            g.session.kv = crate::model::KvCache::new(0, n_ctx, c.n_head_kv, c.head_dim);
+            g.session.gpu = Some(gpu);
+            g.backend = line.clone();
+            Ok(JsValue::from_str(&line))
+        })
+    }
+
+    /// Model, plan and backend as JSON.
+    pub fn info(&self) -> Result<String, JsError> {
+        let g = self.inner.try_borrow().map_err(|_| err("engine busy"))?;
+        let c = &g.session.model.cfg;
+        Ok(serde_json::json!({
+            "arch": g.session.gguf.get_str("general.architecture"),
+            "name": g.session.gguf.get_str("general.name"),
+            "n_layer": c.n_layer, "n_embd": c.n_embd, "n_expert": c.n_expert, "n_expert_used": c.n_expert_used,
+            "n_vocab": c.n_vocab, "n_ctx": g.session.kv.n_ctx, "model_bytes": g.model_bytes,
+            "plan": g.plan, "backend": g.backend, "has_chat_template": g.session.gguf.get_str("tokenizer.chat_template").is_some(),
+        })
+        .to_string())
+    }
+
+    /// Render `messages` (JSON `[{role, content}]`) with the model's chat template.
+    #[wasm_bindgen(js_name = chatPrompt)]
+    pub fn chat_prompt(&self, messages_json: &str) -> Result<String, JsError> {
+        let g = self.inner.try_borrow().map_err(|_| err("engine busy"))?;
+        let msgs: Vec<chat::Message> = serde_json::from_str(messages_json).map_err(err)?;
+        g.session.chat_prompt(&msgs).map_err(err)
+    }
+
+    /// Token ids of `text` (as llama-completion tokenizes a prompt).
+    pub fn tokenize(&self, text: &str) -> Result<Vec<u32>, JsError> {
+        let g = self.inner.try_borrow().map_err(|_| err("engine busy"))?;
+        Ok(g.session.tokenize(text))
+    }
+
+    /// Start a generation (options JSON: max_tokens, temperature, top_k, top_p, min_p,
+    /// repeat_penalty, seed, ignore_eos). Returns the number of prompt tokens.
+    pub fn begin(&self, prompt: &str, options_json: &str) -> Result<u32, JsError> {
+        let mut g = self.inner.try_borrow_mut().map_err(|_| err("engine busy"))?;
+        let o: GenOptions = if options_json.is_empty() { GenOptions::default() } else { serde_json::from_str(options_json).map_err(err)? };
+        let d = SamplerConfig::default();
+        let sc = SamplerConfig {
+            temperature: o.temperature.unwrap_or(d.temperature),
+            top_k: o.top_k.unwrap_or(d.top_k),
+            top_p: o.top_p.unwrap_or(d.top_p),
+            min_p: o.min_p.unwrap_or(d.min_p),
+            repeat_penalty: o.repeat_penalty.unwrap_or(d.repeat_penalty),
+            seed: o.seed.unwrap_or(d.seed),
+            ..d
+        };
+        let inner = &mut *g;
+        let toks = inner.session.tokenize(prompt);
+        if let Some(e) = &inner.experts {
+            e.reset_stats();
+        }
+        let gen = Generation::new(&mut inner.session, &toks, o.max_tokens.unwrap_or(256), &sc, o.ignore_eos).map_err(err)?;
+        inner.gen = Some(gen);
+        Ok(toks.len() as u32)
+    }
+
+    /// Run one step (the whole prompt first, then one token). Resolves with
+    /// `{token, text, done}`; `token` is -1 when the step ended the generation without a token.
+    pub fn step(&self) -> js_sys::Promise {
+        let inner = self.inner.clone();
+        let last_stats = self.last_stats.clone();
+        wasm_bindgen_futures::future_to_promise(async move {
+            let mut g = inner.try_borrow_mut().map_err(|_| JsValue::from(err("engine busy")))?;
+            let r = step(&mut g).await.map_err(|e| JsValue::from(err(e)))?;
+            *last_stats.borrow_mut() = stats_json(&g);
+            Ok(r)
+        })
+    }
+
+    /// End the current generation after the step in progress.
+    pub fn stop(&self) {
+        if let Ok(mut g) = self.inner.try_borrow_mut() {
+            if let Some(gen) = &mut g.gen {
+                gen.stop();
+            }
+        }
+    }
+
+    /// Tokens generated so far in the current generation.
+    pub fn tokens(&self) -> Vec<u32> {
+        self.inner.try_borrow().ok().and_then(|g| g.gen.as_ref().map(|x| x.out.clone())).unwrap_or_default()
+    }
+
+    /// Generation and streaming counters as JSON (per layer: hits, late, misses, stall ms,
+    /// prediction counts per lookahead distance).
+    pub fn stats(&self) -> String {
+        match self.inner.try_borrow() {
+            Ok(g) => stats_json(&g),
+            Err(_) => self.last_stats.borrow().clone(),
+        }
+    }
+}
+
+fn stats_json(g: &Inner) -> String {
+    let s = g.experts.as_ref().map(|e| e.stats());
+    let gen = g.gen.as_ref().map(|x| x.stats.clone()).unwrap_or_default();
+    let gpu = g.session.gpu.as_ref().map(|x| x.stats());
+    serde_json::json!({
+        "prompt_tokens": gen.prompt_tokens, "prompt_ms": gen.prompt_ms, "gen_tokens": gen.gen_tokens, "gen_ms": gen.gen_ms,
+        "tokens_per_s": if gen.gen_tokens > 1 { gen.gen_tps() } else { 0.0 },
+        "hit_rate": s.as_ref().map(|s| s.hit_rate()), "recall_d1": s.as_ref().map(|s| s.recall(1)),
+        "bytes_per_token": s.as_ref().map(|s| s.bytes_per_token()),
+        "stream": s, "gpu": gpu, "backend": g.backend,
+    })
+    .to_string()
+}
+
+async fn step(g: &mut Inner) -> Result<JsValue, crate::engine::EngineError> {
+    let Inner { session, gen, .. } = g;
+    let Some(gen) = gen.as_mut() else { return Ok(step_result(-1, "", true)) };
+    let Some(input) = gen.next_input() else {
+        let rest = gen.finish();
+        return Ok(step_result(-1, &rest, true));
+    };
+    let prefill = gen.is_prefill();
+    let logits = match &session.gpu {
+        Some(gpu) => {
+            let want = Logits::Last;
+            let mut l = Vec::new();
+            let b = if prefill { 32 } else { 1 };
+            for ch in input.chunks(b) {
+                l = gpu.forward_async(&session.model, ch, &mut session.kv, want).await?;
+            }
+            l
+        }
+        None if prefill => session.prefill(&input)?,
+        None => session.forward(&input, Logits::Last)?,
+    };
+    Ok(match gen.feed(session, &logits) {
+        Some((tok, text)) => {
+            let done = gen.is_done();
+            let text = if done { text + &gen.finish() } else { text };
+            step_result(tok as i64, &text, done)
+        }
+        None => {
+            let rest = gen.finish();
+            step_result(-1, &rest, true)
+        }
+    })
+}
+
+fn step_result(token: i64, text: &str, done: bool) -> JsValue {
+    let o = js_sys::Object::new();
+    let _ = js_sys::Reflect::set(&o, &"token".into(), &JsValue::from_f64(token as f64));
+    let _ = js_sys::Reflect::set(&o, &"text".into(), &JsValue::from_str(text));
+    let _ = js_sys::Reflect::set(&o, &"done".into(), &JsValue::from_bool(done));
+    o.into()
+}

@@ -1,0 +1,192 @@
+// LES in the browser: the public API. The engine runs in a dedicated module worker.
+//
+//   import { createEngine } from 'les-engine';
+//   const engine = await createEngine({ model: 'https://host/smolmoe-32x2.les', memoryBudgetMB: 400 });
+//   for await (const chunk of engine.generate('The three primary colors are', { max_tokens: 64 })) out.textContent += chunk;
+
+class Rpc {
+  constructor(worker) {
+    this.worker = worker;
+    this.next = 1;
+    this.calls = new Map();
+    this.listeners = new Set();
+    worker.onmessage = (ev) => {
+      const m = ev.data;
+      if (m.event) {
+        for (const l of this.listeners) l(m);
+        return;
+      }
+      const c = this.calls.get(m.id);
+      if (!c) return;
+      this.calls.delete(m.id);
+      if (m.ok) c.resolve(m.result);
+      else {
+        const e = new Error(m.error.message);
+        e.name = m.error.name;
+        c.reject(e);
+      }
+    };
+    worker.onerror = (ev) => {
+      const e = new Error(ev.message || 'LES worker failed');
+      for (const c of this.calls.values()) c.reject(e);
+      this.calls.clear();
+    };
+  }
+  call(op, args = {}, transfer = []) {
+    const id = this.next++;
+    return new Promise((resolve, reject) => {
+      this.calls.set(id, { resolve, reject });
+      this.worker.postMessage({ id, op, ...args }, transfer);
+    });
+  }
+}
+
+function newWorker(workerUrl) {
+  return new Worker(workerUrl ?? new URL('./worker.js', import.meta.url), { type: 'module', name: 'les-engine' });
+}
+
+export class Engine {
+  constructor(rpc, loaded) {
+    this._rpc = rpc;
+    this.info = loaded.info;
+    this.backend = loaded.backend;
+    this.loadInfo = loaded;
+    this._lastResult = null;
+    this.chat = { completions: { create: (req) => this._chatCreate(req) } };
+  }
+
+  /** Async iterator of text chunks. `options`: max_tokens, temperature, top_k, top_p, min_p,
+   *  repeat_penalty, seed, ignore_eos. The final result (tokens, stats) is in `engine.lastResult`. */
+  async *generate(prompt, options = {}) {
+    const queue = [];
+    let wake = null;
+    let result = null;
+    let failure = null;
+    let id = 0;
+    const listener = (m) => {
+      if (m.event === 'token' && m.id === id) {
+        queue.push(m.text);
+        wake?.();
+      }
+    };
+    this._rpc.listeners.add(listener);
+    id = this._rpc.next; // the id the next call gets
+    const done = this._rpc.call('generate', { prompt, options }).then(
+      (r) => { result = r; wake?.(); },
+      (e) => { failure = e; wake?.(); },
+    );
+    try {
+      for (;;) {
+        while (queue.length) {
+          const t = queue.shift();
+          if (t) yield t;
+        }
+        if (failure) throw failure;
+        if (result) break;
+        await new Promise((r) => (wake = r));
+        wake = null;
+      }
+      await done;
+      while (queue.length) {
+        const t = queue.shift();
+        if (t) yield t;
+      }
+      this._lastResult = result;
+    } finally {
+      this._rpc.listeners.delete(listener);
+    }
+  }
+
+  /** Tokens, text and stats of the last finished generation. */
+  get lastResult() {
+    return this._lastResult;
+  }
+
+  async _chatCreate({ messages, stream = false, max_tokens, temperature, top_p, seed, ...rest }) {
+    const prompt = await this._rpc.call('chatPrompt', { messages });
+    const options = { max_tokens, temperature: temperature ?? 0.7, top_p, seed, ...rest };
+    const created = Math.floor(Date.now() / 1000);
+    const id = `chatcmpl-les-${created}-${Math.random().toString(36).slice(2, 8)}`;
+    const model = this.info.name ?? 'les';
+    if (stream) {
+      const self = this;
+      return (async function* () {
+        for await (const text of self.generate(prompt, options)) {
+          yield { id, object: 'chat.completion.chunk', created, model, choices: [{ index: 0, delta: { content: text }, finish_reason: null }] };
+        }
+        const r = self.lastResult;
+        yield { id, object: 'chat.completion.chunk', created, model, choices: [{ index: 0, delta: {}, finish_reason: r?.aborted ? 'abort' : r?.tokens.length >= (max_tokens ?? 256) ? 'length' : 'stop' }], usage: usageOf(r) };
+      })();
+    }
+    let content = '';
+    for await (const t of this.generate(prompt, options)) content += t;
+    const r = this.lastResult;
+    return {
+      id, object: 'chat.completion', created, model,
+      choices: [{ index: 0, message: { role: 'assistant', content }, finish_reason: r?.tokens.length >= (max_tokens ?? 256) ? 'length' : 'stop' }],
+      usage: usageOf(r),
+    };
+  }
+
+  /** Stop the running generation after the current token. */
+  abort() {
+    return this._rpc.call('abort');
+  }
+
+  /** Engine counters (tokens/s, per-layer hits, misses, recall, stall) and storage counters. */
+  stats() {
+    return this._rpc.call('stats');
+  }
+
+  /** Resolves when the background download of the model has finished. */
+  waitForDownload() {
+    return this._rpc.call('waitDownload');
+  }
+
+  /** Free the model and stop the worker. */
+  async unload() {
+    try {
+      await this._rpc.call('unload');
+    } finally {
+      this._rpc.worker.terminate();
+    }
+  }
+}
+
+function usageOf(r) {
+  return r ? { prompt_tokens: r.promptTokens, completion_tokens: r.tokens.length, total_tokens: r.promptTokens + r.tokens.length } : undefined;
+}
+
+/**
+ * Load a model in a new worker.
+ * @param {object} o  { model: URL string | File | FileSystemFileHandle, memoryBudgetMB (0 = all
+ *   resident), backend: 'auto' | 'webgpu' | 'cpu', nCtx, backing: 'auto' | 'opfs' | 'indexeddb',
+ *   onProgress({phase, loaded, total}), workerUrl }
+ */
+export async function createEngine({ onProgress, workerUrl, ...opts }) {
+  const rpc = new Rpc(newWorker(workerUrl));
+  if (onProgress) rpc.listeners.add((m) => m.event === 'progress' && onProgress(m));
+  try {
+    const loaded = await rpc.call('load', opts);
+    return new Engine(rpc, loaded);
+  } catch (e) {
+    rpc.worker.terminate();
+    throw e;
+  }
+}
+
+async function oneShot(op, args, workerUrl) {
+  const rpc = new Rpc(newWorker(workerUrl));
+  try {
+    return await rpc.call(op, args);
+  } finally {
+    rpc.worker.terminate();
+  }
+}
+
+/** Models stored in this origin's OPFS: [{key, url, size, storedBytes, backing}]. */
+export const listModels = (workerUrl) => oneShot('listModels', {}, workerUrl);
+/** Delete a stored model (by its URL). */
+export const deleteModel = (url, workerUrl) => oneShot('deleteModel', { url }, workerUrl);
+/** {usage, quota} of this origin's storage, in bytes. */
+export const storageUsage = (workerUrl) => oneShot('storageUsage', {}, workerUrl);

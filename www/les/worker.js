@@ -1,0 +1,124 @@
+// The LES engine's dedicated worker. Messages in: {id, op, ...}; out: {id, ok, result | error} and
+// events {event: 'progress' | 'token', ...}. One model per worker.
+import init, { Engine, crc32 } from './pkg/les.js';
+import { CachedModel, FileModel, listModels, deleteModel, storageUsage } from './store.js';
+
+let ready = null;
+let engine = null;
+let model = null;
+let download = null;
+let aborted = false;
+let generating = false;
+
+function post(msg) {
+  postMessage(msg);
+}
+
+function errorOf(e) {
+  const s = e && e.message ? e.message : String(e);
+  return { name: e?.name && e.name !== 'Error' ? e.name : 'LesError', message: s };
+}
+
+// A macrotask boundary, so messages (abort, stats) are handled between tokens.
+function yieldToEvents() {
+  return new Promise((res) => {
+    const c = new MessageChannel();
+    c.port1.onmessage = () => res();
+    c.port2.postMessage(null);
+  });
+}
+
+async function load({ model: src, memoryBudgetMB = 0, backend = 'auto', nCtx = 2048, backing = 'auto', gpuExpertSlots = null }) {
+  await (ready ??= init({ module_or_path: new URL('./pkg/les_bg.wasm', import.meta.url) }));
+  const onProgress = (p) => post({ event: 'progress', ...p });
+  if (typeof src === 'string') {
+    model = await CachedModel.open(src, { crc32, onProgress, backing });
+  } else if (src && typeof src.getFile === 'function') {
+    model = new FileModel(await src.getFile());
+  } else if (src instanceof Blob) {
+    model = new FileModel(src);
+  } else {
+    throw new TypeError('model must be a URL string, a File or a FileSystemFileHandle');
+  }
+  onProgress({ phase: 'load', loaded: 0, total: model.size });
+  const t0 = performance.now();
+  engine = new Engine((off, len) => model.readSync(off, len), model.size, memoryBudgetMB * 1048576, nCtx, String(src.name ?? src));
+  const loadMs = performance.now() - t0;
+  let backendLine = 'cpu (wasm)';
+  let gpuError = null;
+  if (backend === 'webgpu' || (backend === 'auto' && navigator.gpu)) {
+    try {
+      backendLine = await engine.useWebGpu(gpuExpertSlots ?? undefined);
+    } catch (e) {
+      gpuError = errorOf(e).message;
+      if (backend === 'webgpu') throw e;
+    }
+  }
+  // Keep downloading the rest in the background; generation reads missing blocks on demand.
+  if (!model.complete()) {
+    const ctl = new AbortController();
+    download = { ctl, promise: model.download(ctl.signal).catch((e) => post({ event: 'progress', phase: 'error', error: errorOf(e) })) };
+  }
+  return { info: JSON.parse(engine.info()), backend: backendLine, gpuError, loadMs, storage: model.stats, complete: model.complete() };
+}
+
+async function generate({ id, prompt, options }) {
+  if (!engine) throw new Error('no model loaded');
+  if (generating) throw new Error('a generation is already running');
+  generating = true;
+  aborted = false;
+  try {
+    const nPrompt = engine.begin(prompt, JSON.stringify(options ?? {}));
+    let text = '';
+    const tokens = [];
+    for (;;) {
+      if (aborted) engine.stop();
+      const r = await engine.step();
+      if (r.token >= 0) tokens.push(r.token);
+      text += r.text;
+      post({ event: 'token', id, token: r.token, text: r.text });
+      if (r.done) break;
+      await yieldToEvents();
+    }
+    return { text, tokens, promptTokens: nPrompt, aborted, stats: JSON.parse(engine.stats()) };
+  } finally {
+    generating = false;
+  }
+}
+
+const ops = {
+  load,
+  generate,
+  abort: async () => {
+    aborted = true;
+    return true;
+  },
+  stats: async () => ({ engine: engine ? JSON.parse(engine.stats()) : null, storage: model?.stats ?? null, http: model?.http ? { requests: model.http.requests, bytes: model.http.bytes } : null, complete: model?.complete() ?? null }),
+  waitDownload: async () => {
+    if (download) await download.promise;
+    return { complete: model?.complete() ?? false, storage: model?.stats, http: model?.http ? { requests: model.http.requests, bytes: model.http.bytes } : null };
+  },
+  chatPrompt: async ({ messages }) => engine.chatPrompt(JSON.stringify(messages)),
+  unload: async () => {
+    download?.ctl.abort();
+    engine?.free();
+    engine = null;
+    model?.close();
+    model = null;
+    return true;
+  },
+  listModels: async () => listModels(),
+  deleteModel: async ({ url }) => deleteModel(url),
+  storageUsage: async () => storageUsage(),
+};
+
+onmessage = async (ev) => {
+  const { id, op } = ev.data;
+  try {
+    const f = ops[op];
+    if (!f) throw new Error(`unknown operation ${op}`);
+    post({ id, ok: true, result: await f(ev.data) });
+  } catch (e) {
+    post({ id, ok: false, error: errorOf(e) });
+  }
+};
