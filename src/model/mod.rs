@@ -440,19 +440,41 @@ pub(crate) fn route(c: &Config, logits: &[f32], t_n: usize) -> (Vec<u32>, Vec<f3
 }
 
 /// `LES_DEBUG_DUMP=1`: print each intermediate's sum and first values (as llama.cpp's
-/// `llama-eval-callback` does) to compare runs op by op.
+/// `llama-eval-callback` does) to compare runs op by op. On wasm32 the lines collect in a buffer
+/// (`setDebugDump` / `takeDebugDump` in the JS API) to compare the browser with a native run.
 pub(crate) fn dump(name: &str, il: usize, x: &[f32]) {
     if dump_enabled() {
         let sum: f64 = x.iter().map(|&v| v as f64).sum();
-        eprintln!("{name}-{il}: sum = {sum:.6} first = {:?}", &x[..x.len().min(3)]);
+        // FNV-1a of the bits: equal hashes mean bit-identical tensors.
+        let h = x.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, v| (h ^ v.to_bits() as u64).wrapping_mul(0x100_0000_01b3));
+        let line = format!("{name}-{il}: sum = {sum:.6} first = {:?} bits = {h:016x}", &x[..x.len().min(3)]);
+        #[cfg(not(target_arch = "wasm32"))]
+        eprintln!("{line}");
+        #[cfg(target_arch = "wasm32")]
+        {
+            let mut b = DUMP_BUF.lock().unwrap();
+            b.push_str(&line);
+            b.push('\n');
+        }
     }
 }
 
+#[cfg(target_arch = "wasm32")]
+pub(crate) static DUMP_ON: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+#[cfg(target_arch = "wasm32")]
+pub(crate) static DUMP_BUF: std::sync::Mutex<String> = std::sync::Mutex::new(String::new());
+
 /// Whether `LES_DEBUG_DUMP` is set (read once).
+#[cfg(not(target_arch = "wasm32"))]
 pub(crate) fn dump_enabled() -> bool {
     use std::sync::OnceLock;
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| std::env::var_os("LES_DEBUG_DUMP").is_some())
+}
+
+#[cfg(target_arch = "wasm32")]
+pub(crate) fn dump_enabled() -> bool {
+    DUMP_ON.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 fn add_bias(x: &mut [f32], b: &Option<Vec<f32>>) {

@@ -3,8 +3,12 @@
 //! Compiled only when the crate is built with `-C target-feature=+simd128` (wasm has no run-time
 //! feature detection; every current browser supports SIMD128). Same integer arithmetic as the
 //! portable code: quants are widened to bytes, multiplied with `i16x8.extmul_{low,high}_i8x16`
-//! (exact: |product| <= 128 * 127, two of them fit an i16), pairwise-summed into exact i32 lanes,
-//! then scaled in f32 (one multiply-add per block). The layouts and formulas are those of the
+//! (exact: |product| <= 128 * 127, two of them fit an i16), pairwise-summed into exact i32 lanes
+//! and summed to the block's integer dot. The f32 part (scales, accumulation across blocks, the
+//! 8 float lanes of F32/F16/BF16) is the portable code's, operation for operation, so a browser
+//! computes bit-for-bit what the native build computes with its portable kernels (`LES_NO_SIMD=1`;
+//! wasm has no deterministic fused multiply-add, so ggml's x86 FMA order is out of reach). The
+//! layouts and formulas are those of the
 //! portable modules (see `legacy.rs`, `kquants.rs`, and ggml's `ggml/src/ggml-cpu/quants.c`).
 //! Formats without a kernel here use the portable code.
 //!
@@ -87,46 +91,33 @@ unsafe fn f16x4_to_f32(h: v128) -> v128 {
     v128_or(sign, v128_bitselect(special, normal, u32x4_ge(em, u32x4_splat(0x7c00))))
 }
 
-/// Dot of two rows of `n` elements, 8 per step: `load8(p)` gives the 8 values at `p` as two f32x4.
+/// Dot of two rows of `n` elements in the portable code's order (`float::dot_generic`): eight
+/// lanes of separate multiply and add, reduced as ((0+4)+(1+5))+((2+6)+(3+7)), then the tail
+/// one element at a time. `load8(p)` gives the 8 values at `p` as two f32x4; `get(p)` one value.
 #[inline]
 #[target_feature(enable = "simd128")]
-unsafe fn float_dot(n: usize, w: &[u8], a: &[u8], esize: usize, load8: impl Fn(*const u8) -> (v128, v128)) -> f32 {
+unsafe fn float_dot(n: usize, w: &[u8], a: &[u8], esize: usize, load8: impl Fn(*const u8) -> (v128, v128), get: impl Fn(*const u8) -> f32) -> f32 {
     let (wp, ap) = (w.as_ptr(), a.as_ptr());
-    let mut acc = [f32x4_splat(0.0); 4];
+    let (mut lo, mut hi) = (f32x4_splat(0.0), f32x4_splat(0.0));
     let mut i = 0;
-    while i + 16 <= n {
+    while i + 8 <= n {
         let (w0, w1) = load8(wp.add(i * esize));
         let (a0, a1) = load8(ap.add(i * esize));
-        let (w2, w3) = load8(wp.add((i + 8) * esize));
-        let (a2, a3) = load8(ap.add((i + 8) * esize));
-        acc[0] = f32x4_add(acc[0], f32x4_mul(w0, a0));
-        acc[1] = f32x4_add(acc[1], f32x4_mul(w1, a1));
-        acc[2] = f32x4_add(acc[2], f32x4_mul(w2, a2));
-        acc[3] = f32x4_add(acc[3], f32x4_mul(w3, a3));
-        i += 16;
+        lo = f32x4_add(lo, f32x4_mul(w0, a0));
+        hi = f32x4_add(hi, f32x4_mul(w1, a1));
+        i += 8;
     }
-    let mut sum = hsum_f32(f32x4_add(f32x4_add(acc[0], acc[1]), f32x4_add(acc[2], acc[3])));
-    if i < n {
-        // Tail through a zero-padded copy.
-        let tail = (n - i) * esize;
-        let mut wb = [0u8; 64];
-        let mut ab = [0u8; 64];
-        wb[..tail].copy_from_slice(&w[i * esize..n * esize]);
-        ab[..tail].copy_from_slice(&a[i * esize..n * esize]);
-        let mut t = f32x4_splat(0.0);
-        for k in (0..tail).step_by(8 * esize) {
-            let (w0, w1) = load8(wb.as_ptr().add(k));
-            let (a0, a1) = load8(ab.as_ptr().add(k));
-            t = f32x4_add(t, f32x4_add(f32x4_mul(w0, a0), f32x4_mul(w1, a1)));
-        }
-        sum += hsum_f32(t);
+    let mut sum = hsum_f32(f32x4_add(lo, hi));
+    while i < n {
+        sum += get(wp.add(i * esize)) * get(ap.add(i * esize));
+        i += 1;
     }
     sum
 }
 
 #[target_feature(enable = "simd128")]
 unsafe fn dot_f32(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    float_dot(n, w, a, 4, |p| (load(p), load(p.add(16))))
+    float_dot(n, w, a, 4, |p| (load(p), load(p.add(16))), |p| f32s(p))
 }
 
 #[target_feature(enable = "simd128")]
@@ -134,7 +125,7 @@ unsafe fn dot_f16(n: usize, w: &[u8], a: &[u8]) -> f32 {
     float_dot(n, w, a, 2, |p| {
         let h = load(p);
         (f16x4_to_f32(u32x4_extend_low_u16x8(h)), f16x4_to_f32(u32x4_extend_high_u16x8(h)))
-    })
+    }, |p| f16s(p))
 }
 
 #[target_feature(enable = "simd128")]
@@ -142,58 +133,73 @@ unsafe fn dot_bf16(n: usize, w: &[u8], a: &[u8]) -> f32 {
     float_dot(n, w, a, 2, |p| {
         let h = load(p);
         (i32x4_shl(u32x4_extend_low_u16x8(h), 16), i32x4_shl(u32x4_extend_high_u16x8(h), 16))
-    })
+    }, |p| f32::from_bits((u16::from_le_bytes([*p, *p.add(1)]) as u32) << 16))
 }
 
 // ---------------------------------------------------------------------------------------------
 // 32-element blocks × Q8_0 / Q8_1
 
-/// `sum_blocks(d_w * d_a * sumi)` over Q8_0 activations; `qx(block)` gives the 32 signed weight
-/// quants (elements 0..16, 16..32) and `dw(block)` the weight scale.
+/// Sum of the four i32 lanes (exact, as the portable code's integer sums).
 #[inline]
 #[target_feature(enable = "simd128")]
-unsafe fn blocks_q8_0(
+unsafe fn hsum_i32(v: v128) -> i32 {
+    i32x4_extract_lane::<0>(v)
+        .wrapping_add(i32x4_extract_lane::<1>(v))
+        .wrapping_add(i32x4_extract_lane::<2>(v))
+        .wrapping_add(i32x4_extract_lane::<3>(v))
+}
+
+/// `sumf += term(sumi, weight block, activation block)` over 32-element blocks: `qx(block)` gives
+/// the 32 signed weight quants (elements 0..16, 16..32), `q8_at` where the activation's quants
+/// start, and `term` the portable code's per-block f32 expression.
+#[inline]
+#[target_feature(enable = "simd128")]
+unsafe fn blocks_32(
     nb: usize,
     wp: *const u8,
     wsize: usize,
     ap: *const u8,
-    dw: impl Fn(*const u8) -> f32,
+    asize: usize,
+    q8_at: usize,
     qx: impl Fn(*const u8) -> (v128, v128),
+    term: impl Fn(i32, *const u8, *const u8) -> f32,
 ) -> f32 {
-    let mut acc = f32x4_splat(0.0);
+    let mut sumf = 0f32;
     for i in 0..nb {
-        let (x, y) = (wp.add(i * wsize), ap.add(i * 34));
+        let (x, y) = (wp.add(i * wsize), ap.add(i * asize));
         let (q0, q1) = qx(x);
-        let s = i32x4_add(dot16(q0, load(y.add(2))), dot16(q1, load(y.add(18))));
-        let d = dw(x) * f16s(y);
-        acc = f32x4_add(acc, f32x4_mul(f32x4_convert_i32x4(s), f32x4_splat(d)));
+        let sumi = hsum_i32(i32x4_add(dot16(q0, load(y.add(q8_at))), dot16(q1, load(y.add(q8_at + 16)))));
+        sumf += term(sumi, x, y);
     }
-    hsum_f32(acc)
+    sumf
 }
 
 #[target_feature(enable = "simd128")]
 unsafe fn dot_q4_0_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    blocks_q8_0(
+    blocks_32(
         n / 32,
         w.as_ptr(),
         18,
         a.as_ptr(),
-        |x| f16s(x),
+        34,
+        2,
         |x| {
             let (lo, hi) = nibbles(x.add(2));
             (i8x16_sub(lo, i8x16_splat(8)), i8x16_sub(hi, i8x16_splat(8)))
         },
+        |sumi, x, y| sumi as f32 * f16s(x) * f16s(y),
     )
 }
 
 #[target_feature(enable = "simd128")]
 unsafe fn dot_q5_0_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    blocks_q8_0(
+    blocks_32(
         n / 32,
         w.as_ptr(),
         22,
         a.as_ptr(),
-        |x| f16s(x),
+        34,
+        2,
         |x| {
             // Byte i of each half gets bit i of `qh` (as 0x10) through a swizzle and a bit mask.
             let qh = u32x4_splat(u32::from_le_bytes([*x.add(2), *x.add(3), *x.add(4), *x.add(5)]));
@@ -207,28 +213,19 @@ unsafe fn dot_q5_0_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
             let (lo, hi) = nibbles(x.add(6));
             (i8x16_sub(v128_or(lo, h0), i8x16_splat(16)), i8x16_sub(v128_or(hi, h1), i8x16_splat(16)))
         },
+        |sumi, x, y| (f16s(x) * f16s(y)) * sumi as f32,
     )
 }
 
 #[target_feature(enable = "simd128")]
 unsafe fn dot_q8_0_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    blocks_q8_0(n / 32, w.as_ptr(), 34, a.as_ptr(), |x| f16s(x), |x| (load(x.add(2)), load(x.add(18))))
+    blocks_32(n / 32, w.as_ptr(), 34, a.as_ptr(), 34, 2, |x| (load(x.add(2)), load(x.add(18))), |sumi, x, y| sumi as f32 * (f16s(x) * f16s(y)))
 }
 
 /// `ggml_vec_dot_q4_1_q8_1`: `sum_blocks(d_w * d_a * sumi + m_w * s_a)`.
 #[target_feature(enable = "simd128")]
 unsafe fn dot_q4_1_q8_1(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let (wp, ap) = (w.as_ptr(), a.as_ptr());
-    let mut acc = f32x4_splat(0.0);
-    let mut summs = 0f32;
-    for i in 0..n / 32 {
-        let (x, y) = (wp.add(i * 20), ap.add(i * 36));
-        let (lo, hi) = nibbles(x.add(4));
-        let s = i32x4_add(dot16(lo, load(y.add(4))), dot16(hi, load(y.add(20))));
-        acc = f32x4_add(acc, f32x4_mul(f32x4_convert_i32x4(s), f32x4_splat(f16s(x) * f16s(y))));
-        summs += f16s(x.add(2)) * f16s(y.add(2));
-    }
-    hsum_f32(acc) + summs
+    blocks_32(n / 32, w.as_ptr(), 20, a.as_ptr(), 36, 4, |x| nibbles(x.add(4)), |sumi, x, y| (f16s(x) * f16s(y)) * sumi as f32 + f16s(x.add(2)) * f16s(y.add(2)))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -237,15 +234,15 @@ unsafe fn dot_q4_1_q8_1(n: usize, w: &[u8], a: &[u8]) -> f32 {
 #[target_feature(enable = "simd128")]
 unsafe fn dot_q4_k_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let (wp, ap) = (w.as_ptr(), a.as_ptr());
-    let mut acc = f32x4_splat(0.0);
-    let mut mins_total = 0f32;
+    let mut sumf = 0f32;
     for i in 0..n / QK_K {
         let (x, y) = (wp.add(i * 144), ap.add(i * 292));
         let yd = f32s(y);
+        let d = f16s(x) * yd;
+        let dmin = f16s(x.add(2)) * yd;
         let (sc, mn) = scales_mins_k4(core::slice::from_raw_parts(x.add(4), 12));
         let bsum = |k: usize| i16::from_le_bytes([*y.add(260 + 2 * k), *y.add(261 + 2 * k)]) as i32;
         let summ: i32 = (0..8).map(|g| mn[g] as i32 * (bsum(2 * g) + bsum(2 * g + 1))).sum();
-        mins_total += f16s(x.add(2)) * yd * summ as f32;
         let mut isum = i32x4_splat(0);
         for c in 0..4 {
             let (lo0, hi0) = nibbles(x.add(16 + 32 * c));
@@ -256,16 +253,16 @@ unsafe fn dot_q4_k_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
             isum = i32x4_add(isum, i32x4_mul(s_lo, i32x4_splat(sc[2 * c] as i32)));
             isum = i32x4_add(isum, i32x4_mul(s_hi, i32x4_splat(sc[2 * c + 1] as i32)));
         }
-        acc = f32x4_add(acc, f32x4_mul(f32x4_convert_i32x4(isum), f32x4_splat(f16s(x) * yd)));
+        sumf += d * hsum_i32(isum) as f32 - dmin * summ as f32;
     }
-    hsum_f32(acc) - mins_total
+    sumf
 }
 
 #[target_feature(enable = "simd128")]
 unsafe fn dot_q6_k_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let (wp, ap) = (w.as_ptr(), a.as_ptr());
     let (m4, m3) = (u8x16_splat(0x0f), u8x16_splat(3));
-    let mut acc = f32x4_splat(0.0);
+    let mut sumf = 0f32;
     for i in 0..n / QK_K {
         let (x, y) = (wp.add(i * 210), ap.add(i * 292));
         let mut isum = i32x4_splat(0);
@@ -288,7 +285,7 @@ unsafe fn dot_q6_k_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
                 }
             }
         }
-        acc = f32x4_add(acc, f32x4_mul(f32x4_convert_i32x4(isum), f32x4_splat(f16s(x.add(208)) * f32s(y))));
+        sumf += (f16s(x.add(208)) * f32s(y)) * hsum_i32(isum) as f32;
     }
-    hsum_f32(acc)
+    sumf
 }

@@ -28,6 +28,35 @@ pub fn crc32(data: &[u8]) -> u32 {
     crc32fast::hash(data)
 }
 
+/// Collect per-op sums of the CPU forward (the native `LES_DEBUG_DUMP=1` lines) from now on.
+#[wasm_bindgen(js_name = setDebugDump)]
+pub fn set_debug_dump(on: bool) {
+    crate::model::DUMP_ON.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// The collected debug lines (and clear them).
+#[wasm_bindgen(js_name = takeDebugDump)]
+pub fn take_debug_dump() -> String {
+    std::mem::take(&mut *crate::model::DUMP_BUF.lock().unwrap())
+}
+
+/// Debug: `x` quantized to the activation type of ggml type `ty`, then dotted with each row of
+/// `w` (cross-platform numerics checks against a native run). Returns [dots..., act bytes as f32].
+#[wasm_bindgen(js_name = debugMatvec)]
+pub fn debug_matvec(ty: u32, w: &[u8], x: &[f32]) -> Vec<f32> {
+    use crate::quant::{self, GgmlType};
+    let Some(t) = GgmlType::from_u32(ty) else { return vec![] };
+    let mut act = Vec::new();
+    if quant::quantize_activation(quant::vec_dot_type(t), x, &mut act).is_err() {
+        return vec![];
+    }
+    let rb = t.row_bytes(x.len() as u64).unwrap_or(0) as usize;
+    let mut y = vec![0f32; if rb == 0 { 0 } else { w.len() / rb }];
+    quant::matvec(t, x.len(), w, &act, &mut y);
+    y.extend(act.iter().map(|&b| b as f32));
+    y
+}
+
 /// A [`ByteSource`] over a JavaScript function `read(offset, length) -> Uint8Array` (synchronous;
 /// it may throw, which becomes a [`StoreError::Io`] carrying the message).
 struct JsSource {

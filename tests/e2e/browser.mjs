@@ -1,5 +1,8 @@
 // Launch Debian's Chromium headless with WebGPU through SwiftShader (flags: ../shared/ENVIRONMENT.md).
 import { chromium } from 'playwright-core';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
 
 export const CHROMIUM_ARGS = [
   '--enable-unsafe-webgpu', '--enable-features=Vulkan', '--use-webgpu-adapter=swiftshader',
@@ -7,8 +10,16 @@ export const CHROMIUM_ARGS = [
   '--no-first-run', '--disable-quic',
 ];
 
-export function launch() {
-  return chromium.launch({ executablePath: process.env.LES_CHROMIUM ?? '/usr/bin/chromium', args: CHROMIUM_ARGS, headless: true });
+// A fresh profile on disk (OPFS and its quota as a user has them; incognito storage is in memory).
+export async function launch() {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'les-chromium-'));
+  const ctx = await chromium.launchPersistentContext(dir, { executablePath: process.env.LES_CHROMIUM ?? '/usr/bin/chromium', args: CHROMIUM_ARGS, headless: true });
+  const close = ctx.close.bind(ctx);
+  ctx.close = async () => {
+    await close();
+    fs.rmSync(dir, { recursive: true, force: true });
+  };
+  return ctx;
 }
 
 // Run the demo page with URL parameters and wait for the generation (or an error).

@@ -38,13 +38,15 @@ pub enum RopeKind {
 /// cos/sin table for one position, as ggml's `ggml_rope_cache_init` builds it: theta starts at
 /// the position and is multiplied by `base^(-2/n_rot)` per pair, in f32 (iterated, not powf per
 /// pair), with no YaRN extrapolation (ext_factor 0, freq_scale 1, attn_factor 1).
+/// Transcendentals here (and in softmax, sigmoid, attention) come from the `libm` crate, not the
+/// platform's C library, so that native and wasm32 builds compute bit-identical logits.
 pub fn rope_cache(pos: usize, n_rot: usize, base: f32, cache: &mut Vec<f32>) {
     cache.clear();
-    let theta_scale = base.powf(-2.0 / n_rot as f32);
+    let theta_scale = libm::powf(base, -2.0 / n_rot as f32);
     let mut theta = pos as f32;
     for _ in 0..n_rot / 2 {
-        cache.push(theta.cos());
-        cache.push(theta.sin());
+        cache.push(libm::cosf(theta));
+        cache.push(libm::sinf(theta));
         theta *= theta_scale;
     }
 }
@@ -118,7 +120,7 @@ pub fn softmax(x: &[f32], y: &mut [f32]) {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let mut sum = 0f64;
     for (o, &v) in y.iter_mut().zip(x) {
-        let e = (v - max).exp();
+        let e = libm::expf(v - max);
         *o = e;
         sum += e as f64;
     }
@@ -131,7 +133,7 @@ pub fn softmax(x: &[f32], y: &mut [f32]) {
 /// Sigmoid.
 #[inline]
 pub fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + (-x).exp())
+    1.0 / (1.0 + libm::expf(-x))
 }
 
 /// Indices of the `k` largest values, largest first (ties: lower index first).
@@ -198,12 +200,12 @@ pub fn attend_head(q: &[f32], k_rows: &[f16], v_rows: &[f16], head_dim: usize, n
         if s > m {
             let m_old = m;
             m = s;
-            ms = (m_old - m).exp();
+            ms = libm::expf(m_old - m);
             for a in acc.iter_mut() {
                 *a = f16::from_f32(a.to_f32() * ms);
             }
         } else {
-            vs = (s - m).exp();
+            vs = libm::expf(s - m);
         }
         let v = &v_rows[j * head_dim..(j + 1) * head_dim];
         // ggml_vec_mad_f16 on x86: f32 FMA, rounded back to f16.
