@@ -24,6 +24,8 @@ struct Params {
 @group(0) @binding(3) var<storage, read> IDX: array<u32>;
 @group(0) @binding(4) var<uniform> P: Params;
 
+var<private> P_INF_BITS: u32 = 0x7f800000u;
+
 // ggml_v_expf / ggml_expf (ggml-cpu/vec.h, scalar form): exact port, so silu matches the CPU bit for bit.
 fn ggml_expf(x: f32) -> f32 {
     // ggml adds and subtracts 0x1.8p23 to round x*log2(e) to an integer; shader compilers may
@@ -33,7 +35,8 @@ fn ggml_expf(x: f32) -> f32 {
     b = fma(-n, bitcast<f32>(0x35bfbe8eu), b);
     if (abs(n) > 192.0) {
         if (n <= 0.0) { return 0.0; }
-        return bitcast<f32>(0x7f800000u);
+        // +inf from a runtime value: WGSL rejects a constant expression that evaluates to inf.
+        return bitcast<f32>(P_INF_BITS);
     }
     let u = b * b;
     let p = fma(bitcast<f32>(0x3c072010u), b, bitcast<f32>(0x3d2b9f17u));

@@ -163,7 +163,7 @@ impl Engine {
             None => (Session::load_with_batch(&*src, ExpertMode::Resident, n_ctx, 32).map_err(err)?, None, None),
         };
         let inner = Inner { session, experts, plan, backend: "cpu (wasm)".into(), gen: None, model_bytes: len as u64 };
-        Ok(Engine { inner: Rc::new(RefCell::new(inner)), last_stats: Rc::new(RefCell::new(String::new())) })
+        Ok(Engine { inner: Rc::new(RefCell::new(inner)), last_stats: Rc::new(RefCell::new("{}".into())) })
     }
 
     /// Move the model to WebGPU (resolves with a line describing the adapter; rejects when there
@@ -173,7 +173,9 @@ impl Engine {
         let inner = self.inner.clone();
         wasm_bindgen_futures::future_to_promise(async move {
             let ctx = crate::backend::wgpu::GpuContext::new_async().await.map_err(|e| JsValue::from(err(e)))?;
-            let line = format!("webgpu on {} ({})", ctx.info.name, if ctx.info.driver.is_empty() { ctx.info.vendor.to_string() } else { ctx.info.driver.clone() });
+            let i = &ctx.info;
+            let what = [i.name.as_str(), i.driver.as_str(), i.driver_info.as_str()].into_iter().filter(|s| !s.is_empty()).collect::<Vec<_>>().join(", ");
+            let line = if what.is_empty() { "webgpu".to_string() } else { format!("webgpu ({what})") };
             let mut g = inner.try_borrow_mut().map_err(|_| JsValue::from(err("engine busy")))?;
             let slots = expert_slots.map(|n| n as usize).or(g.plan.as_ref().map(|p| p.slots));
             let opts = crate::backend::wgpu::model::GpuOptions { expert_slots: slots };
