@@ -23,6 +23,7 @@ function fmtMB(b) {
 function onProgress(p) {
   state.progress = p;
   if (p.phase === 'download') {
+    state.stored = p.loaded;
     $('progress').hidden = false;
     const f = p.total ? p.loaded / p.total : 0;
     $('progress').querySelector('.bar').style.width = `${(100 * f).toFixed(1)}%`;

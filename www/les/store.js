@@ -384,6 +384,7 @@ export class CachedModel {
     } catch (e) {
       if (isQuota(e)) {
         const err = new LesStoreError('QuotaExceededError', `browser storage is full (${e.message}); the partial download was removed`);
+        this.fatal = err; // the engine reports reads as plain errors: the worker rethrows this one
         this._discard();
         throw err;
       }
@@ -407,6 +408,7 @@ export class CachedModel {
 
   // Synchronous read for the engine: missing units are fetched first.
   readSync(offset, length) {
+    if (this.fatal) throw this.fatal;
     if (!this.backing) throw new LesStoreError('NotFound', 'model storage was closed');
     const end = offset + length;
     for (let i = this.findUnit(offset); i < this.units.length && this.units[i].start < end; i++) {

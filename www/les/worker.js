@@ -42,7 +42,11 @@ async function load({ model: src, memoryBudgetMB = 0, backend = 'auto', nCtx = 2
   }
   onProgress({ phase: 'load', loaded: 0, total: model.size });
   const t0 = performance.now();
-  engine = new Engine((off, len) => model.readSync(off, len), model.size, memoryBudgetMB * 1048576, nCtx, String(src.name ?? src));
+  try {
+    engine = new Engine((off, len) => model.readSync(off, len), model.size, memoryBudgetMB * 1048576, nCtx, String(src.name ?? src));
+  } catch (e) {
+    throw model.fatal ?? e; // a storage error (quota) keeps its name through the engine
+  }
   const loadMs = performance.now() - t0;
   let backendLine = 'cpu (wasm)';
   let gpuError = null;
@@ -73,7 +77,12 @@ async function generate({ id, prompt, options }) {
     const tokens = [];
     for (;;) {
       if (aborted) engine.stop();
-      const r = await engine.step();
+      let r;
+      try {
+        r = await engine.step();
+      } catch (e) {
+        throw model?.fatal ?? e;
+      }
       if (r.token >= 0) tokens.push(r.token);
       text += r.text;
       post({ event: 'token', id, token: r.token, text: r.text });

@@ -1,0 +1,145 @@
+// End-to-end: the demo page in headless Chromium (WebGPU through SwiftShader) against a local
+// server with HTTP Range support. References come from the native engine on the same files.
+import test from 'node:test';
+import assert from 'node:assert/strict';
+import fs from 'node:fs';
+import path from 'node:path';
+import { startServer } from './server.mjs';
+import { launch, runDemo } from './browser.mjs';
+import { ROOT, LES, PKG, need, nativeTokens } from './common.mjs';
+
+const SMOLMOE = path.join(ROOT, 'models/smolmoe-32x2.les');
+const SMALL = path.join(ROOT, 'models/rand-llama-moe.les');
+const PROMPT = 'The three primary colors are';
+const SMALL_PROMPT = 'Hello world, this is';
+
+let srv, base;
+test.before(async () => {
+  need(LES, 'run `cargo build --release --bin les`');
+  need(path.join(PKG, 'les_bg.wasm'), 'run `./build.sh web`');
+  need(SMOLMOE, 'run `les pack models/smolmoe-32x2.gguf models/smolmoe-32x2.les`');
+  need(SMALL, 'run `les pack models/rand-llama-moe.gguf models/rand-llama-moe.les`');
+  srv = await startServer();
+  base = `http://127.0.0.1:${srv.port}`;
+});
+test.after(() => srv?.server.close());
+
+const reset = () => fetch(`${base}/__reset`).then((r) => r.json());
+const fault = (q) => fetch(`${base}/__fault?${q}`).then((r) => r.json());
+const served = () => fetch(`${base}/__stats`).then((r) => r.json());
+
+// SmolMoE-32x2 (1.6 GB) under a 400 MiB budget: the CPU path (wasm) gives the native engine's
+// tokens; then, in the same profile, a reload runs from OPFS without a single model request and
+// the WebGPU path gives the native wgpu backend's tokens.
+test('SmolMoE-32x2 under 400 MiB: CPU and WebGPU paths equal native; reload reads OPFS only', async () => {
+  const nCpu = 32, nGpu = 24;
+  const wantCpu = nativeTokens(SMOLMOE, PROMPT, nCpu, ['--memory-budget', '400MiB'], { LES_NO_SIMD: '1' });
+  const wantGpu = nativeTokens(SMOLMOE, PROMPT, nGpu, ['--memory-budget', '400MiB', '--backend', 'wgpu']);
+  const ctx = await launch();
+  try {
+    const page = await ctx.newPage();
+    await reset();
+    const cpu = await runDemo(page, base, { model: '/models/smolmoe-32x2.les', budget: '400', backend: 'cpu', prompt: PROMPT, n: String(nCpu) });
+    assert.equal(cpu.error, null, JSON.stringify(cpu.error));
+    assert.equal(cpu.backend, 'cpu (wasm)');
+    assert.deepEqual(cpu.last.tokens, wantCpu);
+    const plan = await page.evaluate(() => window.les.engine.info.plan);
+    assert.ok(plan.budget < fs_size(), 'budget below the model size');
+    const dl = await page.evaluate(() => window.les.engine.waitForDownload());
+    assert.equal(dl.complete, true);
+    const first = await served();
+    assert.ok(first.bytes >= 1643360256 && first.bytes < 1.1 * 1643360256, `downloaded ${first.bytes} bytes once`);
+
+    await reset();
+    const gpu = await runDemo(page, base, { model: '/models/smolmoe-32x2.les', budget: '400', backend: 'webgpu', prompt: PROMPT, n: String(nGpu) }, 900_000);
+    assert.equal(gpu.error, null, JSON.stringify(gpu.error));
+    assert.match(gpu.backend, /^webgpu/);
+    assert.deepEqual(gpu.last.tokens, wantGpu);
+    assert.equal((await served()).requests, 0, 'the reload read the model from OPFS only');
+  } finally {
+    await ctx.close();
+  }
+});
+
+function fs_size() {
+  return fs.statSync(SMOLMOE).size;
+}
+
+test('a download cut off midway resumes where it stopped and completes', async () => {
+  const size = fs.statSync(SMALL).size;
+  const want = nativeTokens(SMALL, SMALL_PROMPT, 16, ['--memory-budget', '1GiB'], { LES_NO_SIMD: '1' });
+  const ctx = await launch();
+  try {
+    const page = await ctx.newPage();
+    await reset();
+    // The header and the 16 MB dense part arrive; the connection dies during the experts.
+    await fault(`cut=${17_000_000}`);
+    await page.goto(`${base}/?model=/models/rand-llama-moe.les&budget=0&backend=cpu`);
+    await page.click('#load');
+    await page.waitForFunction(() => window.les.error || window.les.progress?.phase === 'error', null, { timeout: 120_000 });
+    const cut = await served();
+    assert.ok(cut.bytes < size, `only part was served (${cut.bytes} of ${size})`);
+    const stored = await page.evaluate(() => window.les.stored ?? 0);
+    await fault('cut=0');
+    await reset();
+    const r = await runDemo(page, base, { model: '/models/rand-llama-moe.les', budget: '0', backend: 'cpu', prompt: SMALL_PROMPT, n: '16' });
+    assert.equal(r.error, null, JSON.stringify(r.error));
+    assert.deepEqual(r.last.tokens, want);
+    const dl = await page.evaluate(() => window.les.engine.waitForDownload());
+    assert.equal(dl.complete, true);
+    const resumed = await served();
+    assert.ok(stored > 0, 'something was stored before the cut');
+    assert.ok(resumed.bytes <= size - stored + 1_000_000, `resume fetched ${resumed.bytes} bytes; ${stored} of ${size} were already stored`);
+  } finally {
+    await ctx.close();
+  }
+});
+
+test('a corrupted block is detected by its checksum and fetched again', async () => {
+  const want = nativeTokens(SMALL, SMALL_PROMPT, 16, ['--memory-budget', '1GiB'], { LES_NO_SIMD: '1' });
+  // Flip a byte inside the dense block (its CRC-32 is in the bundle header).
+  const head = fs.readFileSync(SMALL).subarray(0, 128);
+  const denseOff = Number(head.readBigUInt64LE(48));
+  const ctx = await launch();
+  try {
+    const page = await ctx.newPage();
+    await reset();
+    await fault(`corrupt=${denseOff + 12345}`);
+    const r = await runDemo(page, base, { model: '/models/rand-llama-moe.les', budget: '0', backend: 'cpu', prompt: SMALL_PROMPT, n: '16' });
+    assert.equal(r.error, null, JSON.stringify(r.error));
+    assert.deepEqual(r.last.tokens, want);
+    const st = await page.evaluate(() => window.les.engine.stats());
+    assert.equal(st.storage.checksumFailures, 1);
+    const dense = (await served()).ranges.filter(([, s]) => s === denseOff);
+    assert.equal(dense.length, 2, 'the dense block was fetched twice');
+  } finally {
+    await ctx.close();
+  }
+});
+
+test('a full storage quota is shown to the user and leaves nothing behind', async () => {
+  const ctx = await launch();
+  try {
+    const page = await ctx.newPage();
+    await page.goto(`${base}/`);
+    const cdp = await ctx.newCDPSession(page);
+    await cdp.send('Storage.overrideQuotaForOrigin', { origin: base, quotaSize: 4 * 1048576 });
+    await page.goto(`${base}/?model=/models/rand-llama-moe.les&budget=0&backend=cpu&prompt=hi&n=4&run=1`);
+    await page.waitForFunction(() => window.les.error, null, { timeout: 60_000 });
+    const shown = await page.textContent('#error');
+    assert.match(shown, /Storage full/);
+    assert.equal(await page.isVisible('#error'), true);
+    const left = await page.evaluate(async () => {
+      const root = await navigator.storage.getDirectory();
+      const names = [];
+      try {
+        const d = await root.getDirectoryHandle('les-models');
+        for await (const [n] of d.entries()) names.push(n);
+      } catch (_) {}
+      return names;
+    });
+    assert.deepEqual(left, []);
+  } finally {
+    await ctx.close();
+  }
+});

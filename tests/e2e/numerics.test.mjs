@@ -1,0 +1,67 @@
+// The wasm build's dot products equal the native build's portable kernels bit for bit, for every
+// type with a SIMD128 kernel (and the portable ones): same activation bytes, same f32 results.
+// Reference: `target/release/examples/quant_probe` run with LES_NO_SIMD=1 on the same inputs.
+import test from 'node:test';
+import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { ROOT, PKG, need, prng } from './common.mjs';
+
+const PROBE = path.join(ROOT, 'target/release/examples/quant_probe');
+
+// ggml type id -> [block elements, block bytes, fill(block view, rand)] with valid scales.
+const f16 = (r) => {
+  // A normal half in [2^-10, 2^-2) with a random sign: sane quantization scales.
+  const e = 5 + Math.floor(r() * 8);
+  return ((r() < 0.5 ? 0x8000 : 0) | (e << 10) | Math.floor(r() * 1024)) & 0xffff;
+};
+const put16 = (b, at, v) => { b[at] = v & 0xff; b[at + 1] = v >> 8; };
+const TYPES = {
+  0: [1, 4, (b, r) => new DataView(b.buffer, b.byteOffset).setFloat32(0, (r() - 0.5) * 4, true)],
+  1: [1, 2, (b, r) => put16(b, 0, f16(r) ^ 0x2000)],
+  30: [1, 2, (b, r) => { const f = new Float32Array([(r() - 0.5) * 4]); put16(b, 0, new Uint32Array(f.buffer)[0] >>> 16); }],
+  2: [32, 18, (b, r) => { rnd(b, r); put16(b, 0, f16(r)); }],
+  3: [32, 20, (b, r) => { rnd(b, r); put16(b, 0, f16(r) & 0x7fff); put16(b, 2, f16(r)); }],
+  6: [32, 22, (b, r) => { rnd(b, r); put16(b, 0, f16(r)); }],
+  7: [32, 24, (b, r) => { rnd(b, r); put16(b, 0, f16(r) & 0x7fff); put16(b, 2, f16(r)); }],
+  8: [32, 34, (b, r) => { rnd(b, r); put16(b, 0, f16(r)); }],
+  10: [256, 84, (b, r) => { rnd(b, r); put16(b, 80, f16(r) & 0x7fff); put16(b, 82, f16(r) & 0x7fff); }],
+  11: [256, 110, (b, r) => { rnd(b, r); put16(b, 108, f16(r)); }],
+  12: [256, 144, (b, r) => { rnd(b, r); put16(b, 0, f16(r) & 0x7fff); put16(b, 2, f16(r) & 0x7fff); }],
+  13: [256, 176, (b, r) => { rnd(b, r); put16(b, 0, f16(r) & 0x7fff); put16(b, 2, f16(r) & 0x7fff); }],
+  14: [256, 210, (b, r) => { rnd(b, r); put16(b, 208, f16(r)); }],
+};
+function rnd(b, r) {
+  for (let i = 0; i < b.length; i++) b[i] = Math.floor(r() * 256);
+}
+
+test('wasm dot products are bit-identical to the native portable kernels', async () => {
+  need(PROBE, 'run `cargo build --release --example quant_probe`');
+  need(path.join(PKG, 'les_bg.wasm'), 'run `./build.sh web`');
+  const { default: init, debugMatvec } = await import(path.join(PKG, 'les.js'));
+  await init({ module_or_path: fs.readFileSync(path.join(PKG, 'les_bg.wasm')) });
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'les-numerics-'));
+  const r = prng(1234);
+  for (const [id, [bs, bb, fill]] of Object.entries(TYPES)) {
+    // Columns: a few blocks, and for float types a length that leaves a tail after the 8 lanes.
+    const cols = bs === 1 ? 1003 : bs * (bs === 32 ? 18 : 3);
+    const rows = 24;
+    const w = new Uint8Array((cols / bs) * bb * rows);
+    for (let o = 0; o < w.length; o += bb) fill(w.subarray(o, o + bb), r);
+    const x = new Float32Array(cols);
+    for (let i = 0; i < cols; i++) x[i] = (r() - 0.5) * Math.exp(3 * (r() - 0.5)) * (i % 97 === 0 ? 40 : 1);
+    fs.writeFileSync(path.join(dir, 'w.bin'), w);
+    fs.writeFileSync(path.join(dir, 'x.bin'), new Uint8Array(x.buffer));
+    const native = execFileSync(PROBE, [id, path.join(dir, 'w.bin'), path.join(dir, 'x.bin')], { env: { ...process.env, LES_NO_SIMD: '1' } }).toString().trim().split('\n');
+    const y = debugMatvec(Number(id), w, x);
+    assert.equal(y.length > rows, true, `type ${id}: wasm returned nothing`);
+    let h = 0xcbf29ce484222325n;
+    for (const v of y.slice(rows)) h = ((h ^ BigInt(v)) * 0x100000001b3n) & 0xffffffffffffffffn;
+    assert.equal(`act ${h.toString(16).padStart(16, '0')}`, native[0], `type ${id}: activation bytes differ`);
+    const bits = new Uint32Array(new Float32Array(y.slice(0, rows)).buffer);
+    const got = Array.from(bits, (b) => b.toString(16).padStart(8, '0'));
+    assert.deepEqual(got, native.slice(1), `type ${id}: dot products differ`);
+  }
+});
