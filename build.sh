@@ -83,6 +83,15 @@ case "$cmd" in
     cargo check --lib --no-default-features --target aarch64-apple-ios
     cargo check --lib --no-default-features --target aarch64-apple-darwin
     cargo test --release
+    # Browser: the wasm engine, the .les bundles the page loads, then Chromium end to end.
+    need_browser
+    build_web
+    cargo build --release --bin les --example quant_probe
+    for m in smolmoe-32x2 rand-llama-moe; do
+      [ -f "models/$m.les" ] || ./target/release/les pack "models/$m.gguf" "models/$m.les"
+    done
+    (cd tests/e2e && npm test)
+    tools/npm_smoke.sh
     ;;
   web)
     build_web

@@ -13,7 +13,10 @@ import { fileURLToPath } from 'node:url';
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
 const TYPES = { '.html': 'text/html', '.js': 'text/javascript', '.mjs': 'text/javascript', '.css': 'text/css', '.wasm': 'application/wasm', '.json': 'application/json', '.png': 'image/png', '.svg': 'image/svg+xml' };
 
-export function startServer(port = 0) {
+// `opts.root`: serve this folder at `/` instead of www/ (the npm package test's scratch app).
+export function startServer(port = 0, opts = {}) {
+  const web = path.resolve(opts.root ?? path.join(ROOT, 'www'));
+  const models = path.join(ROOT, 'models');
   const st = { requests: 0, bytes: 0, ranges: [], cut: null, corrupt: null };
   const reset = () => Object.assign(st, { requests: 0, bytes: 0, ranges: [], cut: null, corrupt: null });
   const server = http.createServer((req, res) => {
@@ -26,9 +29,10 @@ export function startServer(port = 0) {
       return json(res, { cut: st.cut, corrupt: st.corrupt });
     }
     const isModel = url.pathname.startsWith('/models/');
-    const rel = isModel ? url.pathname : path.join('www', url.pathname === '/' ? 'index.html' : url.pathname);
-    const file = path.resolve(ROOT, '.' + path.sep + decodeURIComponent(rel));
-    if (!file.startsWith(ROOT + path.sep) || !fs.existsSync(file) || !fs.statSync(file).isFile()) {
+    const dir = isModel ? models : web;
+    const rel = isModel ? url.pathname.slice('/models/'.length) : url.pathname === '/' ? 'index.html' : url.pathname;
+    const file = path.resolve(dir, '.' + path.sep + decodeURIComponent(rel));
+    if (!file.startsWith(dir + path.sep) || !fs.existsSync(file) || !fs.statSync(file).isFile()) {
       res.writeHead(404).end('not found');
       return;
     }

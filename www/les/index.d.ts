@@ -1,0 +1,166 @@
+// Types of the LES browser API (les-engine).
+
+/** Progress of downloading / loading a model. Sizes in bytes. */
+export interface Progress {
+  phase: 'download' | 'load' | 'error';
+  loaded?: number;
+  total?: number;
+  /** Every block of the model is stored (verified) in browser storage. */
+  complete?: boolean;
+  /** Where the model is stored: 'opfs' or 'indexeddb'. */
+  backing?: 'opfs' | 'indexeddb';
+  /** Set when phase is 'error' (the background download stopped; reload to resume). */
+  error?: { name: string; message: string };
+}
+
+export interface CreateEngineOptions {
+  /** URL of a GGUF or `.les` bundle (HTTP Range requests required), a File, or a FileSystemFileHandle. */
+  model: string | File | Blob | FileSystemFileHandle;
+  /** Memory budget in MiB for dense weights, expert cache, KV cache and scratch; 0 keeps every expert resident. */
+  memoryBudgetMB?: number;
+  /** 'auto' uses WebGPU when an adapter exists, else the CPU (wasm SIMD128). Default 'auto'. */
+  backend?: 'auto' | 'webgpu' | 'cpu';
+  /** Context size in tokens (default 2048). */
+  nCtx?: number;
+  /** Browser storage for URL models: 'auto' (OPFS, else IndexedDB), 'opfs' or 'indexeddb'. */
+  backing?: 'auto' | 'opfs' | 'indexeddb';
+  /** Expert slots on the GPU (default: the budget's expert slots). */
+  gpuExpertSlots?: number;
+  onProgress?: (p: Progress) => void;
+  /** URL of worker.js when a bundler moves it. */
+  workerUrl?: string | URL;
+}
+
+export interface GenerateOptions {
+  max_tokens?: number;
+  /** 0 = greedy. */
+  temperature?: number;
+  top_k?: number;
+  top_p?: number;
+  min_p?: number;
+  repeat_penalty?: number;
+  seed?: number;
+  ignore_eos?: boolean;
+}
+
+/** Per-layer expert counters (cumulative for the current generation). */
+export interface LayerStats {
+  hits: number;
+  late: number;
+  misses: number;
+  /** Per lookahead distance d (index d-1): predicted-and-routed, predictions made, routed. */
+  pred_tp: number[];
+  pred_made: number[];
+  pred_routed: number[];
+  stall_ms: number;
+}
+
+export interface EngineStats {
+  prompt_tokens: number;
+  prompt_ms: number;
+  gen_tokens: number;
+  gen_ms: number;
+  tokens_per_s: number;
+  /** null when every expert is resident. */
+  hit_rate: number | null;
+  recall_d1: number | null;
+  bytes_per_token: number | null;
+  stream: { tokens: number; bytes_read: number; stall_ms: number; layers: LayerStats[]; [k: string]: unknown } | null;
+  backend: string;
+}
+
+export interface Stats {
+  engine: EngineStats | null;
+  storage: { verified: number; checksumFailures: number; fetchedOnDemand: number; fetchedBackground: number } | null;
+  http: { requests: number; bytes: number } | null;
+  complete: boolean | null;
+}
+
+export interface GenerateResult {
+  text: string;
+  tokens: number[];
+  promptTokens: number;
+  aborted: boolean;
+  stats: EngineStats;
+}
+
+export interface ModelInfo {
+  arch: string | null;
+  name: string | null;
+  n_layer: number;
+  n_embd: number;
+  n_expert: number;
+  n_expert_used: number;
+  n_vocab: number;
+  n_ctx: number;
+  model_bytes: number;
+  plan: { budget: number; dense: number; kv: number; scratch: number; expert_bytes_max: number; slots: number; minimum: number; total_expert_bytes: number } | null;
+  backend: string;
+  has_chat_template: boolean;
+}
+
+export interface ChatMessage {
+  role: 'system' | 'user' | 'assistant';
+  content: string;
+}
+
+export interface ChatCompletionRequest extends GenerateOptions {
+  messages: ChatMessage[];
+  stream?: boolean;
+}
+
+export interface ChatCompletion {
+  id: string;
+  object: 'chat.completion';
+  created: number;
+  model: string;
+  choices: { index: number; message: ChatMessage; finish_reason: 'stop' | 'length' }[];
+  usage?: { prompt_tokens: number; completion_tokens: number; total_tokens: number };
+}
+
+export interface ChatCompletionChunk {
+  id: string;
+  object: 'chat.completion.chunk';
+  created: number;
+  model: string;
+  choices: { index: number; delta: { content?: string }; finish_reason: 'stop' | 'length' | 'abort' | null }[];
+  usage?: { prompt_tokens: number; completion_tokens: number; total_tokens: number };
+}
+
+export declare class Engine {
+  readonly info: ModelInfo;
+  /** The backend in use, e.g. 'cpu (wasm)' or 'webgpu (...)'. */
+  readonly backend: string;
+  /** Text chunks as they are generated. */
+  generate(prompt: string, options?: GenerateOptions): AsyncGenerator<string, void, void>;
+  /** Tokens, text and stats of the last finished generation. */
+  readonly lastResult: GenerateResult | null;
+  chat: {
+    completions: {
+      create(req: ChatCompletionRequest & { stream: true }): Promise<AsyncIterable<ChatCompletionChunk>>;
+      create(req: ChatCompletionRequest & { stream?: false }): Promise<ChatCompletion>;
+    };
+  };
+  /** Stop the running generation after the current token. */
+  abort(): Promise<boolean>;
+  stats(): Promise<Stats>;
+  /** Resolves when the background download has finished (or stopped). */
+  waitForDownload(): Promise<{ complete: boolean }>;
+  /** Free the model and terminate the worker. */
+  unload(): Promise<void>;
+}
+
+/**
+ * Errors keep their `name`: 'QuotaExceededError' (browser storage full; nothing half-written is
+ * kept), 'ChecksumError' (a block failed its CRC-32 three times), 'RangeNotSupported',
+ * 'NetworkError', 'NotFound', or 'LesError' (a model or engine error, e.g. a budget below the
+ * model's minimum, with the minimum in the message).
+ */
+export declare function createEngine(options: CreateEngineOptions): Promise<Engine>;
+
+/** Models stored in this origin's OPFS. */
+export declare function listModels(workerUrl?: string | URL): Promise<{ key: string; url?: string; size?: number; storedBytes: number; backing: 'opfs' }[]>;
+/** Delete a stored model (by its URL) from OPFS and IndexedDB. */
+export declare function deleteModel(url: string, workerUrl?: string | URL): Promise<void>;
+/** This origin's storage usage and quota, in bytes. */
+export declare function storageUsage(workerUrl?: string | URL): Promise<{ usage: number; quota: number }>;
