@@ -1,5 +1,6 @@
 // The LES demo page: load a model, generate, show download progress, tokens/s and per-layer charts.
 // URL parameters prefill the form: ?model=URL&budget=MiB&backend=cpu|webgpu|auto&prompt=...&n=N&run=1
+// (&backing=indexeddb stores the model in IndexedDB instead of OPFS)
 import { createEngine, deleteModel } from './les/index.js';
 
 const $ = (id) => document.getElementById(id);
@@ -42,6 +43,7 @@ function config() {
     model: file ?? new URL($('model-url').value, location.href).href,
     memoryBudgetMB: Number($('budget').value) || 0,
     backend: $('backend').value,
+    backing: new URLSearchParams(location.search).get('backing') ?? 'auto',
   };
 }
 

@@ -117,6 +117,27 @@ test('a corrupted block is detected by its checksum and fetched again', async ()
   }
 });
 
+test('IndexedDB storage (where OPFS is missing): same tokens, and a reload reads IndexedDB only', async () => {
+  const want = nativeTokens(SMALL, SMALL_PROMPT, 16, ['--memory-budget', '1GiB'], { LES_NO_SIMD: '1' });
+  const ctx = await launch();
+  try {
+    const page = await ctx.newPage();
+    const q = { model: '/models/rand-llama-moe.les', budget: '0', backend: 'cpu', prompt: SMALL_PROMPT, n: '16', backing: 'indexeddb' };
+    let r = await runDemo(page, base, q);
+    assert.equal(r.error, null, JSON.stringify(r.error));
+    assert.equal(r.progress.backing, 'indexeddb');
+    assert.deepEqual(r.last.tokens, want);
+    assert.equal((await page.evaluate(() => window.les.engine.waitForDownload())).complete, true);
+    await reset();
+    r = await runDemo(page, base, q);
+    assert.equal(r.error, null, JSON.stringify(r.error));
+    assert.deepEqual(r.last.tokens, want);
+    assert.equal((await served()).requests, 0, 'the reload read IndexedDB only');
+  } finally {
+    await ctx.close();
+  }
+});
+
 test('a full storage quota is shown to the user and leaves nothing behind', async () => {
   const ctx = await launch();
   try {

@@ -133,13 +133,24 @@ export class RangeClient {
   }
 }
 
+// A sync access handle that other tabs (workers) may hold too: writes are whole verified units,
+// the same bytes whoever writes them. Browsers without access-handle modes give exclusive ones.
+async function syncHandle(fh) {
+  try {
+    return await fh.createSyncAccessHandle({ mode: 'readwrite-unsafe' });
+  } catch (e) {
+    if (e.name === 'NoModificationAllowedError') throw new LesStoreError('NoModificationAllowedError', 'this model is open in another tab (and this browser cannot share OPFS files between tabs)');
+    return await fh.createSyncAccessHandle();
+  }
+}
+
 // OPFS backing: `data` (the model bytes, sparse) and `present` (one byte per unit).
 class OpfsBacking {
   static async open(dir) {
     const b = new OpfsBacking();
     b.dir = dir;
-    b.data = await (await dir.getFileHandle('data', { create: true })).createSyncAccessHandle();
-    b.present = await (await dir.getFileHandle('present', { create: true })).createSyncAccessHandle();
+    b.data = await syncHandle(await dir.getFileHandle('data', { create: true }));
+    b.present = await syncHandle(await dir.getFileHandle('present', { create: true }));
     b.kind = 'opfs';
     return b;
   }
@@ -174,7 +185,10 @@ class IdbBacking {
     b.key = key;
     b.db = await new Promise((res, rej) => {
       const q = indexedDB.open(`${ROOT_DIR}-${key}`, 1);
-      q.onupgradeneeded = () => q.result.createObjectStore('units');
+      q.onupgradeneeded = () => {
+        q.result.createObjectStore('units');
+        q.result.createObjectStore('meta');
+      };
       q.onsuccess = () => res(q.result);
       q.onerror = () => rej(q.error);
     });
@@ -189,8 +203,21 @@ class IdbBacking {
       };
       t.onerror = () => rej(t.error);
     });
+    b.meta = await new Promise((res, rej) => {
+      const q = b.db.transaction('meta').objectStore('meta').get('meta');
+      q.onsuccess = () => res(q.result ?? null);
+      q.onerror = () => rej(q.error);
+    });
     b.pending = [];
     return b;
+  }
+  putMeta(meta) {
+    return new Promise((res, rej) => {
+      const t = this.db.transaction('meta', 'readwrite');
+      t.objectStore('meta').put(meta, 'meta');
+      t.oncomplete = res;
+      t.onerror = () => rej(t.error);
+    });
   }
   presentBits(n) {
     const bits = new Uint8Array(n);
@@ -268,27 +295,30 @@ export class CachedModel {
     m.http = new RangeClient(m.url);
     m.stats = { verified: 0, checksumFailures: 0, fetchedOnDemand: 0, fetchedBackground: 0 };
     const root = opts.backing === 'indexeddb' ? null : await rootDir();
-    let meta = null, dir = null;
+    let meta = null, dir = null, idb = null;
     if (root) {
       dir = await root.getDirectoryHandle(m.key, { create: true });
       meta = await readJson(dir, 'meta.json');
     } else if (opts.backing === 'opfs') {
       throw new LesStoreError('NotFound', 'OPFS is not available in this browser');
+    } else {
+      idb = await IdbBacking.open(m.key);
+      meta = idb.meta;
     }
     try {
       if (!meta || meta.url !== m.url) {
         meta = await m._probe();
         await m._checkQuota(meta.size);
         if (dir) await writeJson(dir, 'meta.json', meta);
+        if (idb) await idb.putMeta(meta);
       }
       m.meta = meta;
       m.size = meta.size;
-      m.backing = dir ? await OpfsBacking.open(dir) : await IdbBacking.open(m.key);
+      m.backing = dir ? await OpfsBacking.open(dir) : idb;
       m.dir = dir;
       m.root = root;
       if (!m.units) m.units = await m._units();
       m.bits = m.backing.presentBits(m.units.length);
-      if (!dir) await m._saveIdbMeta(meta);
     } catch (e) {
       if (isQuota(e)) await m._discard();
       throw e;
@@ -322,6 +352,9 @@ export class CachedModel {
       this.backing.read(0, out);
       return out;
     }
+    if (this.backing.kind === 'indexeddb' && this.backing.blobs.has(0)) {
+      return new Uint8Array(new FileReaderSync().readAsArrayBuffer(this.backing.blobs.get(0).slice(0, n)));
+    }
     return this.http.readSync(0, n);
   }
 
@@ -331,10 +364,6 @@ export class CachedModel {
     if (size > quota - usage) {
       throw new LesStoreError('QuotaExceededError', `not enough browser storage for this model: it needs ${(size / 1048576).toFixed(1)} MiB, ${(Math.max(0, quota - usage) / 1048576).toFixed(1)} MiB are free (quota ${(quota / 1048576).toFixed(1)} MiB)`);
     }
-  }
-
-  async _saveIdbMeta(meta) {
-    globalThis.localStorage?.setItem?.(`${ROOT_DIR}:${this.key}`, JSON.stringify(meta));
   }
 
   // Delete everything stored for this model (after a quota error: nothing half-written stays).
