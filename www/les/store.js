@@ -414,7 +414,7 @@ export class CachedModel {
       if (isQuota(e)) {
         const err = new LesStoreError('QuotaExceededError', `browser storage is full (${e.message}); the partial download was removed`);
         this.fatal = err; // the engine reports reads as plain errors: the worker rethrows this one
-        this._discard();
+        this.discarding = this._discard(); // the worker awaits it before reporting the error
         throw err;
       }
       throw e;

@@ -45,6 +45,7 @@ async function load({ model: src, memoryBudgetMB = 0, backend = 'auto', nCtx = 2
   try {
     engine = new Engine((off, len) => model.readSync(off, len), model.size, memoryBudgetMB * 1048576, nCtx, String(src.name ?? src));
   } catch (e) {
+    await model.discarding; // a quota error removes the partial download first
     throw model.fatal ?? e; // a storage error (quota) keeps its name through the engine
   }
   const loadMs = performance.now() - t0;
@@ -61,7 +62,13 @@ async function load({ model: src, memoryBudgetMB = 0, backend = 'auto', nCtx = 2
   // Keep downloading the rest in the background; generation reads missing blocks on demand.
   if (!model.complete()) {
     const ctl = new AbortController();
-    download = { ctl, promise: model.download(ctl.signal).catch((e) => post({ event: 'progress', phase: 'error', error: errorOf(e) })) };
+    download = {
+      ctl,
+      promise: model.download(ctl.signal).catch(async (e) => {
+        await model?.discarding;
+        post({ event: 'progress', phase: 'error', error: errorOf(e) });
+      }),
+    };
   }
   return { info: JSON.parse(engine.info()), backend: backendLine, gpuError, loadMs, storage: model.stats, complete: model.complete() };
 }
@@ -81,6 +88,7 @@ async function generate({ id, prompt, options }) {
       try {
         r = await engine.step();
       } catch (e) {
+        await model?.discarding;
         throw model?.fatal ?? e;
       }
       if (r.token >= 0) tokens.push(r.token);
