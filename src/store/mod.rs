@@ -38,6 +38,9 @@ pub trait ByteSource: Send + Sync {
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
+    /// Lookahead: `[offset, offset + len)` will probably be read soon. Sources that can fetch
+    /// in the background (the browser's range store) start now; others ignore it.
+    fn hint(&self, _offset: u64, _len: usize) {}
     /// Read a range into a new vector. The length is checked against the source size before
     /// allocating, so a hostile length cannot cause an allocation larger than the source.
     fn read_vec(&self, offset: u64, len: usize) -> Result<Vec<u8>, StoreError> {
@@ -60,6 +63,9 @@ impl<T: ByteSource + ?Sized> ByteSource for Arc<T> {
     fn len(&self) -> u64 {
         (**self).len()
     }
+    fn hint(&self, offset: u64, len: usize) {
+        (**self).hint(offset, len)
+    }
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
         (**self).read_at(offset, buf)
     }
@@ -68,6 +74,9 @@ impl<T: ByteSource + ?Sized> ByteSource for Arc<T> {
 impl<T: ByteSource + ?Sized> ByteSource for Box<T> {
     fn len(&self) -> u64 {
         (**self).len()
+    }
+    fn hint(&self, offset: u64, len: usize) {
+        (**self).hint(offset, len)
     }
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
         (**self).read_at(offset, buf)

@@ -4,7 +4,8 @@
 //! not stored yet) and drives generation one token per promise, so the worker stays responsive to
 //! `abort` and `stats` between tokens. Expert streaming, lookahead prediction and the slot cache are
 //! the native ones (`expert::stream`), run without I/O threads (wasm32 has none): a missed expert is
-//! read on the calling thread, and predictions are recorded (recall) and order nothing.
+//! read on the calling thread, and predicted experts become `hint`s to the store, which fetches
+//! them by range in the background (lookahead range fetches).
 
 use crate::engine::sampling::SamplerConfig;
 use crate::engine::stream::{open_streaming_sources, BudgetPlan, OpenError, StreamOptions};
@@ -61,6 +62,8 @@ pub fn debug_matvec(ty: u32, w: &[u8], x: &[f32]) -> Vec<f32> {
 /// it may throw, which becomes a [`StoreError::Io`] carrying the message).
 struct JsSource {
     read: js_sys::Function,
+    /// `hint(offset, length)`: lookahead (the store may start fetching); errors are ignored.
+    hint: Option<js_sys::Function>,
     len: u64,
 }
 
@@ -85,6 +88,11 @@ impl ByteSource for JsSource {
         }
         a.copy_to(buf);
         Ok(())
+    }
+    fn hint(&self, offset: u64, len: usize) {
+        if let Some(h) = &self.hint {
+            let _ = h.call2(&JsValue::NULL, &JsValue::from_f64(offset as f64), &JsValue::from_f64(len as f64));
+        }
     }
 }
 
@@ -132,11 +140,12 @@ pub struct Engine {
 
 #[wasm_bindgen]
 impl Engine {
-    /// Load a model (GGUF or `.les` bundle) of `len` bytes through `read(offset, length)`.
-    /// `budget_bytes > 0` streams experts under that memory budget; `0` keeps every expert resident.
+    /// Load a model (GGUF or `.les` bundle) of `len` bytes through `read(offset, length)` (and
+    /// `hint(offset, length)` for lookahead range fetches, optional). `budget_bytes > 0` streams
+    /// experts under that memory budget; `0` keeps every expert resident.
     #[wasm_bindgen(constructor)]
-    pub fn new(read: js_sys::Function, len: f64, budget_bytes: f64, n_ctx: u32, name: String) -> Result<Engine, JsError> {
-        let src: Arc<dyn ByteSource> = Arc::new(JsSource { read, len: len as u64 });
+    pub fn new(read: js_sys::Function, hint: Option<js_sys::Function>, len: f64, budget_bytes: f64, n_ctx: u32, name: String) -> Result<Engine, JsError> {
+        let src: Arc<dyn ByteSource> = Arc::new(JsSource { read, hint, len: len as u64 });
         let n_ctx = if n_ctx == 0 { 2048 } else { n_ctx as usize };
         let mut magic = [0u8; 8];
         let is_bundle = src.len() >= 8 && src.read_at(0, &mut magic).is_ok() && &magic == b"LESBUNDL";

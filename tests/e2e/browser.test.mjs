@@ -44,6 +44,9 @@ test('SmolMoE-32x2 under 400 MiB: CPU and WebGPU paths equal native; reload read
     assert.equal(cpu.backend, 'cpu (wasm)');
     assert.deepEqual(cpu.last.tokens, wantCpu);
     const plan = await page.evaluate(() => window.les.engine.info.plan);
+    // Predicted experts not stored yet were fetched ahead by range (lookahead range fetches).
+    const early = await page.evaluate(() => window.les.engine.stats());
+    assert.ok(early.storage.hinted > 0, `lookahead range fetches: ${JSON.stringify(early.storage)}`);
     assert.ok(plan.budget < fs_size(), 'budget below the model size');
     const dl = await page.evaluate(() => window.les.engine.waitForDownload());
     assert.equal(dl.complete, true);
@@ -133,6 +136,43 @@ test('IndexedDB storage (where OPFS is missing): same tokens, and a reload reads
     assert.equal(r.error, null, JSON.stringify(r.error));
     assert.deepEqual(r.last.tokens, want);
     assert.equal((await served()).requests, 0, 'the reload read IndexedDB only');
+  } finally {
+    await ctx.close();
+  }
+});
+
+test('JS API: abort stops a generation; chat streaming and non-streaming agree; stats', async () => {
+  const ctx = await launch();
+  try {
+    const page = await ctx.newPage();
+    const r = await runDemo(page, base, { model: '/models/rand-llama-moe.les', budget: '0', backend: 'cpu', prompt: SMALL_PROMPT, n: '2' });
+    assert.equal(r.error, null, JSON.stringify(r.error));
+    const out = await page.evaluate(async () => {
+      const e = window.les.engine;
+      let chunks = 0;
+      for await (const _ of e.generate('Once upon a time', { max_tokens: 500, ignore_eos: true })) {
+        if (++chunks === 3) e.abort();
+      }
+      const aborted = e.lastResult;
+      const messages = [{ role: 'user', content: 'Name a color.' }];
+      let streamed = '';
+      let last = null;
+      for await (const c of await e.chat.completions.create({ messages, stream: true, max_tokens: 12, temperature: 0 })) {
+        streamed += c.choices[0].delta.content ?? '';
+        last = c;
+      }
+      const whole = await e.chat.completions.create({ messages, max_tokens: 12, temperature: 0 });
+      const stats = await e.stats();
+      return { aborted: aborted.aborted, n: aborted.tokens.length, streamed, whole, finish: last.choices[0].finish_reason, usage: last.usage, stats };
+    });
+    assert.equal(out.aborted, true);
+    assert.ok(out.n >= 3 && out.n < 10, `stopped after ${out.n} tokens`);
+    assert.equal(out.whole.object, 'chat.completion');
+    assert.equal(out.whole.choices[0].message.content, out.streamed);
+    assert.equal(out.usage.completion_tokens, out.whole.usage.completion_tokens);
+    assert.ok(['stop', 'length'].includes(out.finish));
+    assert.equal(out.stats.engine.gen_tokens, out.whole.usage.completion_tokens);
+    assert.equal(out.stats.engine.stream.layers.length, 4);
   } finally {
     await ctx.close();
   }

@@ -13,6 +13,7 @@
 
 const GGUF_UNIT = 4 << 20;
 const MAX_TRIES = 3;
+const MAX_AHEAD = 8; // lookahead range fetches in flight
 const ROOT_DIR = 'les-models';
 
 export class LesStoreError extends Error {
@@ -293,7 +294,8 @@ export class CachedModel {
     m.crc32 = opts.crc32;
     m.onProgress = opts.onProgress || (() => {});
     m.http = new RangeClient(m.url);
-    m.stats = { verified: 0, checksumFailures: 0, fetchedOnDemand: 0, fetchedBackground: 0 };
+    m.stats = { verified: 0, checksumFailures: 0, fetchedOnDemand: 0, fetchedBackground: 0, hinted: 0, fetchedAhead: 0 };
+    m.inflight = new Set();
     const root = opts.backing === 'indexeddb' ? null : await rootDir();
     let meta = null, dir = null, idb = null;
     if (root) {
@@ -448,6 +450,30 @@ export class CachedModel {
     return out;
   }
 
+  // Lookahead range fetch: the engine predicted that it will need [offset, offset + length) (an
+  // expert of a coming layer). Start fetching the missing units asynchronously; they are verified
+  // and stored when they arrive, which happens whenever the worker yields (on the WebGPU path,
+  // at every layer's readback). A read that comes first fetches the unit itself.
+  hint(offset, length) {
+    if (!this.backing || this.fatal) return;
+    const end = offset + length;
+    for (let i = this.findUnit(offset); i < this.units.length && this.units[i].start < end; i++) {
+      if (this.bits[i] || this.inflight.has(i) || this.inflight.size >= MAX_AHEAD) continue;
+      const u = this.units[i];
+      this.inflight.add(i);
+      this.stats.hinted++;
+      this.http
+        .read(u.start, u.end)
+        .then((bytes) => {
+          if (this.bits[i] || !this.backing || this.fatal || !this._verify(u, bytes)) return;
+          this._store(i, bytes);
+          this.stats.fetchedAhead++;
+        })
+        .catch(() => {}) // a failed lookahead fetch costs nothing: the read fetches the unit
+        .finally(() => this.inflight.delete(i));
+    }
+  }
+
   // Download every missing unit (resumable: units already present are skipped).
   async download(signal) {
     for (let i = 0; i < this.units.length; i++) {
@@ -491,6 +517,7 @@ export class FileModel {
   complete() {
     return true;
   }
+  hint() {}
   async download() {
     return true;
   }

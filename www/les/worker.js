@@ -43,7 +43,7 @@ async function load({ model: src, memoryBudgetMB = 0, backend = 'auto', nCtx = 2
   onProgress({ phase: 'load', loaded: 0, total: model.size });
   const t0 = performance.now();
   try {
-    engine = new Engine((off, len) => model.readSync(off, len), model.size, memoryBudgetMB * 1048576, nCtx, String(src.name ?? src));
+    engine = new Engine((off, len) => model.readSync(off, len), (off, len) => model.hint(off, len), model.size, memoryBudgetMB * 1048576, nCtx, String(src.name ?? src));
   } catch (e) {
     await model.discarding; // a quota error removes the partial download first
     throw model.fatal ?? e; // a storage error (quota) keeps its name through the engine
