@@ -18,6 +18,7 @@ mod float;
 mod iq;
 mod kquants;
 mod legacy;
+pub mod quantize;
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
 mod wasm;
 #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]

@@ -298,6 +298,8 @@ fn stats_json(g: &Inner) -> String {
         "hit_rate": s.as_ref().map(|s| s.hit_rate()), "recall_d1": s.as_ref().map(|s| s.recall(1)),
         "bytes_per_token": s.as_ref().map(|s| s.bytes_per_token()),
         "stream": s, "gpu": gpu, "backend": g.backend,
+        // The wasm linear memory (grows, never shrinks): the model never passes through it whole.
+        "wasm_heap_bytes": core::arch::wasm32::memory_size::<0>() as u64 * 65536,
     })
     .to_string()
 }

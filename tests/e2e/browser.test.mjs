@@ -47,7 +47,11 @@ test('SmolMoE-32x2 under 400 MiB: CPU and WebGPU paths equal native; reload read
     // Predicted experts not stored yet were fetched ahead by range (lookahead range fetches).
     const early = await page.evaluate(() => window.les.engine.stats());
     assert.ok(early.storage.hinted > 0, `lookahead range fetches: ${JSON.stringify(early.storage)}`);
+    // Generation started before the download reached the blocks it needed.
+    assert.ok(early.storage.fetchedOnDemand > 0, `on-demand range fetches: ${JSON.stringify(early.storage)}`);
     assert.ok(plan.budget < fs_size(), 'budget below the model size');
+    // The wasm heap holds the budget (dense weights, expert slots, KV cache, scratch), not the model.
+    assert.ok(cpu.last.stats.wasm_heap_bytes < 400 * 1048576 + 64 * 1048576, `wasm heap ${cpu.last.stats.wasm_heap_bytes} bytes`);
     const dl = await page.evaluate(() => window.les.engine.waitForDownload());
     assert.equal(dl.complete, true);
     const first = await served();
@@ -141,7 +145,7 @@ test('IndexedDB storage (where OPFS is missing): same tokens, and a reload reads
   }
 });
 
-test('JS API: abort stops a generation; chat streaming and non-streaming agree; stats', async () => {
+test('JS API: abort stops a generation; chat streaming and non-streaming agree; stats; cache management', async () => {
   const ctx = await launch();
   try {
     const page = await ctx.newPage();
@@ -173,6 +177,20 @@ test('JS API: abort stops a generation; chat streaming and non-streaming agree; 
     assert.ok(['stop', 'length'].includes(out.finish));
     assert.equal(out.stats.engine.gen_tokens, out.whole.usage.completion_tokens);
     assert.equal(out.stats.engine.stream.layers.length, 4);
+    // Cache management: list, usage, delete.
+    const cache = await page.evaluate(async () => {
+      const m = await import('/les/index.js');
+      const before = await m.listModels();
+      const usage = await m.storageUsage();
+      await window.les.engine.unload();
+      await m.deleteModel('/models/rand-llama-moe.les');
+      return { before, usage, after: await m.listModels() };
+    });
+    assert.equal(cache.before.length, 1);
+    assert.match(cache.before[0].url, /rand-llama-moe\.les$/);
+    assert.equal(cache.before[0].size, fs.statSync(SMALL).size);
+    assert.ok(cache.usage.usage > 0 && cache.usage.quota > cache.usage.usage);
+    assert.deepEqual(cache.after, []);
   } finally {
     await ctx.close();
   }

@@ -67,6 +67,8 @@ export interface EngineStats {
   bytes_per_token: number | null;
   stream: { tokens: number; bytes_read: number; stall_ms: number; layers: LayerStats[]; [k: string]: unknown } | null;
   backend: string;
+  /** Size of the wasm linear memory in bytes. */
+  wasm_heap_bytes: number;
 }
 
 export interface Stats {
