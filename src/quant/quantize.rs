@@ -235,21 +235,17 @@ fn make_q3_quants(nmax: i32, x: &[f32], l: &mut [i8]) -> f32 {
     if suml2 > 0.0 { sumlx / suml2 } else { 0.0 }
 }
 
-/// `quantize_row_q2_K_ref`: 16 groups of 16, 2-bit levels with a 4-bit scale and min per group
-/// (`make_qkx2_quants(16, 3, .., |x|, -0.5, 0.1, 15, mad)`). Layout: scales[16] (scale | min << 4),
-/// qs[64], d (f16), dmin (f16).
-fn q2_k(x: &[f32], b: &mut [u8]) {
-    let mut l = [0u8; QK_K];
-    let mut scales = [0f32; 16];
-    let mut mins = [0f32; 16];
+/// Per group of `N` values of a 256-superblock: `make_qkx2_quants` with the weights and settings
+/// `setup(group, weights) -> (nmax, rmin, nstep, use_mad)` gives (rdelta 0.1); returns the groups'
+/// scales and mins and their maxima (as the K-quant reference quantizers track them).
+fn group_scales_mins<const G: usize, const N: usize>(x: &[f32], l: &mut [u8; QK_K], setup: impl Fn(&[f32], &mut [f32; N]) -> (i32, f32, i32, bool)) -> ([f32; G], [f32; G], f32, f32) {
+    let (mut scales, mut mins) = ([0f32; G], [0f32; G]);
     let (mut max_scale, mut max_min) = (0f32, 0f32);
-    for j in 0..16 {
-        let xs = &x[16 * j..16 * j + 16];
-        let mut w = [0f32; 16];
-        for (wi, &v) in w.iter_mut().zip(xs) {
-            *wi = v.abs();
-        }
-        let (s, m) = make_qkx2_quants(3, xs, &w, &mut l[16 * j..16 * j + 16], -0.5, 0.1, 15, true);
+    for j in 0..G {
+        let xs = &x[N * j..N * j + N];
+        let mut w = [0f32; N];
+        let (nmax, rmin, nstep, mad) = setup(xs, &mut w);
+        let (s, m) = make_qkx2_quants(nmax, xs, &w, &mut l[N * j..N * j + N], rmin, 0.1, nstep, mad);
         scales[j] = s;
         mins[j] = m;
         if s > max_scale {
@@ -259,6 +255,20 @@ fn q2_k(x: &[f32], b: &mut [u8]) {
             max_min = m;
         }
     }
+    (scales, mins, max_scale, max_min)
+}
+
+/// `quantize_row_q2_K_ref`: 16 groups of 16, 2-bit levels with a 4-bit scale and min per group
+/// (`make_qkx2_quants(16, 3, .., |x|, -0.5, 0.1, 15, mad)`). Layout: scales[16] (scale | min << 4),
+/// qs[64], d (f16), dmin (f16).
+fn q2_k(x: &[f32], b: &mut [u8]) {
+    let mut l = [0u8; QK_K];
+    let (scales, mins, max_scale, max_min) = group_scales_mins::<16, 16>(x, &mut l, |xs, w| {
+        for (wi, &v) in w.iter_mut().zip(xs) {
+            *wi = v.abs();
+        }
+        (3, -0.5, 15, true)
+    });
     let (sc, qs) = b.split_at_mut(16);
     if max_scale > 0.0 {
         let iscale = 15.0 / max_scale;
@@ -369,30 +379,17 @@ fn q3_k(x: &[f32], b: &mut [u8]) {
 /// scales[12] (packed as `get_scale_min_k4` reads them), qs[128].
 fn q4_k(x: &[f32], b: &mut [u8]) {
     let mut l = [0u8; QK_K];
-    let mut scales = [0f32; 8];
-    let mut mins = [0f32; 8];
-    let (mut max_scale, mut max_min) = (0f32, 0f32);
-    for j in 0..8 {
-        let xs = &x[32 * j..32 * j + 32];
+    let (scales, mins, max_scale, max_min) = group_scales_mins::<8, 32>(x, &mut l, |xs, w| {
         let mut sum_x2 = 0f32;
         for &v in xs {
             sum_x2 += v * v;
         }
         let av_x = (sum_x2 / 32.0).sqrt();
-        let mut w = [0f32; 32];
         for (wi, &v) in w.iter_mut().zip(xs) {
             *wi = av_x + v.abs();
         }
-        let (s, m) = make_qkx2_quants(15, xs, &w, &mut l[32 * j..32 * j + 32], -1.0, 0.1, 20, false);
-        scales[j] = s;
-        mins[j] = m;
-        if s > max_scale {
-            max_scale = s;
-        }
-        if m > max_min {
-            max_min = m;
-        }
-    }
+        (15, -1.0, 20, false)
+    });
     let inv_scale = if max_scale > 0.0 { 63.0 / max_scale } else { 0.0 };
     let inv_min = if max_min > 0.0 { 63.0 / max_min } else { 0.0 };
     let sc = &mut b[4..16];
