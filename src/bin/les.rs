@@ -46,6 +46,12 @@ enum Cmd {
         input: String,
         /// Output bundle (.les).
         output: String,
+        /// Re-quantize experts, per MoE layer: `GATE,UP,DOWN` for every layer (e.g.
+        /// `q4_0,q4_0,q2_k`), or `;`-separated `LAYERS:GATE,UP,DOWN` with LAYERS `N` or `A-B`
+        /// (e.g. `0-9:q4_1,q4_1,q3_k;10-29:q4_0,q4_0,q2_k`; other layers keep their types).
+        /// Types: q4_0 q4_1 q8_0 q2_k q3_k q4_k f32.
+        #[arg(long, value_name = "SPEC")]
+        expert_types: Option<String>,
     },
     /// Benchmarks.
     #[command(subcommand)]
@@ -297,7 +303,21 @@ fn open(m: &ModelArgs) -> Result<Session, Box<dyn std::error::Error>> {
         les::backend::cpu::par::init_threads(t);
     }
     let src = FileSource::open(&m.model)?;
-    let mut s = Session::load(&src, ExpertMode::Resident, m.ctx_size)?;
+    let mut magic = [0u8; 8];
+    let mut s = if src.len() >= 8 && src.read_at(0, &mut magic).is_ok() && &magic == b"LESBUNDL" {
+        // A bundle's experts are not GGUF tensors: read them all through the expert cache.
+        let so = les::engine::stream::StreamOptions {
+            budget: 0,
+            n_ctx: m.ctx_size,
+            direct: false,
+            profile: None,
+            cache: les::expert::stream::StreamConfig::default(),
+            slots: Some(usize::MAX),
+        };
+        les::engine::stream::open_streaming(&m.model, &so)?.session
+    } else {
+        Session::load(&src, ExpertMode::Resident, m.ctx_size)?
+    };
     m.apply_backend(&mut s)?;
     Ok(s)
 }
@@ -318,7 +338,7 @@ fn run(cli: Cli) -> Res {
             }
         }
         Cmd::Bench(BenchCmd::Decode { m, n_predict, reps }) => cmd_bench_decode(&m, n_predict, reps),
-        Cmd::Pack { input, output } => cmd_pack(&input, &output),
+        Cmd::Pack { input, output, expert_types } => cmd_pack(&input, &output, expert_types.as_deref()),
         Cmd::Eval(EvalCmd::Ppl { m, text, chunk, base, json }) => {
             let body = std::fs::read_to_string(&text).map_err(|e| format!("{text}: {e}"))?;
             let mut sess = open(&ModelArgs { ctx_size: m.ctx_size.max(chunk), ..m.clone() })?;
@@ -350,7 +370,7 @@ fn run(cli: Cli) -> Res {
                 None => {
                     let b = format!("{}.les", m.model.trim_end_matches(".gguf"));
                     if !std::path::Path::new(&b).exists() {
-                        cmd_pack(&m.model, &b)?;
+                        cmd_pack(&m.model, &b, None)?;
                     }
                     b
                 }
@@ -602,14 +622,50 @@ fn cmd_soak(m: &ModelArgs, s: &StreamArgs, runs: usize, n: usize) -> Res {
     Ok(())
 }
 
-fn cmd_pack(input: &str, output: &str) -> Res {
+/// `--expert-types SPEC` of `les pack` for a model of `n_layers` MoE layers.
+fn parse_expert_types(spec: &str, n_layers: usize) -> Result<Vec<les::expert::bundle::ExpertTypes>, String> {
+    use les::quant::GgmlType;
+    let tys = |s: &str| -> Result<[GgmlType; 3], String> {
+        let v: Vec<GgmlType> = s.split(',').map(|t| GgmlType::from_name(t.trim()).ok_or_else(|| format!("unknown ggml type '{}' in --expert-types", t.trim()))).collect::<Result<_, _>>()?;
+        <[GgmlType; 3]>::try_from(v).map_err(|_| format!("'{s}': give three types, GATE,UP,DOWN"))
+    };
+    let mut out = vec![None; n_layers];
+    if !spec.contains(':') {
+        out.fill(Some(tys(spec)?));
+        return Ok(out);
+    }
+    for part in spec.split(';').filter(|p| !p.trim().is_empty()) {
+        let (layers, t) = part.split_once(':').ok_or_else(|| format!("'{part}': expected LAYERS:GATE,UP,DOWN"))?;
+        let t = tys(t)?;
+        let num = |x: &str| x.trim().parse::<usize>().map_err(|_| format!("'{x}' is not a layer number"));
+        let (a, b) = match layers.split_once('-') {
+            Some((a, b)) => (num(a)?, num(b)?),
+            None => (num(layers)?, num(layers)?),
+        };
+        if a > b || b >= n_layers {
+            return Err(format!("layers {a}-{b}: the model has MoE layers 0-{}", n_layers.saturating_sub(1)));
+        }
+        out[a..=b].fill(Some(t));
+    }
+    Ok(out)
+}
+
+fn cmd_pack(input: &str, output: &str, expert_types: Option<&str>) -> Res {
     let src = FileSource::open(input)?;
+    let types = match expert_types {
+        Some(spec) => {
+            let g = les::gguf::GgufFile::read(&src)?;
+            let c = les::model::Config::from_gguf(&g)?;
+            parse_expert_types(spec, c.n_layer)?
+        }
+        None => Vec::new(),
+    };
     let tmp = format!("{output}.part");
     let mut f = std::fs::File::create(&tmp).map_err(|e| format!("cannot create {tmp}: {e}"))?;
     let bar = indicatif::ProgressBar::new(src.len());
     bar.set_style(indicatif::ProgressStyle::with_template("packing {bar:40} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}").unwrap());
     let name = std::path::Path::new(input).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let r = les::expert::bundle::pack_named(&src, &name, &mut f, &mut |done, total| {
+    let r = les::expert::bundle::pack_with(&src, &name, &types, &mut f, &mut |done, total| {
         bar.set_length(total);
         bar.set_position(done);
     });

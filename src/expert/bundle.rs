@@ -550,8 +550,37 @@ pub fn pack_named(
     out: &mut (impl Write + Seek),
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<PackSummary, BundleError> {
+    pack_with(src, source_name, &[], out, progress)
+}
+
+/// Expert tensor types per MoE layer for [`pack_with`]: `[gate, up, down]`; `None` keeps the
+/// source's types for that layer.
+pub type ExpertTypes = Option<[GgmlType; 3]>;
+
+/// [`pack_named`], re-quantizing layer `i`'s experts to `expert_types[i]` where given (layer-wise
+/// mixed precision): each matrix is dequantized to f32 and quantized with llama-quantize's
+/// reference quantizers ([`crate::quant::quantize`]). The manifest records each layer's types.
+pub fn pack_with(
+    src: &dyn ByteSource,
+    source_name: &str,
+    expert_types: &[ExpertTypes],
+    out: &mut (impl Write + Seek),
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<PackSummary, BundleError> {
     let g = GgufFile::read(src).map_err(BundleError::Source)?;
     let (layers, n_expert) = expert_layers(&g)?;
+    if expert_types.len() > layers.len() {
+        return Err(BundleError::Unsupported(format!("{} layers of expert types given, the model has {} MoE layers", expert_types.len(), layers.len())));
+    }
+    // The layout each layer's blocks will have.
+    let out_layouts: Vec<ExpertLayout> = layers
+        .iter()
+        .enumerate()
+        .map(|(i, (_, t))| match expert_types.get(i).copied().flatten() {
+            None => Ok(t.layout.clone()),
+            Some(tys) => requant_layout(&t.layout, tys),
+        })
+        .collect::<Result<_, _>>()?;
     let mut name = source_name.to_string();
     while name.len() > MAX_NAME {
         name.pop();
@@ -581,8 +610,8 @@ pub fn pack_named(
     let experts_off = align_up(dense_off + dense_len, BLOCK_ALIGN);
     let mut blocks = Vec::with_capacity(n_layers * n_expert);
     let mut cursor = experts_off;
-    for (_, t) in &layers {
-        let size = t.layout.bytes() as u64;
+    for lay in &out_layouts {
+        let size = lay.bytes() as u64;
         for _ in 0..n_expert {
             blocks.push(BlockEntry { offset: cursor, size, crc32: 0 });
             cursor += align_up(size, BLOCK_ALIGN);
@@ -614,16 +643,24 @@ pub fn pack_named(
     let pad = experts_off - w.pos;
     write_zeros(&mut w, pad)?;
     let mut buf = Vec::new();
+    let mut raw = Vec::new();
     let mut expert_bytes = 0u64;
     for (il, (_, t)) in layers.iter().enumerate() {
+        let lay = &out_layouts[il];
+        let requant = lay != &t.layout;
         for e in 0..n_expert {
             let b = &mut blocks[il * n_expert + e];
             debug_assert_eq!(w.pos, b.offset);
-            buf.resize(t.layout.bytes(), 0);
+            raw.resize(t.layout.bytes(), 0);
             let mut at = 0;
             for (off, len) in t.ranges(e) {
-                src.read_at(off, &mut buf[at..at + len])?;
+                src.read_at(off, &mut raw[at..at + len])?;
                 at += len;
+            }
+            if requant {
+                requantize_expert(&t.layout, &raw, lay, &mut buf)?;
+            } else {
+                std::mem::swap(&mut buf, &mut raw);
             }
             b.crc32 = crc32fast::hash(&buf);
             w.write_all(&buf)?;
@@ -641,7 +678,7 @@ pub fn pack_named(
         source_size: src.len(),
         source_name: name,
         layer_blk: layers.iter().map(|(n, _)| *n).collect(),
-        layouts: layers.iter().map(|(_, t)| t.layout.clone()).collect(),
+        layouts: out_layouts,
         blocks,
     };
     let m = manifest.encode();
@@ -677,6 +714,64 @@ pub fn pack_named(
         expert_bytes,
         padding_bytes: file_len - experts_off - expert_bytes,
     })
+}
+
+/// `layout` with its matrices in `tys` ([gate, up, down]); an error when a row length is not a
+/// multiple of a type's block size or there is no quantizer for it.
+pub fn requant_layout(layout: &ExpertLayout, tys: [GgmlType; 3]) -> Result<ExpertLayout, BundleError> {
+    use crate::quant::quantize::WEIGHT_TYPES;
+    let bytes = |ty: GgmlType, cols: usize, rows: usize, what: &str| -> Result<usize, BundleError> {
+        if !WEIGHT_TYPES.contains(&ty) && ty != GgmlType::F32 {
+            return Err(BundleError::Unsupported(format!("no quantizer for {ty} (expert types: {})", WEIGHT_TYPES.map(|t| t.name()).join(", "))));
+        }
+        match ty.row_bytes(cols as u64) {
+            Some(rb) => Ok(rb as usize * rows),
+            None => Err(BundleError::Unsupported(format!("{what} rows of {cols} values cannot be {ty} ({}-value blocks)", ty.block_size()))),
+        }
+    };
+    let (e, f) = (layout.n_embd, layout.n_ff);
+    Ok(ExpertLayout {
+        n_embd: e,
+        n_ff: f,
+        gate_ty: tys[0],
+        up_ty: tys[1],
+        down_ty: tys[2],
+        gate_bytes: bytes(tys[0], e, f, "ffn_gate_exps")?,
+        up_bytes: bytes(tys[1], e, f, "ffn_up_exps")?,
+        down_bytes: bytes(tys[2], f, e, "ffn_down_exps")?,
+    })
+}
+
+/// One expert's block (gate ‖ up ‖ down in `from`) re-quantized to `to`'s types.
+pub fn requantize_expert(from: &ExpertLayout, raw: &[u8], to: &ExpertLayout, out: &mut Vec<u8>) -> Result<(), BundleError> {
+    let parts = [
+        (from.gate_ty, from.gate_bytes, to.gate_ty, from.n_embd * from.n_ff),
+        (from.up_ty, from.up_bytes, to.up_ty, from.n_embd * from.n_ff),
+        (from.down_ty, from.down_bytes, to.down_ty, from.n_embd * from.n_ff),
+    ];
+    out.clear();
+    let mut at = 0;
+    let mut x = Vec::new();
+    let mut q = Vec::new();
+    for (fty, fbytes, tty, n) in parts {
+        let part = &raw[at..at + fbytes];
+        at += fbytes;
+        if fty == tty {
+            out.extend_from_slice(part);
+            continue;
+        }
+        x.resize(n, 0f32);
+        let bad = |e: crate::quant::QuantError| BundleError::Unsupported(format!("re-quantizing an expert: {e}"));
+        crate::quant::dequantize_row(fty, part, &mut x).map_err(bad)?;
+        if tty == GgmlType::F32 {
+            out.extend(x.iter().flat_map(|v| v.to_le_bytes()));
+        } else {
+            crate::quant::quantize::quantize_weights(tty, &x, &mut q).map_err(bad)?;
+            out.extend_from_slice(&q);
+        }
+    }
+    debug_assert_eq!(out.len(), to.bytes());
+    Ok(())
 }
 
 /// An opened bundle: header, manifest, and the parsed header of the embedded dense GGUF.

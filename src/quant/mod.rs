@@ -116,6 +116,11 @@ impl GgmlType {
         }
     }
 
+    /// The type named `s` as ggml writes it (`q4_0`, `Q2_K`, `f16`; case-insensitive).
+    pub fn from_name(s: &str) -> Option<Self> {
+        (0..64).filter_map(Self::from_u32).find(|t| t.name().eq_ignore_ascii_case(s))
+    }
+
     /// Elements per block.
     pub fn block_size(self) -> usize {
         use GgmlType::*;
