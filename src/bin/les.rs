@@ -50,8 +50,21 @@ enum Cmd {
         /// `q4_0,q4_0,q2_k`), or `;`-separated `LAYERS:GATE,UP,DOWN` with LAYERS `N` or `A-B`
         /// (e.g. `0-9:q4_1,q4_1,q3_k;10-29:q4_0,q4_0,q2_k`; other layers keep their types).
         /// Types: q4_0 q4_1 q8_0 q2_k q3_k q4_k f32.
-        #[arg(long, value_name = "SPEC")]
+        #[arg(long, value_name = "SPEC", conflicts_with = "mixed_precision")]
         expert_types: Option<String>,
+        /// Choose per-layer expert types under --target-bytes by measured sensitivity (KL on
+        /// --calibration when one layer's experts are re-quantized), then pack with them.
+        #[arg(long, requires = "target_bytes")]
+        mixed_precision: bool,
+        /// Expert bytes to fit (B, KiB, MiB, GiB, KB, MB, GB).
+        #[arg(long)]
+        target_bytes: Option<String>,
+        /// Calibration text for --mixed-precision.
+        #[arg(long, default_value = "tests/fixtures/eval/calibration.txt")]
+        calibration: String,
+        /// Calibration tokens (one chunk).
+        #[arg(long, default_value_t = 256)]
+        calib_tokens: usize,
     },
     /// Benchmarks.
     #[command(subcommand)]
@@ -338,7 +351,15 @@ fn run(cli: Cli) -> Res {
             }
         }
         Cmd::Bench(BenchCmd::Decode { m, n_predict, reps }) => cmd_bench_decode(&m, n_predict, reps),
-        Cmd::Pack { input, output, expert_types } => cmd_pack(&input, &output, expert_types.as_deref()),
+        Cmd::Pack { input, output, expert_types, mixed_precision, target_bytes, calibration, calib_tokens } => {
+            if mixed_precision {
+                let target = les::engine::stream::parse_bytes(target_bytes.as_deref().unwrap_or_default())?;
+                let spec = choose_mixed(&input, target, &calibration, calib_tokens)?;
+                cmd_pack(&input, &output, Some(&spec))
+            } else {
+                cmd_pack(&input, &output, expert_types.as_deref())
+            }
+        }
         Cmd::Eval(EvalCmd::Ppl { m, text, chunk, base, json }) => {
             let body = std::fs::read_to_string(&text).map_err(|e| format!("{text}: {e}"))?;
             let mut sess = open(&ModelArgs { ctx_size: m.ctx_size.max(chunk), ..m.clone() })?;
@@ -555,7 +576,35 @@ fn human(b: u64) -> String {
 
 fn cmd_inspect(path: &str, full: bool) -> Res {
     let src = FileSource::open(path)?;
+    let mut magic = [0u8; 8];
+    if src.len() >= 8 && src.read_at(0, &mut magic).is_ok() && &magic == b"LESBUNDL" {
+        return cmd_inspect_bundle(path, full);
+    }
     let g = GgufFile::read(&src)?;
+    inspect_gguf(path, &g, full)
+}
+
+/// A bundle: its expert section per MoE layer (types, bytes per expert), then the dense GGUF.
+fn cmd_inspect_bundle(path: &str, full: bool) -> Res {
+    let b = les::expert::bundle::Bundle::open(std::sync::Arc::new(FileSource::open(path)?))?;
+    let m = b.manifest();
+    let mut o = std::io::stdout().lock();
+    let total: u64 = m.blocks.iter().map(|x| x.size).sum();
+    writeln!(o, "bundle: {path}
+source: {} ({} bytes)
+MoE layers: {} | experts per layer: {} | expert bytes: {} ({})", m.source_name, m.source_size, m.layouts.len(), m.n_expert, total, human(total))?;
+    writeln!(o, "\n== expert types per layer (layer-wise mixed precision)\n{:<6} {:<6} {:<6} {:<6} {:>14} {:>12}", "layer", "gate", "up", "down", "bytes/expert", "layer bytes")?;
+    for (i, l) in m.layouts.iter().enumerate() {
+        writeln!(o, "{:<6} {:<6} {:<6} {:<6} {:>14} {:>12}", m.layer_blk[i], l.gate_ty.name(), l.up_ty.name(), l.down_ty.name(), l.bytes(), human(l.bytes() as u64 * m.n_expert as u64))?;
+    }
+    writeln!(o, "\n== dense part (embedded GGUF)")?;
+    drop(o);
+    let dense = b.dense_source();
+    let g = GgufFile::read(&dense)?;
+    inspect_gguf(&format!("{path} (dense part)"), &g, full)
+}
+
+fn inspect_gguf(path: &str, g: &GgufFile, full: bool) -> Res {
     let mut o = std::io::stdout().lock();
     writeln!(o, "file: {path}\nsize: {} ({} bytes)\nGGUF version: {}\ntensors: {}\nmetadata: {} keys\nalignment: {}\ndata offset: {}", human(g.file_size), g.file_size, g.version, g.tensors.len(), g.metadata.len(), g.alignment, g.data_offset)?;
     writeln!(o, "\n== metadata")?;
@@ -567,13 +616,13 @@ fn cmd_inspect(path: &str, full: bool) -> Res {
     for t in &g.tensors {
         writeln!(o, "{:<40} {:<7} {:<24} {:>12}", t.name, t.ty.name(), format!("{:?}", t.dims), t.size)?;
     }
-    if let Ok(cfg) = les::model::Config::from_gguf(&g) {
+    if let Ok(cfg) = les::model::Config::from_gguf(g) {
         writeln!(o, "\n== model\narch {} | n_embd {} | n_layer {} | n_head {} | n_head_kv {} | head_dim {} | n_ff {} | n_vocab {} | rope {:?} base {}", cfg.arch.name(), cfg.n_embd, cfg.n_layer, cfg.n_head, cfg.n_head_kv, cfg.head_dim, cfg.n_ff, cfg.n_vocab, cfg.rope, cfg.rope_base)?;
-        if cfg.is_moe() {
+        if cfg.is_moe() && g.tensors.iter().any(|t| t.name.contains("_exps.")) {
             let mut per_expert = 0u64;
             let mut expert_total = 0u64;
             for il in 0..cfg.n_layer {
-                if let Ok(t) = les::expert::GgufExpertTensors::find(&g, il, cfg.n_embd, cfg.n_expert) {
+                if let Ok(t) = les::expert::GgufExpertTensors::find(g, il, cfg.n_embd, cfg.n_expert) {
                     per_expert = t.layout.bytes() as u64;
                     expert_total += per_expert * cfg.n_expert as u64;
                 }
@@ -620,6 +669,30 @@ fn cmd_soak(m: &ModelArgs, s: &StreamArgs, runs: usize, n: usize) -> Res {
         100.0 * max_dev
     );
     Ok(())
+}
+
+/// `les pack --mixed-precision`: measure, choose, print the choice; returns an --expert-types SPEC.
+fn choose_mixed(input: &str, target: u64, calibration: &str, n_tok: usize) -> Result<String, Box<dyn std::error::Error>> {
+    use les::engine::mixed;
+    let text = std::fs::read_to_string(calibration).map_err(|e| format!("{calibration}: {e}"))?;
+    let bar = indicatif::ProgressBar::new(0);
+    bar.set_style(indicatif::ProgressStyle::with_template("sensitivity {bar:40} {pos}/{len} layer x type, eta {eta}").unwrap());
+    let s = mixed::measure(input, &text, n_tok, &mut |d, t| {
+        bar.set_length(t as u64);
+        bar.set_position(d as u64);
+    })?;
+    bar.finish_and_clear();
+    let pick = mixed::choose(&s, target)?;
+    let orig: u64 = s.layers.iter().map(|o| o[0].bytes_per_expert as u64 * s.n_expert as u64).sum();
+    let got: u64 = s.layers.iter().zip(&pick).map(|(o, &p)| o[p].bytes_per_expert as u64 * s.n_expert as u64).sum();
+    let kl: f64 = s.layers.iter().zip(&pick).map(|(o, &p)| o[p].kl).sum();
+    eprintln!("les pack: mixed precision on {} calibration tokens: expert bytes {} -> {} ({:.1}% smaller; target {}), summed per-layer KL {:.4} nats/token", s.calibration_tokens, human(orig), human(got), 100.0 * (1.0 - got as f64 / orig as f64), human(target), kl);
+    eprintln!("{:<6} {:<18} {:>12} {:>10}", "layer", "gate,up,down", "bytes/exp", "KL");
+    for (l, (o, &p)) in s.layers.iter().zip(&pick).enumerate() {
+        let c = &o[p];
+        eprintln!("{l:<6} {:<18} {:>12} {:>10.5}", c.types.map(|t| t.name()).join(","), c.bytes_per_expert, c.kl);
+    }
+    Ok(s.layers.iter().zip(&pick).enumerate().map(|(l, (o, &p))| format!("{l}:{}", o[p].types.map(|t| t.name()).join(","))).collect::<Vec<_>>().join(";"))
 }
 
 /// `--expert-types SPEC` of `les pack` for a model of `n_layers` MoE layers.

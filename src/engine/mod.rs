@@ -7,6 +7,8 @@ pub mod sampling;
 pub mod speculative;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod ladder;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod mixed;
 pub mod stream;
 
 use crate::gguf::{GgufError, GgufFile};
