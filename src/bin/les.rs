@@ -316,18 +316,9 @@ fn open(m: &ModelArgs) -> Result<Session, Box<dyn std::error::Error>> {
         les::backend::cpu::par::init_threads(t);
     }
     let src = FileSource::open(&m.model)?;
-    let mut magic = [0u8; 8];
-    let mut s = if src.len() >= 8 && src.read_at(0, &mut magic).is_ok() && &magic == b"LESBUNDL" {
+    let mut s = if les::expert::bundle::is_bundle(&src) {
         // A bundle's experts are not GGUF tensors: read them all through the expert cache.
-        let so = les::engine::stream::StreamOptions {
-            budget: 0,
-            n_ctx: m.ctx_size,
-            direct: false,
-            profile: None,
-            cache: les::expert::stream::StreamConfig::default(),
-            slots: Some(usize::MAX),
-        };
-        les::engine::stream::open_streaming(&m.model, &so)?.session
+        les::engine::stream::open_streaming(&m.model, &les::engine::stream::StreamOptions::every_expert(m.ctx_size))?.session
     } else {
         Session::load(&src, ExpertMode::Resident, m.ctx_size)?
     };
@@ -576,8 +567,7 @@ fn human(b: u64) -> String {
 
 fn cmd_inspect(path: &str, full: bool) -> Res {
     let src = FileSource::open(path)?;
-    let mut magic = [0u8; 8];
-    if src.len() >= 8 && src.read_at(0, &mut magic).is_ok() && &magic == b"LESBUNDL" {
+    if les::expert::bundle::is_bundle(&src) {
         return cmd_inspect_bundle(path, full);
     }
     let g = GgufFile::read(&src)?;

@@ -27,7 +27,7 @@ pub struct PplReport {
 }
 
 /// log-softmax of `logits` (max-subtracted, summed in f64).
-fn log_softmax(logits: &[f32]) -> Vec<f64> {
+pub(crate) fn log_softmax(logits: &[f32]) -> Vec<f64> {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
     let sum: f64 = logits.iter().map(|&x| (x as f64 - max).exp()).sum();
     let lse = max + sum.ln();

@@ -11,12 +11,12 @@
 use super::stream::{open_streaming, OpenError, StreamOptions};
 use super::EngineError;
 use crate::expert::bundle::{requant_layout, requantize_expert, BundleError};
-use crate::expert::stream::{StreamConfig, StreamingExperts};
+use crate::expert::stream::StreamingExperts;
 use crate::expert::{ExpertBlock, ExpertError, ExpertLayout, ExpertSource};
 use crate::gguf::GgufFile;
-use crate::model::{ExpertMode, Logits, Model};
+use crate::model::Logits;
 use crate::quant::GgmlType;
-use crate::store::{ByteSource, FileSource};
+use crate::store::FileSource;
 use std::sync::Arc;
 
 #[derive(Debug, thiserror::Error)]
@@ -110,11 +110,7 @@ impl ExpertSource for OverrideLayer {
 
 /// Mean KL(p ‖ q) over rows of `n_vocab` logits.
 fn mean_kl(base: &[f32], model: &[f32], n_vocab: usize) -> f64 {
-    let lsm = |r: &[f32]| -> Vec<f64> {
-        let max = r.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-        let lse = max + r.iter().map(|&x| (x as f64 - max).exp()).sum::<f64>().ln();
-        r.iter().map(|&x| x as f64 - lse).collect()
-    };
+    let lsm = super::eval::log_softmax;
     let rows = base.len() / n_vocab;
     let mut kl = 0.0;
     for (a, b) in base.chunks_exact(n_vocab).zip(model.chunks_exact(n_vocab)) {
@@ -132,7 +128,8 @@ pub fn measure(path: &str, calibration: &str, n_tok: usize, progress: &mut dyn F
     if g.tensors.iter().all(|t| !t.name.contains("_exps.")) {
         return Err(MixedError::NotGguf);
     }
-    let so = StreamOptions { budget: 0, n_ctx: n_tok.max(16), direct: false, profile: None, cache: StreamConfig { prefetch: false, ..Default::default() }, slots: Some(usize::MAX) };
+    let mut so = StreamOptions::every_expert(n_tok.max(16));
+    so.cache.prefetch = false;
     let mut st = open_streaming(path, &so)?;
     let mut toks = st.session.tokenizer.encode(calibration, true, false);
     toks.truncate(n_tok);
@@ -168,9 +165,10 @@ pub fn measure(path: &str, calibration: &str, n_tok: usize, progress: &mut dyn F
             })
             .collect::<Result<_, _>>()?;
         let over = Arc::new(OverrideLayer { inner: experts.clone(), layer: l, layout: to.clone(), blocks });
-        let model = Model::load(&src as &dyn ByteSource, &g, ExpertMode::External(over)).map_err(EngineError::from)?;
-        let mut kv = model.new_kv(toks.len() + 1);
-        let logits = model.forward(&toks, &mut kv, Logits::All).map_err(EngineError::from)?;
+        // Same dense weights, only the experts' source changes.
+        st.session.model.set_experts(over);
+        st.session.kv.clear();
+        let logits = st.session.forward(&toks, Logits::All)?;
         layers[l].push(LayerOption { types: tys, bytes_per_expert: to.bytes(), kl: mean_kl(&base, &logits, n_vocab) });
         progress(done + 1, plan.len());
     }

@@ -146,11 +146,17 @@ impl Session {
             },
         };
         let line = format!("backend: wgpu on {} ({:?})", ctx.info.name, ctx.info.backend);
+        self.use_gpu(ctx, opts)?;
+        Ok(line)
+    }
+
+    /// Run on the GPU of `ctx`: upload the dense weights (experts go to GPU slots as routed).
+    pub fn use_gpu(&mut self, ctx: crate::backend::wgpu::GpuContext, opts: &crate::backend::wgpu::model::GpuOptions) -> Result<(), EngineError> {
         let gpu = GpuModel::new(std::sync::Arc::new(ctx), &self.model, self.kv.n_ctx, opts)?;
         // Keys and values live on the GPU; the CPU cache keeps only the position count.
         self.kv = KvCache::new(0, self.kv.n_ctx, self.model.cfg.n_head_kv, self.model.cfg.head_dim);
         self.gpu = Some(gpu);
-        Ok(line)
+        Ok(())
     }
 
     #[cfg(not(target_arch = "wasm32"))]

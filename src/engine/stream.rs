@@ -3,7 +3,7 @@
 //! profile) and the [`StreamingExperts`] cache behind the model.
 
 use super::{EngineError, Session};
-use crate::expert::bundle::{Bundle, BundleError};
+use crate::expert::bundle::{is_bundle, Bundle, BundleError};
 use crate::expert::store::{ExpertStore, GgufExpertStore};
 use crate::expert::stream::{StreamConfig, StreamingExperts};
 use crate::expert::GgufExpertTensors;
@@ -103,6 +103,15 @@ pub struct StreamOptions {
     pub slots: Option<usize>,
 }
 
+impl StreamOptions {
+    /// A cache with a slot for every expert (a bundle read as if resident; the budget is the
+    /// model's own size).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn every_expert(n_ctx: usize) -> Self {
+        Self { budget: 0, n_ctx, direct: false, profile: None, cache: StreamConfig::default(), slots: Some(usize::MAX) }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum OpenError {
     #[error(transparent)]
@@ -132,11 +141,6 @@ pub fn tensor_f32(g: &GgufFile, src: &dyn ByteSource, name: &str) -> Result<Vec<
     let mut w = vec![0f32; t.n_elements() as usize];
     quant::dequantize_row(t.ty, &bytes, &mut w).map_err(|e| EngineError::Model(e.into()))?;
     Ok(w)
-}
-
-fn is_bundle(src: &dyn ByteSource) -> bool {
-    let mut m = [0u8; 8];
-    src.len() >= 8 && src.read_at(0, &mut m).is_ok() && &m == b"LESBUNDL"
 }
 
 /// Open `path` (a GGUF or a `.les` bundle) for streaming under `opts.budget`.

@@ -81,6 +81,12 @@ use std::sync::Arc;
 
 pub const BUNDLE_MAGIC: [u8; 8] = *b"LESBUNDL";
 pub const MANIFEST_MAGIC: [u8; 8] = *b"LESMANIF";
+
+/// Whether `src` starts with the bundle magic (a `.les` bundle rather than a GGUF).
+pub fn is_bundle(src: &dyn ByteSource) -> bool {
+    let mut m = [0u8; 8];
+    src.len() >= 8 && src.read_at(0, &mut m).is_ok() && m == BUNDLE_MAGIC
+}
 pub const BUNDLE_VERSION: u32 = 1;
 pub const HEADER_LEN: u64 = 128;
 pub const BLOCK_ALIGN: u64 = 4096;

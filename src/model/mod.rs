@@ -206,6 +206,14 @@ impl Model {
         self.experts.as_ref()
     }
 
+    /// Route a MoE model's experts through `src` from now on (the dense weights stay).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub(crate) fn set_experts(&mut self, src: Arc<dyn ExpertSource>) {
+        if self.experts.is_some() {
+            self.experts = Some(src);
+        }
+    }
+
     /// Run `tokens` at positions `kv.len ..`, appending to the KV cache. Returns logits
     /// (`n_vocab` values for `Logits::Last`, `tokens.len() * n_vocab` for `Logits::All`).
     pub fn forward(&self, tokens: &[u32], kv: &mut KvCache, want: Logits) -> Result<Vec<f32>, ModelError> {

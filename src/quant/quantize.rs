@@ -19,12 +19,16 @@ pub fn quantize_weights(ty: GgmlType, x: &[f32], out: &mut Vec<u8>) -> Result<()
     let bytes = super::row_size(ty, x.len())?;
     out.clear();
     out.resize(bytes, 0);
+    if ty == GgmlType::Q8_0 {
+        // `quantize_row_q8_0_ref`, as the activation quantizer's reference mode computes it.
+        super::legacy::quantize_q8_0(x, out, super::legacy::Q8Rounding::Reference);
+        return Ok(());
+    }
     let (bs, ts) = (ty.block_size(), ty.type_size());
     for (xb, b) in x.chunks_exact(bs).zip(out.chunks_exact_mut(ts)) {
         match ty {
             GgmlType::Q4_0 => q4_0(xb, b),
             GgmlType::Q4_1 => q4_1(xb, b),
-            GgmlType::Q8_0 => q8_0(xb, b),
             GgmlType::Q2K => q2_k(xb, b),
             GgmlType::Q3K => q3_k(xb, b),
             GgmlType::Q4K => q4_k(xb, b),
@@ -93,17 +97,6 @@ fn q4_1(x: &[f32], b: &mut [u8]) {
         let q0 = ((x0 + 0.5) as i8).min(15) as u8;
         let q1 = ((x1 + 0.5) as i8).min(15) as u8;
         b[4 + j] = q0 | (q1 << 4);
-    }
-}
-
-/// `quantize_row_q8_0_ref`: d = amax / 127, q = roundf(x / d).
-fn q8_0(x: &[f32], b: &mut [u8]) {
-    let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
-    let d = amax / 127.0;
-    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-    put_f16(b, 0, d);
-    for (q, &v) in b[2..34].iter_mut().zip(x) {
-        *q = (v * id).round() as i8 as u8;
     }
 }
 

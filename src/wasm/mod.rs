@@ -147,11 +147,9 @@ impl Engine {
     pub fn new(read: js_sys::Function, hint: Option<js_sys::Function>, len: f64, budget_bytes: f64, n_ctx: u32, name: String) -> Result<Engine, JsError> {
         let src: Arc<dyn ByteSource> = Arc::new(JsSource { read, hint, len: len as u64 });
         let n_ctx = if n_ctx == 0 { 2048 } else { n_ctx as usize };
-        let mut magic = [0u8; 8];
-        let is_bundle = src.len() >= 8 && src.read_at(0, &mut magic).is_ok() && &magic == b"LESBUNDL";
         // A bundle is always read through the expert cache (its experts are not GGUF tensors);
         // without a budget the cache holds every expert.
-        let streamed = if budget_bytes > 0.0 || is_bundle {
+        let streamed = if budget_bytes > 0.0 || crate::expert::bundle::is_bundle(&*src) {
             let opts = StreamOptions {
                 budget: budget_bytes as u64,
                 n_ctx,
@@ -188,11 +186,7 @@ impl Engine {
             let mut g = inner.try_borrow_mut().map_err(|_| JsValue::from(err("engine busy")))?;
             let slots = expert_slots.map(|n| n as usize).or(g.plan.as_ref().map(|p| p.slots));
             let opts = crate::backend::wgpu::model::GpuOptions { expert_slots: slots };
-            let n_ctx = g.session.kv.n_ctx;
-            let gpu = crate::backend::wgpu::model::GpuModel::new(Arc::new(ctx), &g.session.model, n_ctx, &opts).map_err(|e| JsValue::from(err(e)))?;
-            let c = &g.session.model.cfg;
-            g.session.kv = crate::model::KvCache::new(0, n_ctx, c.n_head_kv, c.head_dim);
-            g.session.gpu = Some(gpu);
+            g.session.use_gpu(ctx, &opts).map_err(|e| JsValue::from(err(e)))?;
             g.backend = line.clone();
             Ok(JsValue::from_str(&line))
         })
@@ -313,15 +307,8 @@ async fn step(g: &mut Inner) -> Result<JsValue, crate::engine::EngineError> {
     };
     let prefill = gen.is_prefill();
     let logits = match &session.gpu {
-        Some(gpu) => {
-            let want = Logits::Last;
-            let mut l = Vec::new();
-            let b = if prefill { 32 } else { 1 };
-            for ch in input.chunks(b) {
-                l = gpu.forward_async(&session.model, ch, &mut session.kv, want).await?;
-            }
-            l
-        }
+        // The GPU forward runs a prompt in batches of GPU_BATCH itself.
+        Some(gpu) => gpu.forward_async(&session.model, &input, &mut session.kv, Logits::Last).await?,
         None if prefill => session.prefill(&input)?,
         None => session.forward(&input, Logits::Last)?,
     };

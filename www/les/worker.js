@@ -10,6 +10,13 @@ let download = null;
 let aborted = false;
 let generating = false;
 
+// A failure while reading the model: when storage gave up (quota), report that error, once the
+// partial download has been removed; the engine passes reads' errors on as plain messages.
+async function storageFailure(e) {
+  await model?.discarding;
+  return model?.fatal ?? e;
+}
+
 function post(msg) {
   postMessage(msg);
 }
@@ -45,8 +52,7 @@ async function load({ model: src, memoryBudgetMB = 0, backend = 'auto', nCtx = 2
   try {
     engine = new Engine((off, len) => model.readSync(off, len), (off, len) => model.hint(off, len), model.size, memoryBudgetMB * 1048576, nCtx, String(src.name ?? src));
   } catch (e) {
-    await model.discarding; // a quota error removes the partial download first
-    throw model.fatal ?? e; // a storage error (quota) keeps its name through the engine
+    throw await storageFailure(e);
   }
   const loadMs = performance.now() - t0;
   let backendLine = 'cpu (wasm)';
@@ -64,10 +70,7 @@ async function load({ model: src, memoryBudgetMB = 0, backend = 'auto', nCtx = 2
     const ctl = new AbortController();
     download = {
       ctl,
-      promise: model.download(ctl.signal).catch(async (e) => {
-        await model?.discarding;
-        post({ event: 'progress', phase: 'error', error: errorOf(e) });
-      }),
+      promise: model.download(ctl.signal).catch(async (e) => post({ event: 'progress', phase: 'error', error: errorOf(await storageFailure(e)) })),
     };
   }
   return { info: JSON.parse(engine.info()), backend: backendLine, gpuError, loadMs, storage: model.stats, complete: model.complete() };
@@ -88,8 +91,7 @@ async function generate({ id, prompt, options }) {
       try {
         r = await engine.step();
       } catch (e) {
-        await model?.discarding;
-        throw model?.fatal ?? e;
+        throw await storageFailure(e);
       }
       if (r.token >= 0) tokens.push(r.token);
       text += r.text;
