@@ -55,6 +55,10 @@ fn mixed_bundle_round_trips_and_matches_requantized_gguf() {
         let expect = want.unwrap_or([src_ty("gate"), src_ty("up"), src_ty("down")]);
         assert_eq!([lay.gate_ty, lay.up_ty, lay.down_ty], expect, "layer {il}: types in the manifest");
     }
+    // A layer named with its own types keeps them, even types without a quantizer (Q6_K, F16).
+    let l2 = les::expert::GgufExpertTensors::find(&g, 2, b.layouts()[2].n_embd, 8).unwrap().layout;
+    assert_eq!([l2.gate_ty, l2.up_ty, l2.down_ty], [Q6K, Q6K, F16]);
+    assert_eq!(les::expert::bundle::requant_layout(&l2, [Q6K, Q6K, F16]).unwrap(), l2);
     let plain: u64 = g.tensors.iter().filter(|t| t.name.contains("_exps.")).map(|t| t.size).sum();
     assert!(sum.expert_bytes < plain, "re-quantized experts are smaller: {} vs {plain}", sum.expert_bytes);
 

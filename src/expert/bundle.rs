@@ -726,8 +726,9 @@ pub fn pack_with(
 /// multiple of a type's block size or there is no quantizer for it.
 pub fn requant_layout(layout: &ExpertLayout, tys: [GgmlType; 3]) -> Result<ExpertLayout, BundleError> {
     use crate::quant::quantize::WEIGHT_TYPES;
-    let bytes = |ty: GgmlType, cols: usize, rows: usize, what: &str| -> Result<usize, BundleError> {
-        if !WEIGHT_TYPES.contains(&ty) && ty != GgmlType::F32 {
+    // A matrix that keeps its type is copied, not re-quantized: it needs no quantizer.
+    let bytes = |ty: GgmlType, was: GgmlType, cols: usize, rows: usize, what: &str| -> Result<usize, BundleError> {
+        if ty != was && !WEIGHT_TYPES.contains(&ty) && ty != GgmlType::F32 {
             return Err(BundleError::Unsupported(format!("no quantizer for {ty} (expert types: {})", WEIGHT_TYPES.map(|t| t.name()).join(", "))));
         }
         match ty.row_bytes(cols as u64) {
@@ -742,9 +743,9 @@ pub fn requant_layout(layout: &ExpertLayout, tys: [GgmlType; 3]) -> Result<Exper
         gate_ty: tys[0],
         up_ty: tys[1],
         down_ty: tys[2],
-        gate_bytes: bytes(tys[0], e, f, "ffn_gate_exps")?,
-        up_bytes: bytes(tys[1], e, f, "ffn_up_exps")?,
-        down_bytes: bytes(tys[2], f, e, "ffn_down_exps")?,
+        gate_bytes: bytes(tys[0], layout.gate_ty, e, f, "ffn_gate_exps")?,
+        up_bytes: bytes(tys[1], layout.up_ty, e, f, "ffn_up_exps")?,
+        down_bytes: bytes(tys[2], layout.down_ty, f, e, "ffn_down_exps")?,
     })
 }
 
