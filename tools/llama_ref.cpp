@@ -13,9 +13,15 @@
 //   * record, for each of the n_gen+1 logit rows (row 0 = last prompt position, row i = after
 //     feeding generated token i-1), the argmax, the top-1/top-2 margin and the top-K (id, logit);
 //   * append the full row-0 logits (n_vocab little-endian f32) to OUT_LOGITS.
+// Debugging aid (not used for the committed refs): `--dump DIR --dump-prompt I --dump-steps S`
+// writes every f32 graph tensor of the first S decode calls of prompt I as raw little-endian f32
+// to DIR/<step>/<name>#<k>.f32 (k counts tensors of the same name within a step), with the shape
+// in DIR/<step>/index.txt; compare with LES's `LES_DEBUG_DUMP_DIR` files via tools/cmp_dumps.py.
 // A fresh context is created for each prompt (empty KV cache, position 0).
 
 #include "llama.h"
+#include "ggml.h"
+#include "ggml-backend.h"
 
 #include <algorithm>
 #include <cinttypes>
@@ -25,6 +31,7 @@
 #include <cstring>
 #include <ctime>
 #include <fstream>
+#include <map>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -143,12 +150,50 @@ static Row analyse(const float * logits, int n_vocab, int k) {
     return r;
 }
 
+struct Dumper {
+    std::string dir;
+    int step = 0;
+    std::map<std::string, int> seen;
+    FILE * index = nullptr;
+};
+
+static void dumper_step(Dumper & d, int step) {
+    d.step = step;
+    d.seen.clear();
+    if (d.index) fclose(d.index);
+    std::string sd = d.dir + "/" + std::to_string(step);
+    std::string cmd = "mkdir -p '" + sd + "'";
+    if (system(cmd.c_str()) != 0) die("mkdir failed");
+    d.index = fopen((sd + "/index.txt").c_str(), "w");
+}
+
+static bool dump_cb(struct ggml_tensor * t, bool ask, void * ud) {
+    Dumper * d = (Dumper *) ud;
+    if (ask) return t->type == GGML_TYPE_F32;
+    if (t->type != GGML_TYPE_F32 || !ggml_is_contiguous(t)) return true;
+    std::string name = t->name;
+    for (auto & c : name) if (c == '/' || c == ' ') c = '_';
+    int k = d->seen[name]++;
+    std::string fn = name + "#" + std::to_string(k) + ".f32";
+    std::vector<float> buf(ggml_nelements(t));
+    ggml_backend_tensor_get(t, buf.data(), 0, buf.size() * sizeof(float));
+    FILE * f = fopen((d->dir + "/" + std::to_string(d->step) + "/" + fn).c_str(), "wb");
+    if (!f) die("cannot write dump");
+    fwrite(buf.data(), sizeof(float), buf.size(), f);
+    fclose(f);
+    fprintf(d->index, "%s %s %lld %lld %lld %lld\n", fn.c_str(), ggml_op_desc(t), (long long) t->ne[0], (long long) t->ne[1],
+            (long long) t->ne[2], (long long) t->ne[3]);
+    return true;
+}
+
 int main(int argc, char ** argv) {
     if (argc < 5) die("usage: llama_ref MODEL PROMPTS OUT_JSON OUT_LOGITS [--n-gen N] [--threads T] [--ctx C] [--top K] [--version S] [--command S]");
     std::string model_path = argv[1], prompts_path = argv[2], out_json = argv[3], out_logits = argv[4];
     int n_gen = 32, n_threads = 2, n_ctx = 512, top_k = 32;
     std::string version = "unknown", command;
-    bool seq_prompt = false;  // decode the prompt one token at a time (every matmul on ggml's vec_dot path)
+    bool seq_prompt = false;
+    std::string dump_dir;
+    int dump_prompt = 0, dump_steps = 4;  // decode the prompt one token at a time (every matmul on ggml's vec_dot path)
     for (int i = 5; i < argc; i++) {
         std::string a = argv[i];
         if (i + 1 >= argc) die("missing value");
@@ -159,6 +204,9 @@ int main(int argc, char ** argv) {
         else if (a == "--version") version = argv[++i];
         else if (a == "--seq-prompt") seq_prompt = atoi(argv[++i]) != 0;
         else if (a == "--command") command = argv[++i];
+        else if (a == "--dump") dump_dir = argv[++i];
+        else if (a == "--dump-prompt") dump_prompt = atoi(argv[++i]);
+        else if (a == "--dump-steps") dump_steps = atoi(argv[++i]);
         else die(("unknown option " + a).c_str());
     }
 
@@ -219,7 +267,11 @@ int main(int argc, char ** argv) {
     js += "\"rows\": \"rows[i] = logits that chose generated[i] (i < n_gen); rows[n_gen] = logits after feeding generated[n_gen-1]\",\n";
     js += "\"prompts\": [\n";
 
+    Dumper dumper;
+    dumper.dir = dump_dir;
     for (size_t pi = 0; pi < prompts.size(); pi++) {
+        const bool dumping = !dump_dir.empty() && (int) pi == dump_prompt;
+        if (!dump_dir.empty() && !dumping) continue;
         const std::string & p = prompts[pi];
         int n = -llama_tokenize(vocab, p.c_str(), (int) p.size(), nullptr, 0, true, true);
         std::vector<llama_token> toks(n);
@@ -231,6 +283,10 @@ int main(int argc, char ** argv) {
         cp.n_batch = std::max(n_ctx, 512);
         cp.n_threads = n_threads;
         cp.n_threads_batch = n_threads;
+        if (dumping) {
+            cp.cb_eval = dump_cb;
+            cp.cb_eval_user_data = &dumper;
+        }
         llama_context * ctx = llama_init_from_model(model, cp);
         if (!ctx) die("cannot create context");
 
@@ -248,6 +304,10 @@ int main(int argc, char ** argv) {
             cur.erase(cur.begin(), cur.end() - 1);
         }
         for (int step = 0; step <= n_gen; step++) {
+            if (dumping) {
+                if (step >= dump_steps) break;
+                dumper_step(dumper, step);
+            }
             llama_batch b = llama_batch_get_one(cur.data(), (int) cur.size());
             if (llama_decode(ctx, b) != 0) die("decode failed");
             const float * lg = llama_get_logits_ith(ctx, -1);
@@ -261,6 +321,12 @@ int main(int argc, char ** argv) {
             cur.assign(1, t);
         }
         llama_free(ctx);
+        if (dumping) {
+            if (dumper.index) fclose(dumper.index);
+            dumper.index = nullptr;
+            fprintf(stderr, "dumped %d steps of prompt %zu to %s\n", dumper.step + 1, pi, dump_dir.c_str());
+            continue;
+        }
 
         js += "{\"index\": " + std::to_string(pi) + ", \"prompt\": " + json_str(p) + ",\n";
         js += " \"prompt_tokens\": [";

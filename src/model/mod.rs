@@ -232,6 +232,7 @@ impl Model {
             }
             self.tok_embd.row_f32(tok as usize, &mut x[t * e..(t + 1) * e])?;
         }
+        dump("embd", 0, &x);
         let mut cur = vec![0f32; t_n * e];
         let (nq, nkv) = (c.n_embd_q(), c.n_embd_kv());
         let mut q = vec![0f32; t_n * nq];
@@ -308,9 +309,11 @@ impl Model {
             ops::rms_norm(&x[t * e..(t + 1) * e], &self.output_norm, c.rms_eps, &mut h[i * e..(i + 1) * e]);
         }
         let out_w = self.output.as_ref().unwrap_or(&self.tok_embd);
+        dump("result_norm", 0, &h);
         let mut logits = vec![0f32; rows.len() * out_w.rows];
         let mut a = Acts::new(&h, e);
         matmul(out_w.as_ref(), &mut a, &mut logits);
+        dump("result_output", 0, &logits);
         Ok(logits)
     }
 
@@ -451,6 +454,8 @@ pub(crate) fn route(c: &Config, logits: &[f32], t_n: usize) -> (Vec<u32>, Vec<f3
 /// `llama-eval-callback` does) to compare runs op by op. On wasm32 the lines collect in a buffer
 /// (`setDebugDump` / `takeDebugDump` in the JS API) to compare the browser with a native run.
 pub(crate) fn dump(name: &str, il: usize, x: &[f32]) {
+    #[cfg(not(target_arch = "wasm32"))]
+    dump_file(name, il, x);
     if dump_enabled() {
         let sum: f64 = x.iter().map(|&v| v as f64).sum();
         // FNV-1a of the bits: equal hashes mean bit-identical tensors.
@@ -465,6 +470,28 @@ pub(crate) fn dump(name: &str, il: usize, x: &[f32]) {
             b.push('\n');
         }
     }
+}
+
+/// `LES_DEBUG_DUMP_DIR=DIR`: write each intermediate as raw little-endian f32 to
+/// `DIR/<forward call>/<name>-<layer>.f32`, for element-wise comparison with llama.cpp's tensors
+/// (`tools/llama_ref.cpp --dump`, compared by `tools/cmp_dumps.py`). `il == 99` (the FFN helper)
+/// is replaced by the layer of the previous dump.
+#[cfg(not(target_arch = "wasm32"))]
+fn dump_file(name: &str, il: usize, x: &[f32]) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::OnceLock;
+    static DIR: OnceLock<Option<std::path::PathBuf>> = OnceLock::new();
+    static STEP: AtomicUsize = AtomicUsize::new(usize::MAX);
+    static LAYER: AtomicUsize = AtomicUsize::new(0);
+    let Some(dir) = DIR.get_or_init(|| std::env::var_os("LES_DEBUG_DUMP_DIR").map(Into::into)) else { return };
+    if name == "embd" {
+        STEP.fetch_add(1, Ordering::Relaxed);
+    }
+    let il = if il == 99 { LAYER.load(Ordering::Relaxed) } else { LAYER.swap(il, Ordering::Relaxed); il };
+    let d = dir.join(STEP.load(Ordering::Relaxed).to_string());
+    let _ = std::fs::create_dir_all(&d);
+    let bytes: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let _ = std::fs::write(d.join(format!("{name}-{il}.f32")), bytes);
 }
 
 #[cfg(target_arch = "wasm32")]

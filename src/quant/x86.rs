@@ -213,8 +213,7 @@ float_dot!(dot_bf16, 2, |p: *const u8| _mm256_castsi256_ps(_mm256_slli_epi32::<1
 // 32-element blocks × Q8_0 / Q8_1
 
 /// `sum_blocks(d_w * d_a * sumi)` over Q8_0 activations, with `qx(block)` giving the 32 signed
-/// weight quants and `dw(block)` the weight scale in lane 0. Two blocks per step, two
-/// accumulators.
+/// weight quants and `dw(block)` the weight scale in lane 0.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn blocks_q8_0(
@@ -225,27 +224,16 @@ unsafe fn blocks_q8_0(
     dw: impl Fn(*const u8) -> __m128,
     qx: impl Fn(*const u8) -> __m256i,
 ) -> f32 {
+    // ggml's order (`ggml_vec_dot_q8_0_q8_0` and kin, x86 quants.c): one 8-lane accumulator,
+    // `acc = fma(d_w * d_a, lanes, acc)` block by block, then `hsum(acc)`.
     let ones = _mm256_set1_epi16(1);
-    let mut acc0 = _mm256_setzero_ps();
-    let mut acc1 = _mm256_setzero_ps();
-    let mut i = 0;
-    while i + 2 <= nb {
-        let (x0, y0) = (wp.add(i * wsize), ap.add(i * 34));
-        let (x1, y1) = (x0.add(wsize), y0.add(34));
-        let p0 = _mm256_cvtepi32_ps(dot_ss(qx(x0), load256(y0.add(2)), ones));
-        let p1 = _mm256_cvtepi32_ps(dot_ss(qx(x1), load256(y1.add(2)), ones));
-        let d0 = _mm256_broadcastss_ps(_mm_mul_ps(dw(x0), f16x2(y0)));
-        let d1 = _mm256_broadcastss_ps(_mm_mul_ps(dw(x1), f16x2(y1)));
-        acc0 = _mm256_fmadd_ps(d0, p0, acc0);
-        acc1 = _mm256_fmadd_ps(d1, p1, acc1);
-        i += 2;
+    let mut acc = _mm256_setzero_ps();
+    for i in 0..nb {
+        let (x, y) = (wp.add(i * wsize), ap.add(i * 34));
+        let p = _mm256_cvtepi32_ps(dot_ss(qx(x), load256(y.add(2)), ones));
+        acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(_mm_mul_ss(dw(x), f16x2(y))), p, acc);
     }
-    if i < nb {
-        let (x0, y0) = (wp.add(i * wsize), ap.add(i * 34));
-        let p0 = _mm256_cvtepi32_ps(dot_ss(qx(x0), load256(y0.add(2)), ones));
-        acc0 = _mm256_fmadd_ps(_mm256_broadcastss_ps(_mm_mul_ps(dw(x0), f16x2(y0))), p0, acc0);
-    }
-    hsum_ps(_mm256_add_ps(acc0, acc1))
+    hsum_ps(acc)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -300,31 +288,21 @@ unsafe fn dot_mxfp4_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn blocks_q8_1(nb: usize, wp: *const u8, wsize: usize, ap: *const u8, qx: impl Fn(*const u8) -> __m256i) -> f32 {
+    // ggml's order (`ggml_vec_dot_q4_1_q8_1`, x86 quants.c, as GCC compiles it): one 8-lane
+    // accumulator `acc = fma(d_w * d_a, lanes, acc)` and a scalar `summs = fma(m_w, s_a, summs)`
+    // block by block, then `hsum(acc) + summs`.
     let ones = _mm256_set1_epi16(1);
-    let mut acc0 = _mm256_setzero_ps();
-    let mut acc1 = _mm256_setzero_ps();
-    let mut acc_ms = _mm_setzero_ps();
-    let mut i = 0;
-    while i + 2 <= nb {
-        let (x0, y0) = (wp.add(i * wsize), ap.add(i * 36));
-        let (x1, y1) = (x0.add(wsize), y0.add(36));
-        let p0 = _mm256_cvtepi32_ps(dot_us(qx(x0), load256(y0.add(4)), ones));
-        let p1 = _mm256_cvtepi32_ps(dot_us(qx(x1), load256(y1.add(4)), ones));
-        let s0 = _mm_mul_ps(f16x2(x0), f16x2(y0));
-        let s1 = _mm_mul_ps(f16x2(x1), f16x2(y1));
-        acc0 = _mm256_fmadd_ps(_mm256_broadcastss_ps(s0), p0, acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_broadcastss_ps(s1), p1, acc1);
-        acc_ms = _mm_add_ps(acc_ms, _mm_add_ps(s0, s1));
-        i += 2;
+    let mut acc = _mm256_setzero_ps();
+    let mut summs = _mm_setzero_ps();
+    for i in 0..nb {
+        let (x, y) = (wp.add(i * wsize), ap.add(i * 36));
+        let p = _mm256_cvtepi32_ps(dot_us(qx(x), load256(y.add(4)), ones));
+        let (hx, hy) = (f16x2(x), f16x2(y));
+        let d = _mm_mul_ss(hx, hy);
+        summs = _mm_fmadd_ss(_mm_movehdup_ps(hx), _mm_movehdup_ps(hy), summs);
+        acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(d), p, acc);
     }
-    if i < nb {
-        let (x0, y0) = (wp.add(i * wsize), ap.add(i * 36));
-        let p0 = _mm256_cvtepi32_ps(dot_us(qx(x0), load256(y0.add(4)), ones));
-        let s0 = _mm_mul_ps(f16x2(x0), f16x2(y0));
-        acc0 = _mm256_fmadd_ps(_mm256_broadcastss_ps(s0), p0, acc0);
-        acc_ms = _mm_add_ps(acc_ms, s0);
-    }
-    hsum_ps(_mm256_add_ps(acc0, acc1)) + _mm_cvtss_f32(_mm_movehdup_ps(acc_ms))
+    hsum_ps(acc) + _mm_cvtss_f32(summs)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]

@@ -4,3 +4,4 @@
 pub mod ops;
 pub mod par;
 pub mod matmul;
+pub mod trig;

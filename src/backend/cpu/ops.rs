@@ -37,18 +37,35 @@ pub enum RopeKind {
 
 /// cos/sin table for one position, as ggml's `ggml_rope_cache_init` builds it: theta starts at
 /// the position and is multiplied by `base^(-2/n_rot)` per pair, in f32 (iterated, not powf per
-/// pair), with no YaRN extrapolation (ext_factor 0, freq_scale 1, attn_factor 1).
-/// Transcendentals here (and in softmax, sigmoid, attention) come from the `libm` crate, not the
+/// pair), with no YaRN extrapolation (ext_factor 0, freq_scale 1, attn_factor 1). sin and cos
+/// follow glibc's `sincosf` bit for bit ([`super::trig`]), as ggml calls the C library.
+/// Other transcendentals here (and in softmax, sigmoid, attention) come from the `libm` crate, not the
 /// platform's C library, so that native and wasm32 builds compute bit-identical logits.
 pub fn rope_cache(pos: usize, n_rot: usize, base: f32, cache: &mut Vec<f32>) {
     cache.clear();
-    let theta_scale = libm::powf(base, -2.0 / n_rot as f32);
+    let theta_scale = rope_theta_scale(base, n_rot);
     let mut theta = pos as f32;
     for _ in 0..n_rot / 2 {
-        cache.push(libm::cosf(theta));
-        cache.push(libm::sinf(theta));
+        let (s, c) = super::trig::sincosf(theta);
+        cache.push(c);
+        cache.push(s);
         theta *= theta_scale;
     }
+}
+
+/// `powf(base, -2 / n_rot)` (ggml's `theta_scale`), computed in f64 and rounded once: the
+/// correctly rounded value, which is what glibc's `powf` returns for these arguments (checked
+/// against the C library in `trig`'s tests).
+pub fn rope_theta_scale(base: f32, n_rot: usize) -> f32 {
+    libm::pow(base as f64, (-2.0f32 / n_rot as f32) as f64) as f32
+}
+
+/// One rotated pair, `(x0·c − x1·s, x0·s + x1·c)`, with the products fused as GCC fuses ggml's
+/// `rotate_pairs` (`-O3 -march=native`, contraction on): `fma(x0, c, −(x1·s))`,
+/// `fma(x0, s, x1·c)`. Checked element by element against llama.cpp's RoPE output.
+#[inline]
+fn rotate(x0: f32, x1: f32, c: f32, s: f32) -> (f32, f32) {
+    (x0.mul_add(c, -(x1 * s)), x0.mul_add(s, x1 * c))
 }
 
 /// Apply RoPE in place to `n_heads` consecutive heads of `head_dim` values each (only the first
@@ -60,8 +77,7 @@ pub fn rope(x: &mut [f32], head_dim: usize, n_rot: usize, kind: RopeKind, cache:
                 for i in 0..n_rot / 2 {
                     let (c, s) = (cache[2 * i], cache[2 * i + 1]);
                     let (x0, x1) = (h[2 * i], h[2 * i + 1]);
-                    h[2 * i] = x0 * c - x1 * s;
-                    h[2 * i + 1] = x0 * s + x1 * c;
+                    (h[2 * i], h[2 * i + 1]) = rotate(x0, x1, c, s);
                 }
             }
             RopeKind::Neox => {
@@ -69,8 +85,7 @@ pub fn rope(x: &mut [f32], head_dim: usize, n_rot: usize, kind: RopeKind, cache:
                 for i in 0..half {
                     let (c, s) = (cache[2 * i], cache[2 * i + 1]);
                     let (x0, x1) = (h[i], h[i + half]);
-                    h[i] = x0 * c - x1 * s;
-                    h[i + half] = x0 * s + x1 * c;
+                    (h[i], h[i + half]) = rotate(x0, x1, c, s);
                 }
             }
         }

@@ -1,0 +1,187 @@
+//! `sincosf` computed the way glibc (2.28 and later) computes it on x86-64 with FMA, so that
+//! LES's RoPE tables equal llama.cpp's bit for bit on the machines llama.cpp is usually run on
+//! (ggml's `ggml_rope_cache_init` calls the C library's `sincosf`).
+//!
+//! Algorithm (glibc `sysdeps/ieee754/flt-32/s_sincosf.c`, from Arm's optimized-routines): the
+//! argument is widened to f64; |x| < π/4 goes straight to the polynomial; |x| < 120 is reduced by
+//! one multiply-subtract with π/2; larger arguments by an exact 2.62 fixed-point product with
+//! 4/π to 192 bits (Payne–Hanek). The reduced value feeds two short f64 polynomials (sine odd,
+//! cosine even) whose roles swap in odd quadrants; the result is rounded to f32 once. glibc's
+//! x86-64 build picks its FMA variant at run time (an ifunc) on CPUs with FMA, where GCC fuses
+//! every `a + b * c`; we fuse the same operations with `f64::mul_add` (exact on every target, so
+//! wasm32 and ARM builds give the same bits). Worst-case error 0.56 ULP (glibc's own figure),
+//! i.e. the result is not always the correctly rounded one, which is why a plain `sin`/`cos`
+//! differs from llama.cpp's table in about 2.6% of entries.
+
+/// Polynomial coefficients (glibc `__sincosf_table[0]`, given there as hex floats; Rust has no
+/// hex float literals, so they are written as bit patterns): cosine `c0..c4` in x², sine `s1..s3`.
+const C0: f64 = 1.0;
+const C1: f64 = f64::from_bits(0xbfdf_ffff_fd0c_621c); // -0x1.ffffffd0c621cp-2
+const C2: f64 = f64::from_bits(0x3fa5_5553_e106_8f19); // 0x1.55553e1068f19p-5
+const C3: f64 = f64::from_bits(0xbf56_c087_e89a_359d); // -0x1.6c087e89a359dp-10
+const C4: f64 = f64::from_bits(0x3ef9_9343_027b_f8c3); // 0x1.99343027bf8c3p-16
+const S1: f64 = f64::from_bits(0xbfc5_5554_5995_a603); // -0x1.555545995a603p-3
+const S2: f64 = f64::from_bits(0x3f81_1076_0523_0bc4); // 0x1.1107605230bc4p-7
+const S3: f64 = f64::from_bits(0xbf29_94eb_3774_cf24); // -0x1.994eb3774cf24p-13
+
+/// 2/π × 2^24 (the quadrant lands in bits 24..31 of the truncated product) and π/2.
+const HPI_INV_2P24: f64 = f64::from_bits(0x4164_5f30_6dc9_c883); // 0x1.45F306DC9C883p+23
+const HPI: f64 = f64::from_bits(0x3ff9_21fb_5444_2d18); // 0x1.921FB54442D18p0
+/// 2π × 2^-64: converts the 2.62 fixed-point remainder to radians.
+const PI63: f64 = f64::from_bits(0x3c19_21fb_5444_2d18); // 0x1.921FB54442D18p-62
+
+/// 4/π to 192 bits, stored so that any 96-bit window starting at an 8-bit boundary is three
+/// aligned words: entry `i` holds bits `8i .. 8i + 32` of the fraction.
+const INV_PIO4: [u32; 24] = [
+    0xa2, 0xa2f9, 0xa2f983, 0xa2f9836e, 0xf9836e4e, 0x836e4e44, 0x6e4e4415, 0x4e441529, 0x441529fc, 0x1529fc27,
+    0x29fc2757, 0xfc2757d1, 0x2757d1f5, 0x57d1f534, 0xd1f534dd, 0xf534ddc0, 0x34ddc0db, 0xddc0db62, 0xc0db6295,
+    0xdb629599, 0x6295993c, 0x95993c43, 0x993c4390, 0x3c439041,
+];
+
+/// Top 12 bits of `|x|`'s representation (exponent and the top mantissa bit).
+fn abstop12(x: f32) -> u32 {
+    (x.to_bits() >> 20) & 0x7ff
+}
+
+/// (sin, cos) of the reduced argument `x` (|x| ≤ π/4) in quadrant `n`; `neg_cos` selects the
+/// negated cosine polynomial (glibc's second table entry, used when `n & 2`).
+fn poly(x: f64, x2: f64, n: i32, neg_cos: bool) -> (f32, f32) {
+    let (c0, c1, c2, c3, c4) = if neg_cos { (-C0, -C1, -C2, -C3, -C4) } else { (C0, C1, C2, C3, C4) };
+    let x4 = x2 * x2;
+    let x3 = x2 * x;
+    let cc2 = x2.mul_add(c4, c3);
+    let ss1 = x2.mul_add(S3, S2);
+    let cc1 = x2.mul_add(c1, c0);
+    let x5 = x3 * x2;
+    let x6 = x4 * x2;
+    let s = x3.mul_add(S1, x);
+    let c = x4.mul_add(c2, cc1);
+    let sin = x5.mul_add(ss1, s) as f32;
+    let cos = x6.mul_add(cc2, c) as f32;
+    if n & 1 != 0 {
+        (cos, sin)
+    } else {
+        (sin, cos)
+    }
+}
+
+/// Sign of the sine in quadrants 0..3.
+fn quadrant_sign(n: i32) -> f64 {
+    match n & 3 {
+        0 | 3 => 1.0,
+        _ => -1.0,
+    }
+}
+
+/// Reduce `|xi|` (an f32's bits, |x| ≥ 120) modulo π/2: the remainder in radians (|r| ≤ π/4)
+/// and the quadrant.
+fn reduce_large(xi: u32) -> (f64, i32) {
+    let arr = &INV_PIO4[((xi >> 26) & 15) as usize..];
+    let shift = (xi >> 23) & 7;
+    let m = ((xi & 0xff_ffff) | 0x80_0000) << shift;
+    let res0 = m.wrapping_mul(arr[0]) as u64;
+    let res1 = m as u64 * arr[4] as u64;
+    let res2 = m as u64 * arr[8] as u64;
+    let mut r = (res2 >> 32) | (res0 << 32);
+    r = r.wrapping_add(res1);
+    let n = r.wrapping_add(1 << 61) >> 62;
+    r = r.wrapping_sub(n << 62);
+    ((r as i64) as f64 * PI63, n as i32)
+}
+
+/// `(sin(y), cos(y))` as glibc's FMA `sincosf` returns them.
+pub fn sincosf(y: f32) -> (f32, f32) {
+    let x = y as f64;
+    if abstop12(y) < abstop12(core::f32::consts::FRAC_PI_4) {
+        if abstop12(y) < abstop12(f32::from_bits(0x3980_0000)) {
+            // |y| < 2^-12: sin y = y, cos y = 1 in f32.
+            return (y, 1.0);
+        }
+        poly(x, x * x, 0, false)
+    } else if abstop12(y) < abstop12(120.0) {
+        let r = x * HPI_INV_2P24;
+        let n = ((r as i32).wrapping_add(0x80_0000)) >> 24;
+        let xr = (-(n as f64)).mul_add(HPI, x);
+        let s = quadrant_sign(n);
+        poly(xr * s, xr * xr, n, n & 2 != 0)
+    } else if y.is_finite() {
+        let xi = y.to_bits();
+        let sign = (xi >> 31) as i32;
+        let (xr, n) = reduce_large(xi);
+        let s = quadrant_sign(n + sign);
+        poly(xr * s, xr * xr, n, (n + sign) & 2 != 0)
+    } else {
+        let nan = y - y;
+        (nan, nan)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn close_to_f64_sin_cos() {
+        // Independent check: within 1 ULP of the f64 library's values over a wide range.
+        let mut x = -2000.0f32;
+        while x < 2000.0 {
+            let (s, c) = sincosf(x);
+            let (rs, rc) = ((x as f64).sin() as f32, (x as f64).cos() as f32);
+            for (a, b) in [(s, rs), (c, rc)] {
+                let ulp = (b.abs().max(f32::MIN_POSITIVE)).to_bits() as i64;
+                let d = (a.abs().to_bits() as i64 - ulp).abs();
+                assert!(d <= 1 || (a - b).abs() < 1e-7, "x={x}: {a} vs {b}");
+            }
+            x += 0.0137;
+        }
+    }
+
+    /// The real reference: the C library's own `sincosf` (glibc on x86-64 with FMA is what
+    /// llama.cpp's RoPE calls on the machines the conformance refs come from).
+    #[cfg(all(target_os = "linux", target_env = "gnu", target_arch = "x86_64"))]
+    #[test]
+    fn equals_glibc_sincosf() {
+        extern "C" {
+            fn sincosf(x: f32, s: *mut f32, c: *mut f32);
+        }
+        if !std::arch::is_x86_feature_detected!("fma") {
+            return; // glibc's non-FMA variant rounds the products separately
+        }
+        let mut n = 0;
+        let mut check = |x: f32| {
+            let (mut s, mut c) = (0f32, 0f32);
+            unsafe { sincosf(x, &mut s, &mut c) };
+            let ours = super::sincosf(x);
+            assert_eq!((ours.0.to_bits(), ours.1.to_bits()), (s.to_bits(), c.to_bits()), "x = {x:e} ({:#x})", x.to_bits());
+            n += 1;
+        };
+        extern "C" {
+            fn powf(x: f32, y: f32) -> f32;
+        }
+        for base in [10000f32, 100000.0, 500000.0, 1000000.0, 10000000.0, 1e4 * 3.0] {
+            for n_rot in [16usize, 32, 48, 64, 80, 96, 128, 256] {
+                let want = unsafe { powf(base, -2.0f32 / n_rot as f32) };
+                assert_eq!(crate::backend::cpu::ops::rope_theta_scale(base, n_rot).to_bits(), want.to_bits(), "{base} {n_rot}");
+            }
+        }
+        // RoPE angles: positions 0..4096 × the theta_scale chains of common (base, n_rot).
+        for (base, n_rot) in [(10000f32, 64usize), (100000.0, 64), (1000000.0, 128), (10000.0, 128), (500000.0, 32)] {
+            let ts = crate::backend::cpu::ops::rope_theta_scale(base, n_rot);
+            for p in 0..4096 {
+                let mut th = p as f32;
+                for _ in 0..n_rot / 2 {
+                    check(th);
+                    check(-th);
+                    th *= ts;
+                }
+            }
+        }
+        // A sweep of bit patterns over every exponent.
+        let mut b = 0u32;
+        while b < 0x7f80_0000 {
+            check(f32::from_bits(b));
+            b += 0x1357;
+        }
+        assert!(n > 1_000_000);
+    }
+}
