@@ -4,4 +4,4 @@
 pub mod ops;
 pub mod par;
 pub mod matmul;
-pub mod trig;
+pub mod cmath;

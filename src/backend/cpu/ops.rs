@@ -38,7 +38,7 @@ pub enum RopeKind {
 /// cos/sin table for one position, as ggml's `ggml_rope_cache_init` builds it: theta starts at
 /// the position and is multiplied by `base^(-2/n_rot)` per pair, in f32 (iterated, not powf per
 /// pair), with no YaRN extrapolation (ext_factor 0, freq_scale 1, attn_factor 1). sin and cos
-/// follow glibc's `sincosf` bit for bit ([`super::trig`]), as ggml calls the C library.
+/// follow glibc's `sincosf` bit for bit ([`super::cmath`]), as ggml calls the C library.
 /// Other transcendentals here (and in softmax, sigmoid, attention) come from the `libm` crate, not the
 /// platform's C library, so that native and wasm32 builds compute bit-identical logits.
 pub fn rope_cache(pos: usize, n_rot: usize, base: f32, cache: &mut Vec<f32>) {
@@ -46,7 +46,7 @@ pub fn rope_cache(pos: usize, n_rot: usize, base: f32, cache: &mut Vec<f32>) {
     let theta_scale = rope_theta_scale(base, n_rot);
     let mut theta = pos as f32;
     for _ in 0..n_rot / 2 {
-        let (s, c) = super::trig::sincosf(theta);
+        let (s, c) = super::cmath::sincosf(theta);
         cache.push(c);
         cache.push(s);
         theta *= theta_scale;
@@ -55,7 +55,7 @@ pub fn rope_cache(pos: usize, n_rot: usize, base: f32, cache: &mut Vec<f32>) {
 
 /// `powf(base, -2 / n_rot)` (ggml's `theta_scale`), computed in f64 and rounded once: the
 /// correctly rounded value, which is what glibc's `powf` returns for these arguments (checked
-/// against the C library in `trig`'s tests).
+/// against the C library in `cmath`'s tests).
 pub fn rope_theta_scale(base: f32, n_rot: usize) -> f32 {
     libm::pow(base as f64, (-2.0f32 / n_rot as f32) as f64) as f32
 }
@@ -215,12 +215,12 @@ pub fn attend_head(q: &[f32], k_rows: &[f16], v_rows: &[f16], head_dim: usize, n
         if s > m {
             let m_old = m;
             m = s;
-            ms = libm::expf(m_old - m);
+            ms = super::cmath::expf(m_old - m);
             for a in acc.iter_mut() {
                 *a = f16::from_f32(a.to_f32() * ms);
             }
         } else {
-            vs = libm::expf(s - m);
+            vs = super::cmath::expf(s - m);
         }
         let v = &v_rows[j * head_dim..(j + 1) * head_dim];
         // ggml_vec_mad_f16 on x86: f32 FMA, rounded back to f16.

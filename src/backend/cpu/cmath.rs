@@ -1,17 +1,22 @@
-//! `sincosf` computed the way glibc (2.28 and later) computes it on x86-64 with FMA, so that
-//! LES's RoPE tables equal llama.cpp's bit for bit on the machines llama.cpp is usually run on
-//! (ggml's `ggml_rope_cache_init` calls the C library's `sincosf`).
+//! `sincosf` and `expf` computed the way glibc (2.28 and later) computes them on x86-64 with FMA,
+//! so that LES's RoPE tables and attention weights equal llama.cpp's bit for bit on the machines
+//! llama.cpp is usually run on (ggml's `ggml_rope_cache_init` calls the C library's `sincosf`,
+//! its flash-attention kernel and softmax tails call `expf`).
 //!
-//! Algorithm (glibc `sysdeps/ieee754/flt-32/s_sincosf.c`, from Arm's optimized-routines): the
+//! glibc's x86-64 build picks an FMA variant of these functions at run time (an ifunc) on CPUs
+//! with FMA, where GCC fuses every `a + b * c`; we fuse the same operations with `mul_add`
+//! (exact on every target, so wasm32 and ARM builds give the same bits). Both functions are
+//! accurate to about 0.5 ULP but not always correctly rounded, which is why a plain
+//! `sin`/`cos`/`exp` differs from llama.cpp's values in about 1-3% of cases.
+//!
+//! `sincosf` (glibc `sysdeps/ieee754/flt-32/s_sincosf.c`, from Arm's optimized-routines): the
 //! argument is widened to f64; |x| < π/4 goes straight to the polynomial; |x| < 120 is reduced by
 //! one multiply-subtract with π/2; larger arguments by an exact 2.62 fixed-point product with
 //! 4/π to 192 bits (Payne–Hanek). The reduced value feeds two short f64 polynomials (sine odd,
-//! cosine even) whose roles swap in odd quadrants; the result is rounded to f32 once. glibc's
-//! x86-64 build picks its FMA variant at run time (an ifunc) on CPUs with FMA, where GCC fuses
-//! every `a + b * c`; we fuse the same operations with `f64::mul_add` (exact on every target, so
-//! wasm32 and ARM builds give the same bits). Worst-case error 0.56 ULP (glibc's own figure),
-//! i.e. the result is not always the correctly rounded one, which is why a plain `sin`/`cos`
-//! differs from llama.cpp's table in about 2.6% of entries.
+//! cosine even) whose roles swap in odd quadrants; the result is rounded to f32 once.
+//!
+//! `expf` (glibc `sysdeps/ieee754/flt-32/e_expf.c`): x·32/ln 2 = k + r, 2^(k/32) from a 32-entry
+//! table of 2^(i/32) with k's integer part added to the exponent, 2^(r/32) by a cubic, in f64.
 
 /// Polynomial coefficients (glibc `__sincosf_table[0]`, given there as hex floats; Rust has no
 /// hex float literals, so they are written as bit patterns): cosine `c0..c4` in x², sine `s1..s3`.
@@ -116,6 +121,58 @@ pub fn sincosf(y: f32) -> (f32, f32) {
     }
 }
 
+/// 2^(i/32) as f64 bits minus `i << 47` (glibc `__exp2f_data.tab`): adding `k << 47` for
+/// k ≡ i (mod 32) gives 2^(k/32) exactly as glibc builds it.
+const EXP2F_TAB: [u64; 32] = [
+    0x3ff0000000000000, 0x3fefd9b0d3158574, 0x3fefb5586cf9890f, 0x3fef9301d0125b51, 0x3fef72b83c7d517b,
+    0x3fef54873168b9aa, 0x3fef387a6e756238, 0x3fef1e9df51fdee1, 0x3fef06fe0a31b715, 0x3feef1a7373aa9cb,
+    0x3feedea64c123422, 0x3feece086061892d, 0x3feebfdad5362a27, 0x3feeb42b569d4f82, 0x3feeab07dd485429,
+    0x3feea47eb03a5585, 0x3feea09e667f3bcd, 0x3fee9f75e8ec5f74, 0x3feea11473eb0187, 0x3feea589994cce13,
+    0x3feeace5422aa0db, 0x3feeb737b0cdc5e5, 0x3feec49182a3f090, 0x3feed503b23e255d, 0x3feee89f995ad3ad,
+    0x3feeff76f2fb5e47, 0x3fef199bdd85529c, 0x3fef3720dcef9069, 0x3fef5818dcfba487, 0x3fef7c97337b9b5f,
+    0x3fefa4afa2a490da, 0x3fefd0765b6e4540,
+];
+/// 32/ln 2 (glibc `invln2_scaled` = 0x1.71547652b82fep+0 × 32).
+const INVLN2_32: f64 = f64::from_bits(0x3ff7_1547_652b_82fe) * 32.0;
+/// 1.5 × 2^52: adding it rounds to an integer (ties to even) in the low mantissa bits.
+const SHIFT: f64 = f64::from_bits(0x4338_0000_0000_0000);
+/// The cubic for 2^(r/32) (glibc `poly_scaled`: 0x1.c6af84b912394p-5/32³, 0x1.ebfce50fac4f3p-3/32²,
+/// 0x1.62e42ff0c52d6p-1/32; the divisions by powers of two are exact).
+const EXP_C0: f64 = f64::from_bits(0x3fac_6af8_4b91_2394) / 32768.0;
+const EXP_C1: f64 = f64::from_bits(0x3fce_bfce_50fa_c4f3) / 1024.0;
+const EXP_C2: f64 = f64::from_bits(0x3fe6_2e42_ff0c_52d6) / 32.0;
+
+/// e^x as glibc's FMA `expf` returns it.
+pub fn expf(x: f32) -> f32 {
+    let abstop = (x.to_bits() >> 20) & 0x7ff;
+    if abstop >= (88f32.to_bits() >> 20) {
+        if x == f32::NEG_INFINITY {
+            return 0.0;
+        }
+        if !x.is_finite() {
+            return x + x;
+        }
+        if x > f32::from_bits(0x42b1_7217) {
+            return f32::INFINITY; // x > ln(2^128)
+        }
+        if x < f32::from_bits(0xc2cf_f1b4) {
+            return 0.0; // x < ln(2^-150)
+        }
+    }
+    let z = INVLN2_32 * x as f64;
+    let kd_shifted = z + SHIFT;
+    let ki = kd_shifted.to_bits();
+    let kd = kd_shifted - SHIFT;
+    let r = z - kd;
+    let t = EXP2F_TAB[(ki % 32) as usize].wrapping_add(ki << 47);
+    let s = f64::from_bits(t);
+    let zz = EXP_C0.mul_add(r, EXP_C1);
+    let r2 = r * r;
+    let y = EXP_C2.mul_add(r, 1.0);
+    let y = zz.mul_add(r2, y);
+    (y * s) as f32
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -183,5 +240,37 @@ mod tests {
             b += 0x1357;
         }
         assert!(n > 1_000_000);
+    }
+
+    #[cfg(all(target_os = "linux", target_env = "gnu", target_arch = "x86_64"))]
+    #[test]
+    fn equals_glibc_expf() {
+        extern "C" {
+            fn expf(x: f32) -> f32;
+        }
+        if !std::arch::is_x86_feature_detected!("fma") {
+            return;
+        }
+        let mut n = 0u64;
+        let mut b = 0u32;
+        while b < u32::MAX - 0x3ff {
+            let x = f32::from_bits(b);
+            let want = unsafe { expf(x) };
+            let got = super::expf(x);
+            assert!(got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()), "x = {x:e}: {got:e} vs glibc {want:e}");
+            n += 1;
+            b += 0x3ff;
+        }
+        assert!(n > 4_000_000);
+    }
+
+    #[test]
+    fn expf_close_to_f64_exp() {
+        let mut x = -100.0f32;
+        while x < 88.0 {
+            let (a, b) = (super::expf(x), (x as f64).exp() as f32);
+            assert!((a.to_bits() as i64 - b.to_bits() as i64).abs() <= 1, "x={x}: {a} vs {b}");
+            x += 0.00731;
+        }
     }
 }
