@@ -13,6 +13,10 @@ import sys
 
 import numpy as np
 
+ALTERNATES = {
+    "ffn_out": ["ffn_out", "ffn_moe_out"],
+    "ffn_moe_weights": ["ffn_moe_weights_scaled", "ffn_moe_weights_norm", "ffn_moe_weights"],
+}
 RENAME = {"Qrope": ("Qcur", 2), "Krope": ("Kcur", 2), "Qcur": ("Qcur", 0), "Kcur": ("Kcur", 0)}
 
 
@@ -21,7 +25,12 @@ def ref_file(ref_dir, name):
     if base in ("result_norm", "result_output", "embd"):
         return os.path.join(ref_dir, f"{base}#0.f32")
     b, k = RENAME.get(base, (base, 0))
-    return os.path.join(ref_dir, f"{b}-{il}#{k}.f32")
+    # MoE layers name some tensors differently; the first that exists wins.
+    for name in ALTERNATES.get(b, []) + [b]:
+        path = os.path.join(ref_dir, f"{name}-{il}#{k}.f32")
+        if os.path.exists(path):
+            break
+    return path
 
 
 def order(les_dir):

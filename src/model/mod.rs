@@ -429,14 +429,15 @@ pub(crate) fn route(c: &Config, logits: &[f32], t_n: usize) -> (Vec<u32>, Vec<f3
     for t in 0..t_n {
         ops::softmax(&logits[t * c.n_expert..(t + 1) * c.n_expert], &mut probs);
         let top = ops::top_k(&probs, k);
-        let mut sum = 0f32;
+        // ggml_sum_rows (`ggml_vec_sum_f32`) adds in f64 and rounds once.
+        let mut sum = 0f64;
         for (r, &ex) in top.iter().enumerate() {
             sel[t * k + r] = ex as u32;
             wts[t * k + r] = probs[ex];
-            sum += probs[ex];
+            sum += probs[ex] as f64;
         }
         if c.norm_topk {
-            let sum = sum.max(6.103515625e-5);
+            let sum = (sum as f32).max(6.103515625e-5);
             for w in &mut wts[t * k..(t + 1) * k] {
                 *w /= sum;
             }

@@ -531,6 +531,23 @@ pub fn vec_dot_with(simd: Simd, ty: GgmlType, n: usize, w_row: &[u8], act: &[u8]
     unsafe { k(n, w_row, act) }
 }
 
+/// The dot product a batched matmul (two or more activation rows) uses for one weight row. On
+/// x86-64 with AVX2 this follows ggml's batched path where it differs from [`vec_dot`] (F32 and
+/// F16 weights go through llamafile's tinyBLAS there); elsewhere it is [`vec_dot`].
+pub fn vec_dot_batched(ty: GgmlType, n: usize, w_row: &[u8], act: &[u8]) -> f32 {
+    #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+    if Simd::best() == Simd::Avx2 {
+        if let Some(k) = x86::gemm_kernel(ty, n) {
+            if !dot_sizes_ok(ty, n, w_row.len(), act.len(), 1) {
+                return f32::NAN;
+            }
+            // SAFETY: sizes checked above; AVX2/FMA/F16C are available (Simd::best).
+            return unsafe { k(n, w_row, act) };
+        }
+    }
+    vec_dot(ty, n, w_row, act)
+}
+
 /// `y[r] = dot(row r of w, x)` for `r in 0..y.len()`: `w` holds `y.len()` consecutive rows of
 /// `n` elements of type `ty`, `act` is `x` converted by `quantize_activation(vec_dot_type(ty), ..)`.
 /// Single-threaded; callers split rows across threads. Size errors as in [`vec_dot`] (release

@@ -205,9 +205,96 @@ macro_rules! float_dot {
     };
 }
 
-float_dot!(dot_f32, 4, |p: *const u8| _mm256_loadu_ps(p as *const f32));
-float_dot!(dot_f16, 2, |p: *const u8| _mm256_cvtph_ps(load128(p)));
 float_dot!(dot_bf16, 2, |p: *const u8| _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(load128(p)))));
+
+/// Sum of a 16-lane vector held as `(lanes 0..8, lanes 8..16)` in the order GCC's
+/// `_mm512_reduce_add_ps` adds (upper 256 + lower 256, upper 128 + lower 128, lanes (0+2, 1+3),
+/// then 0 + 1): ggml's AVX-512 reductions, emulated exactly on AVX2 (lanes are independent).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn reduce16(lo: __m256, hi: __m256) -> f32 {
+    hsum_ps(_mm256_add_ps(hi, lo))
+}
+
+/// `ggml_vec_dot_f32` / `ggml_vec_dot_f16` as ggml's AVX-512 build computes them (`vec.cpp`,
+/// `simd-mappings.h`: `GGML_F32_STEP` 64, `GGML_F32_EPR` 16): four 16-lane FMA accumulators over
+/// 64-element steps, reduced `(0 + 2) + (1 + 3)` and then across lanes; the tail beyond a multiple
+/// of 64 is added one product at a time (f32 FMA for f32 rows, f64 for f16 rows, as ggml's
+/// `sumf` types are). Each 16-lane register is two AVX2 registers here.
+macro_rules! ggml_float_dot {
+    ($name:ident, $esize:expr, $load:expr, $tail:expr) => {
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn $name(n: usize, w: &[u8], a: &[u8]) -> f32 {
+            let (wp, ap) = (w.as_ptr(), a.as_ptr());
+            let load = $load;
+            let mut acc = [_mm256_setzero_ps(); 8]; // accumulator j = (acc[2j], acc[2j + 1])
+            let np = n & !63;
+            let mut i = 0;
+            while i < np {
+                for (k, s) in acc.iter_mut().enumerate() {
+                    let o = (i + 8 * k) * $esize;
+                    *s = _mm256_fmadd_ps(load(wp.add(o)), load(ap.add(o)), *s);
+                }
+                i += 64;
+            }
+            let lo = _mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6]));
+            let hi = _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7]));
+            let tail = $tail;
+            tail(reduce16(lo, hi), np, n, w, a)
+        }
+    };
+}
+
+ggml_float_dot!(dot_f32, 4, |p: *const u8| _mm256_loadu_ps(p as *const f32), |s: f32, np: usize, n: usize, w: &[u8], a: &[u8]| {
+    let mut s = s;
+    for i in np..n {
+        s = f32_at(w.as_ptr().add(4 * i)).mul_add(f32_at(a.as_ptr().add(4 * i)), s);
+    }
+    s
+});
+ggml_float_dot!(dot_f16, 2, |p: *const u8| _mm256_cvtph_ps(load128(p)), |s: f32, np: usize, n: usize, w: &[u8], a: &[u8]| {
+    let mut s = s as f64;
+    for i in np..n {
+        s += (f16_at(w.as_ptr().add(2 * i)) * f16_at(a.as_ptr().add(2 * i))) as f64;
+    }
+    s as f32
+});
+
+/// The batched (prompt) form of the F32 / F16 dots: llamafile's `tinyBLAS<16, __m512, ..>`
+/// (`ggml-cpu/llamafile/sgemm.cpp`), which ggml's AVX-512 build uses for F32 and F16 weights when
+/// a matmul has two or more activation rows and `n` is a multiple of 16: one 16-lane FMA
+/// accumulator over the whole row, then `_mm512_reduce_add_ps`.
+macro_rules! tinyblas_dot {
+    ($name:ident, $esize:expr, $load:expr) => {
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub(super) unsafe fn $name(n: usize, w: &[u8], a: &[u8]) -> f32 {
+            debug_assert!(n % 16 == 0);
+            let (wp, ap) = (w.as_ptr(), a.as_ptr());
+            let load = $load;
+            let (mut lo, mut hi) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+            let mut i = 0;
+            while i + 16 <= n {
+                lo = _mm256_fmadd_ps(load(wp.add(i * $esize)), load(ap.add(i * $esize)), lo);
+                hi = _mm256_fmadd_ps(load(wp.add((i + 8) * $esize)), load(ap.add((i + 8) * $esize)), hi);
+                i += 16;
+            }
+            reduce16(lo, hi)
+        }
+    };
+}
+
+tinyblas_dot!(gemm_dot_f32, 4, |p: *const u8| _mm256_loadu_ps(p as *const f32));
+tinyblas_dot!(gemm_dot_f16, 2, |p: *const u8| _mm256_cvtph_ps(load128(p)));
+
+/// The batched-matmul kernel for `ty`, where ggml's batched path sums in a different order from
+/// its `vec_dot` (F32 and F16 through tinyBLAS); `None`: the batched path uses [`kernel`].
+pub(super) fn gemm_kernel(ty: GgmlType, n: usize) -> Option<DotFn> {
+    match ty {
+        GgmlType::F32 if n % 16 == 0 => Some(gemm_dot_f32),
+        GgmlType::F16 if n % 16 == 0 => Some(gemm_dot_f16),
+        _ => None,
+    }
+}
 
 // ---------------------------------------------------------------------------------------------
 // 32-element blocks × Q8_0 / Q8_1

@@ -107,7 +107,7 @@ pub fn matmul(w: WeightRef<'_>, acts: &mut Acts<'_>, y: &mut [f32]) {
         for (i, orow) in out.chunks_mut(n_tok).enumerate() {
             let wr = &w.data[(r0 + i) * w_row..(r0 + i + 1) * w_row];
             for (t, o) in orow.iter_mut().enumerate() {
-                *o = quant::vec_dot(w.ty, w.cols, wr, &a[t * a_row..(t + 1) * a_row]);
+                *o = quant::vec_dot_batched(w.ty, w.cols, wr, &a[t * a_row..(t + 1) * a_row]);
             }
         }
     });

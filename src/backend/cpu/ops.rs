@@ -130,12 +130,23 @@ pub fn swiglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
     }
 }
 
-/// Softmax (ggml `soft_max`): max-subtracted exponentials, sum accumulated in f64.
+/// Softmax (ggml `soft_max`, `ggml_vec_soft_max_f32` as ggml's AVX-512 build runs it):
+/// exponentials of `x - max` in blocks of 16 with the vectorised [`ggml_expf`], each block's sum
+/// added to an f64 total in `_mm512_reduce_add_ps` order, the remaining elements with the C
+/// library's `expf` ([`super::cmath::expf`]) added one by one; then every value times
+/// `f32(1 / total)`.
 pub fn softmax(x: &[f32], y: &mut [f32]) {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let mut sum = 0f64;
-    for (o, &v) in y.iter_mut().zip(x) {
-        let e = libm::expf(v - max);
+    let n16 = x.len() & !15;
+    for (yb, xb) in y[..n16].chunks_exact_mut(16).zip(x[..n16].chunks_exact(16)) {
+        for (o, &v) in yb.iter_mut().zip(xb) {
+            *o = ggml_expf(v - max);
+        }
+        sum += reduce16(&*<&mut [f32; 16]>::try_from(yb).unwrap()) as f64;
+    }
+    for (o, &v) in y[n16..].iter_mut().zip(&x[n16..]) {
+        let e = super::cmath::expf(v - max);
         *o = e;
         sum += e as f64;
     }
@@ -143,6 +154,18 @@ pub fn softmax(x: &[f32], y: &mut [f32]) {
     for o in y.iter_mut() {
         *o *= inv;
     }
+}
+
+/// Sum of 16 values in the order of GCC's `_mm512_reduce_add_ps`: halves 8 apart, then 4 apart,
+/// then (0 + 2) + (1 + 3).
+#[inline]
+pub fn reduce16(v: &[f32; 16]) -> f32 {
+    let mut t = [0f32; 8];
+    for i in 0..8 {
+        t[i] = v[i + 8] + v[i];
+    }
+    let u = [t[4] + t[0], t[5] + t[1], t[6] + t[2], t[7] + t[3]];
+    (u[0] + u[2]) + (u[1] + u[3])
 }
 
 /// Sigmoid.
