@@ -371,7 +371,7 @@ impl Model {
                 err = Some(ExpertError::Invalid { layer: il, expert: ex as usize, why: "expert shape does not match n_embd".into() });
                 return;
             }
-            let y = swiglu_ffn_ref(g, u, d, &xin, e);
+            let y = swiglu_ffn_ref(g, u, d, &xin, e, true);
             for (j, &s) in slots.iter().enumerate() {
                 let w = wts[s];
                 for (o, &yy) in per[s * e..(s + 1) * e].iter_mut().zip(&y[j * e..(j + 1) * e]) {
@@ -521,17 +521,25 @@ fn add_bias(x: &mut [f32], b: &Option<Vec<f32>>) {
     }
 }
 
-fn swiglu_ffn(gate: &Weight, up: &Weight, down: &Weight, x: &[f32], e: usize) -> Vec<f32> {
-    swiglu_ffn_ref(gate.as_ref(), up.as_ref(), down.as_ref(), x, e)
+fn ffn_acts(x: &[f32], cols: usize, experts: bool) -> Acts<'_> {
+    if experts {
+        Acts::for_experts(x, cols)
+    } else {
+        Acts::new(x, cols)
+    }
 }
 
-fn swiglu_ffn_ref(gate: crate::backend::cpu::matmul::WeightRef<'_>, up: crate::backend::cpu::matmul::WeightRef<'_>, down: crate::backend::cpu::matmul::WeightRef<'_>, x: &[f32], e: usize) -> Vec<f32> {
+fn swiglu_ffn(gate: &Weight, up: &Weight, down: &Weight, x: &[f32], e: usize) -> Vec<f32> {
+    swiglu_ffn_ref(gate.as_ref(), up.as_ref(), down.as_ref(), x, e, false)
+}
+
+fn swiglu_ffn_ref(gate: crate::backend::cpu::matmul::WeightRef<'_>, up: crate::backend::cpu::matmul::WeightRef<'_>, down: crate::backend::cpu::matmul::WeightRef<'_>, x: &[f32], e: usize, experts: bool) -> Vec<f32> {
     let t_n = x.len() / e;
     let ff = gate.rows;
     let mut g = vec![0f32; t_n * ff];
     let mut u = vec![0f32; t_n * ff];
     {
-        let mut a = Acts::new(x, e);
+        let mut a = ffn_acts(x, e, experts);
         matmul(gate, &mut a, &mut g);
         matmul(up, &mut a, &mut u);
     }
@@ -541,7 +549,7 @@ fn swiglu_ffn_ref(gate: crate::backend::cpu::matmul::WeightRef<'_>, up: crate::b
     dump("ffn_up", 99, &u);
     dump("ffn_swiglu", 99, &h);
     let mut y = vec![0f32; t_n * e];
-    let mut a = Acts::new(&h, ff);
+    let mut a = ffn_acts(&h, ff, experts);
     matmul(down, &mut a, &mut y);
     y
 }

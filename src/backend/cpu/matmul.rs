@@ -48,12 +48,20 @@ pub struct Acts<'a> {
     pub x: &'a [f32],
     pub cols: usize,
     pub n_tok: usize,
+    /// Whether a batched product may take ggml's `mul_mat` batch kernels (tinyBLAS); `false` for
+    /// expert products, which ggml runs as `mul_mat_id` with the single-row `vec_dot` kernels.
+    gemm: bool,
     conv: Vec<(GgmlType, Vec<u8>, usize)>,
 }
 
 impl<'a> Acts<'a> {
     pub fn new(x: &'a [f32], cols: usize) -> Self {
-        Self { x, cols, n_tok: x.len() / cols, conv: Vec::new() }
+        Self { x, cols, n_tok: x.len() / cols, gemm: true, conv: Vec::new() }
+    }
+
+    /// Activations for expert (`mul_mat_id`) products: batched rows use the `vec_dot` kernels.
+    pub fn for_experts(x: &'a [f32], cols: usize) -> Self {
+        Self { gemm: false, ..Self::new(x, cols) }
     }
 
     fn converted(&mut self, wty: GgmlType) -> (&[u8], usize) {
@@ -89,6 +97,7 @@ fn rows_per_task(rows: usize, cols: usize) -> usize {
 pub fn matmul(w: WeightRef<'_>, acts: &mut Acts<'_>, y: &mut [f32]) {
     assert_eq!(w.cols, acts.cols, "matmul: weight has {} columns, activation {}", w.cols, acts.cols);
     let n_tok = acts.n_tok;
+    let gemm = acts.gemm;
     let (a, a_row) = acts.converted(w.ty);
     let w_row = w.ty.row_bytes(w.cols as u64).unwrap() as usize;
     if n_tok == 1 {
@@ -107,7 +116,8 @@ pub fn matmul(w: WeightRef<'_>, acts: &mut Acts<'_>, y: &mut [f32]) {
         for (i, orow) in out.chunks_mut(n_tok).enumerate() {
             let wr = &w.data[(r0 + i) * w_row..(r0 + i + 1) * w_row];
             for (t, o) in orow.iter_mut().enumerate() {
-                *o = quant::vec_dot_batched(w.ty, w.cols, wr, &a[t * a_row..(t + 1) * a_row]);
+                let at = &a[t * a_row..(t + 1) * a_row];
+                *o = if gemm { quant::vec_dot_batched(w.ty, w.cols, wr, at) } else { quant::vec_dot(w.ty, w.cols, wr, at) };
             }
         }
     });
