@@ -470,7 +470,7 @@ unsafe fn dot_q3_k_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
     hsum_ps(acc)
 }
 
-/// Q4_K (`FIVE = false`) and Q5_K.
+/// Q5_K (and Q4_K with `FIVE = false`, unused: Q4_K follows the repacked order below).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_q45_k<const FIVE: bool>(n: usize, w: &[u8], a: &[u8]) -> f32 {
@@ -513,9 +513,40 @@ unsafe fn dot_q45_k<const FIVE: bool>(n: usize, w: &[u8], a: &[u8]) -> f32 {
     hsum_ps(acc) - mins_total
 }
 
+/// Q4_K in the order of ggml's repacked x86 kernels (`ggml_gemv_q4_K_8x8_q8_K` /
+/// `ggml_gemm_q4_K_8x8_q8_K`, `ggml-cpu/arch/x86/repack.cpp`), which llama.cpp runs for every
+/// Q4_K matrix whose row count is a multiple of 8 on AVX2 CPUs (single tokens and batches,
+/// experts included): per super-block, the exact integer sums `Σ scale·q·a` and `Σ min·bsum`
+/// each take one scalar FMA, `acc += isum · (d_w·d_a)`, `acc_min += imin · (dmin_w·d_a)`, and
+/// the result is `acc − acc_min`.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_q4_k_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    dot_q45_k::<false>(n, w, a)
+    let (wp, ap) = (w.as_ptr(), a.as_ptr());
+    let m4 = _mm256_set1_epi8(0x0f);
+    let (mut acc, mut acc_min) = (0f32, 0f32);
+    for i in 0..n / QK_K {
+        let (x, y) = (wp.add(i * 144), ap.add(i * 292));
+        let yd = f32_at(y);
+        let (sc, mn) = scales_mins_k4(core::slice::from_raw_parts(x.add(4), 12));
+        let mn16 = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(
+            _mm_loadl_epi64(mn.as_ptr() as *const __m128i),
+            _mm_set_epi8(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0),
+        ));
+        let imin = hsum_epi32(_mm256_madd_epi16(load256(y.add(260)), mn16));
+        let mut sumi = _mm256_setzero_si256();
+        for c in 0..4 {
+            let q4 = load256(x.add(16 + 32 * c));
+            let lo = _mm256_and_si256(q4, m4);
+            let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q4), m4);
+            let p_lo = dot_us(lo, load256(y.add(4 + 64 * c)), _mm256_set1_epi16(sc[2 * c] as i16));
+            let p_hi = dot_us(hi, load256(y.add(36 + 64 * c)), _mm256_set1_epi16(sc[2 * c + 1] as i16));
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p_lo, p_hi));
+        }
+        let isum = hsum_epi32(sumi);
+        acc = (isum as f32).mul_add(f16_at(x) * yd, acc);
+        acc_min = (imin as f32).mul_add(f16_hi(x) * yd, acc_min);
+    }
+    acc - acc_min
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
