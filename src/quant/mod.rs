@@ -531,13 +531,14 @@ pub fn vec_dot_with(simd: Simd, ty: GgmlType, n: usize, w_row: &[u8], act: &[u8]
     unsafe { k(n, w_row, act) }
 }
 
-/// The dot product a batched matmul (two or more activation rows) uses for one weight row. On
-/// x86-64 with AVX2 this follows ggml's batched path where it differs from [`vec_dot`] (F32 and
-/// F16 weights go through llamafile's tinyBLAS there); elsewhere it is [`vec_dot`].
-pub fn vec_dot_batched(ty: GgmlType, n: usize, w_row: &[u8], act: &[u8]) -> f32 {
+/// The dot product a batched matmul (`n_tok` ≥ 2 activation rows) uses for weight row × row `t`.
+/// On x86-64 with AVX2 this follows ggml's batched path where it sums in a different order from
+/// [`vec_dot`] (tinyBLAS for F32 and F16 weights, the repacked GEMM for Q4_K); elsewhere it is
+/// [`vec_dot`].
+pub fn vec_dot_batched(ty: GgmlType, n: usize, w_row: &[u8], act: &[u8], t: usize, n_tok: usize) -> f32 {
     #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
     if Simd::best() == Simd::Avx2 {
-        if let Some(k) = x86::gemm_kernel(ty, n) {
+        if let Some(k) = x86::gemm_kernel(ty, n, t, n_tok) {
             if !dot_sizes_ok(ty, n, w_row.len(), act.len(), 1) {
                 return f32::NAN;
             }
@@ -545,6 +546,7 @@ pub fn vec_dot_batched(ty: GgmlType, n: usize, w_row: &[u8], act: &[u8]) -> f32 
             return unsafe { k(n, w_row, act) };
         }
     }
+    let _ = (t, n_tok);
     vec_dot(ty, n, w_row, act)
 }
 

@@ -286,14 +286,47 @@ macro_rules! tinyblas_dot {
 tinyblas_dot!(gemm_dot_f32, 4, |p: *const u8| _mm256_loadu_ps(p as *const f32));
 tinyblas_dot!(gemm_dot_f16, 2, |p: *const u8| _mm256_cvtph_ps(load128(p)));
 
-/// The batched-matmul kernel for `ty`, where ggml's batched path sums in a different order from
-/// its `vec_dot` (F32 and F16 through tinyBLAS); `None`: the batched path uses [`kernel`].
-pub(super) fn gemm_kernel(ty: GgmlType, n: usize) -> Option<DotFn> {
+/// The kernel ggml's batched `mul_mat` uses for activation row `t` of `n_tok` (≥ 2) where it sums
+/// in a different order from its `vec_dot`: F32 and F16 through tinyBLAS (every row, `n` a
+/// multiple of 16), Q4_K through the repacked GEMM for the rows that fill groups of four (the
+/// remaining rows take the GEMV, i.e. [`kernel`]'s order). `None`: use [`kernel`].
+pub(super) fn gemm_kernel(ty: GgmlType, n: usize, t: usize, n_tok: usize) -> Option<DotFn> {
     match ty {
         GgmlType::F32 if n % 16 == 0 => Some(gemm_dot_f32),
         GgmlType::F16 if n % 16 == 0 => Some(gemm_dot_f16),
+        GgmlType::Q4K if t < n_tok - n_tok % 4 => Some(gemm_dot_q4_k_q8_k),
         _ => None,
     }
+}
+
+/// Q4_K as ggml's repacked GEMM (`ggml_gemm_q4_K_8x8_q8_K`, x86) sums one output: as the GEMV
+/// order ([`dot_q4_k_q8_k`]) but with one FMA per pair of 32-element sub-blocks instead of per
+/// super-block.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn gemm_dot_q4_k_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let (wp, ap) = (w.as_ptr(), a.as_ptr());
+    let m4 = _mm256_set1_epi8(0x0f);
+    let (mut acc, mut acc_min) = (0f32, 0f32);
+    for i in 0..n / QK_K {
+        let (x, y) = (wp.add(i * 144), ap.add(i * 292));
+        let yd = f32_at(y);
+        let (dd, dm) = (f16_at(x) * yd, f16_hi(x) * yd);
+        let (sc, mn) = scales_mins_k4(core::slice::from_raw_parts(x.add(4), 12));
+        let bsums = core::slice::from_raw_parts(y.add(260) as *const i16, 16);
+        for c in 0..4 {
+            let q4 = load256(x.add(16 + 32 * c));
+            let lo = _mm256_and_si256(q4, m4);
+            let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q4), m4);
+            let p_lo = dot_us(lo, load256(y.add(4 + 64 * c)), _mm256_set1_epi16(sc[2 * c] as i16));
+            let p_hi = dot_us(hi, load256(y.add(36 + 64 * c)), _mm256_set1_epi16(sc[2 * c + 1] as i16));
+            let isum = hsum_epi32(_mm256_add_epi32(p_lo, p_hi));
+            let bs = |j: usize| read_unaligned(bsums.as_ptr().add(j)) as i32;
+            let imin = mn[2 * c] as i32 * (bs(4 * c) + bs(4 * c + 1)) + mn[2 * c + 1] as i32 * (bs(4 * c + 2) + bs(4 * c + 3));
+            acc = (isum as f32).mul_add(dd, acc);
+            acc_min = (imin as f32).mul_add(dm, acc_min);
+        }
+    }
+    acc - acc_min
 }
 
 // ---------------------------------------------------------------------------------------------
