@@ -181,8 +181,13 @@ static bool dump_cb(struct ggml_tensor * t, bool ask, void * ud) {
     if (!f) die("cannot write dump");
     fwrite(buf.data(), sizeof(float), buf.size(), f);
     fclose(f);
-    fprintf(d->index, "%s %s %lld %lld %lld %lld\n", fn.c_str(), ggml_op_desc(t), (long long) t->ne[0], (long long) t->ne[1],
+    fprintf(d->index, "%s %s %lld %lld %lld %lld", fn.c_str(), ggml_op_desc(t), (long long) t->ne[0], (long long) t->ne[1],
             (long long) t->ne[2], (long long) t->ne[3]);
+    for (int i = 0; i < GGML_MAX_SRC && t->src[i]; i++) {
+        const ggml_tensor * s = t->src[i];
+        fprintf(d->index, " src%d=%s:%s:%s", i, s->name, ggml_type_name(s->type), s->buffer ? ggml_backend_buffer_name(s->buffer) : "-");
+    }
+    fprintf(d->index, "\n");
     return true;
 }
 

@@ -241,6 +241,7 @@ impl Model {
         let mut attn = vec![0f32; t_n * nq];
         let mut rope_cache = Vec::new();
         let scale = 1.0 / (c.head_dim as f32).sqrt();
+        let mut n_rows = t_n; // rows still carried (the last layer may drop all but the last)
         for (il, l) in self.layers.iter().enumerate() {
             // Attention.
             for t in 0..t_n {
@@ -279,12 +280,20 @@ impl Model {
                 matmul(l.wo.as_ref(), &mut a, &mut cur);
             }
             dump("attn_out", il, &cur);
+            if il + 1 == self.layers.len() && want == Logits::Last && n_rows > 1 {
+                // Only the last position's logits are wanted: the last layer's FFN runs on that
+                // row alone, as llama.cpp's graph does (`inp_out_ids`), so its kernels see one
+                // row just as llama.cpp's do.
+                x.drain(..(n_rows - 1) * e);
+                cur.drain(..(n_rows - 1) * e);
+                n_rows = 1;
+            }
             for (xi, &ci) in x.iter_mut().zip(&cur) {
                 *xi += ci;
             }
             dump("ffn_inp", il, &x);
             // FFN.
-            for t in 0..t_n {
+            for t in 0..n_rows {
                 ops::rms_norm(&x[t * e..(t + 1) * e], &l.ffn_norm, c.rms_eps, &mut cur[t * e..(t + 1) * e]);
             }
             dump("ffn_norm", il, &cur);
@@ -301,7 +310,7 @@ impl Model {
         kv.len = pos0 + t_n;
         // Output head.
         let rows: Vec<usize> = match want {
-            Logits::Last => vec![t_n - 1],
+            Logits::Last => vec![n_rows - 1],
             Logits::All => (0..t_n).collect(),
         };
         let mut h = vec![0f32; rows.len() * e];

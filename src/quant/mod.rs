@@ -531,14 +531,15 @@ pub fn vec_dot_with(simd: Simd, ty: GgmlType, n: usize, w_row: &[u8], act: &[u8]
     unsafe { k(n, w_row, act) }
 }
 
-/// The dot product a batched matmul (`n_tok` ≥ 2 activation rows) uses for weight row × row `t`.
-/// On x86-64 with AVX2 this follows ggml's batched path where it sums in a different order from
-/// [`vec_dot`] (tinyBLAS for F32 and F16 weights, the repacked GEMM for Q4_K); elsewhere it is
+/// The dot product a batched matmul (`n_tok` ≥ 2 activation rows) uses for weight row × row `t`;
+/// `experts`: one expert's rows of a `mul_mat_id`. On x86-64 with AVX2 this follows ggml's
+/// batched paths where they sum in a different order from [`vec_dot`] (tinyBLAS for F32 and F16
+/// weights, the repacked GEMM for Q4_K, the tiled K-quant matmul for Q6_K); elsewhere it is
 /// [`vec_dot`].
-pub fn vec_dot_batched(ty: GgmlType, n: usize, w_row: &[u8], act: &[u8], t: usize, n_tok: usize) -> f32 {
+pub fn vec_dot_batched(ty: GgmlType, n: usize, w_row: &[u8], act: &[u8], t: usize, n_tok: usize, experts: bool) -> f32 {
     #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
     if Simd::best() == Simd::Avx2 {
-        if let Some(k) = x86::gemm_kernel(ty, n, t, n_tok) {
+        if let Some(k) = x86::gemm_kernel(ty, n, t, n_tok, experts) {
             if !dot_sizes_ok(ty, n, w_row.len(), act.len(), 1) {
                 return f32::NAN;
             }
@@ -546,7 +547,7 @@ pub fn vec_dot_batched(ty: GgmlType, n: usize, w_row: &[u8], act: &[u8], t: usiz
             return unsafe { k(n, w_row, act) };
         }
     }
-    let _ = (t, n_tok);
+    let _ = (t, n_tok, experts);
     vec_dot(ty, n, w_row, act)
 }
 

@@ -289,9 +289,13 @@ tinyblas_dot!(gemm_dot_f16, 2, |p: *const u8| _mm256_cvtph_ps(load128(p)));
 /// The kernel ggml's batched `mul_mat` uses for activation row `t` of `n_tok` (≥ 2) where it sums
 /// in a different order from its `vec_dot`: F32 and F16 through tinyBLAS (every row, `n` a
 /// multiple of 16), Q4_K through the repacked GEMM for the rows that fill groups of four (the
-/// remaining rows take the GEMV, i.e. [`kernel`]'s order). `None`: use [`kernel`].
-pub(super) fn gemm_kernel(ty: GgmlType, n: usize, t: usize, n_tok: usize) -> Option<DotFn> {
+/// remaining rows take the GEMV, i.e. [`kernel`]'s order), Q6_K through the tiled K-quant matmul
+/// from 8 rows on. `experts`: the product is a `mul_mat_id` (one expert's rows), where only the
+/// tiled path applies. `None`: use [`kernel`].
+pub(super) fn gemm_kernel(ty: GgmlType, n: usize, t: usize, n_tok: usize, experts: bool) -> Option<DotFn> {
     match ty {
+        GgmlType::Q6K if n_tok >= 8 => Some(tiled_dot_q6_k_q8_k),
+        _ if experts => None,
         GgmlType::F32 if n % 16 == 0 => Some(gemm_dot_f32),
         GgmlType::F16 if n % 16 == 0 => Some(gemm_dot_f16),
         GgmlType::Q4K if t < n_tok - n_tok % 4 => Some(gemm_dot_q4_k_q8_k),
@@ -589,9 +593,24 @@ unsafe fn dot_q5_k_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_q6_k_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    q6_k::<false>(n, w, a)
+}
+
+/// Q6_K as ggml's tiled K-quant matmul sums one output (`ggml-cpu/tiled`, which llama.cpp uses
+/// for a batch of 8 or more activation rows, expert products included): per super-block,
+/// `out += (isum · d_w) · d_a` with the exact integer sum, unfused.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tiled_dot_q6_k_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    q6_k::<true>(n, w, a)
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q6_k<const TILED: bool>(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let (wp, ap) = (w.as_ptr(), a.as_ptr());
     let m4 = _mm256_set1_epi8(0x0f);
     let mut acc = _mm256_setzero_ps();
+    let mut tiled = 0f32;
     for i in 0..n / QK_K {
         let (x, y) = (wp.add(i * 210), ap.add(i * 292));
         let scales = load128(x.add(192));
@@ -626,8 +645,15 @@ unsafe fn dot_q6_k_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
             }
         }
         sumi = _mm256_sub_epi32(sumi, offset);
+        if TILED {
+            tiled += (hsum_epi32(sumi) as f32 * f16_hi(x.add(206))) * f32_at(y);
+            continue;
+        }
         let d = f16_hi(x.add(206)) * f32_at(y);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    if TILED {
+        return tiled;
     }
     hsum_ps(acc)
 }

@@ -48,8 +48,9 @@ pub struct Acts<'a> {
     pub x: &'a [f32],
     pub cols: usize,
     pub n_tok: usize,
-    /// Whether a batched product may take ggml's `mul_mat` batch kernels (tinyBLAS); `false` for
-    /// expert products, which ggml runs as `mul_mat_id` with the single-row `vec_dot` kernels.
+    /// Whether a batched product is a plain `mul_mat` (`true`) or one expert's rows of a
+    /// `mul_mat_id` (`false`), which ggml runs with fewer batch kernels (see
+    /// `quant::vec_dot_batched`).
     gemm: bool,
     conv: Vec<(GgmlType, Vec<u8>, usize)>,
 }
@@ -59,7 +60,7 @@ impl<'a> Acts<'a> {
         Self { x, cols, n_tok: x.len() / cols, gemm: true, conv: Vec::new() }
     }
 
-    /// Activations for expert (`mul_mat_id`) products: batched rows use the `vec_dot` kernels.
+    /// Activations for expert (`mul_mat_id`) products.
     pub fn for_experts(x: &'a [f32], cols: usize) -> Self {
         Self { gemm: false, ..Self::new(x, cols) }
     }
@@ -117,7 +118,7 @@ pub fn matmul(w: WeightRef<'_>, acts: &mut Acts<'_>, y: &mut [f32]) {
             let wr = &w.data[(r0 + i) * w_row..(r0 + i + 1) * w_row];
             for (t, o) in orow.iter_mut().enumerate() {
                 let at = &a[t * a_row..(t + 1) * a_row];
-                *o = if gemm { quant::vec_dot_batched(w.ty, w.cols, wr, at, t, n_tok) } else { quant::vec_dot(w.ty, w.cols, wr, at) };
+                *o = quant::vec_dot_batched(w.ty, w.cols, wr, at, t, n_tok, !gemm);
             }
         }
     });
