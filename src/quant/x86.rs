@@ -598,7 +598,8 @@ unsafe fn dot_q6_k_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
 
 /// Q6_K as ggml's tiled K-quant matmul sums one output (`ggml-cpu/tiled`, which llama.cpp uses
 /// for a batch of 8 or more activation rows, expert products included): per super-block,
-/// `out += (isum · d_w) · d_a` with the exact integer sum, unfused.
+/// `out = fma(isum · d_w, d_a, out)` with the exact integer sum (the kernel's `add(out,
+/// mul(r, d_a))` intrinsics, fused by GCC).
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn tiled_dot_q6_k_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
     q6_k::<true>(n, w, a)
@@ -646,7 +647,7 @@ unsafe fn q6_k<const TILED: bool>(n: usize, w: &[u8], a: &[u8]) -> f32 {
         }
         sumi = _mm256_sub_epi32(sumi, offset);
         if TILED {
-            tiled += (hsum_epi32(sumi) as f32 * f16_hi(x.add(206))) * f32_at(y);
+            tiled = (hsum_epi32(sumi) as f32 * f16_hi(x.add(206))).mul_add(f32_at(y), tiled);
             continue;
         }
         let d = f16_hi(x.add(206)) * f32_at(y);
