@@ -168,10 +168,13 @@ pub fn reduce16(v: &[f32; 16]) -> f32 {
     (u[0] + u[2]) + (u[1] + u[3])
 }
 
-/// Sigmoid.
+/// Sigmoid as llama.cpp's qwen2moe graph computes the shared-expert gate: `silu(x) / x`
+/// (`ggml_div(ggml_silu(x), x)`), where a single-element SiLU is ggml's scalar
+/// `x / (1 + expf(-x))` with the C library's `expf` ([`super::cmath::expf`]). NaN at `x = 0`,
+/// as there.
 #[inline]
 pub fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + libm::expf(-x))
+    (x / (1.0 + super::cmath::expf(-x))) / x
 }
 
 /// Indices of the `k` largest values, largest first (ties: lower index first).
