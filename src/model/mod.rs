@@ -404,13 +404,17 @@ impl Model {
             }
         }
         if let Some(sh) = shared {
+            dump("ffn_moe_out", il, &out);
             let y = swiglu_ffn(&sh.gate, &sh.up, &sh.down, cur, e);
+            dump("ffn_shexp", il, &y);
             let mut gate = vec![1f32; t_n];
             if let Some(gi) = &sh.gate_inp {
                 matmul(gi.as_ref(), &mut acts, &mut gate);
+                dump("ffn_shexp_gate_inp", il, &gate);
                 for g in gate.iter_mut() {
                     *g = ops::sigmoid(*g);
                 }
+                dump("ffn_shexp_gate", il, &gate);
             }
             for t in 0..t_n {
                 for (o, &yy) in out[t * e..(t + 1) * e].iter_mut().zip(&y[t * e..(t + 1) * e]) {

@@ -531,15 +531,17 @@ pub fn vec_dot_with(simd: Simd, ty: GgmlType, n: usize, w_row: &[u8], act: &[u8]
     unsafe { k(n, w_row, act) }
 }
 
-/// The dot product a batched matmul (`n_tok` ≥ 2 activation rows) uses for weight row × row `t`;
+/// The dot product a batched matmul (`n_tok` ≥ 2 activation rows, a weight of `rows` rows) uses
+/// for one weight row × activation row `t`;
 /// `experts`: one expert's rows of a `mul_mat_id`. On x86-64 with AVX2 this follows ggml's
 /// batched paths where they sum in a different order from [`vec_dot`] (tinyBLAS for F32 and F16
 /// weights, the repacked GEMM for Q4_K, the tiled K-quant matmul for Q6_K); elsewhere it is
 /// [`vec_dot`].
-pub fn vec_dot_batched(ty: GgmlType, n: usize, w_row: &[u8], act: &[u8], t: usize, n_tok: usize, experts: bool) -> f32 {
+#[allow(clippy::too_many_arguments)]
+pub fn vec_dot_batched(ty: GgmlType, n: usize, rows: usize, w_row: &[u8], act: &[u8], t: usize, n_tok: usize, experts: bool) -> f32 {
     #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
     if Simd::best() == Simd::Avx2 {
-        if let Some(k) = x86::gemm_kernel(ty, n, t, n_tok, experts) {
+        if let Some(k) = x86::gemm_kernel(ty, n, rows, t, n_tok, experts) {
             if !dot_sizes_ok(ty, n, w_row.len(), act.len(), 1) {
                 return f32::NAN;
             }
@@ -547,7 +549,7 @@ pub fn vec_dot_batched(ty: GgmlType, n: usize, w_row: &[u8], act: &[u8], t: usiz
             return unsafe { k(n, w_row, act) };
         }
     }
-    let _ = (t, n_tok, experts);
+    let _ = (rows, t, n_tok, experts);
     vec_dot(ty, n, w_row, act)
 }
 

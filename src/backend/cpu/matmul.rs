@@ -118,7 +118,7 @@ pub fn matmul(w: WeightRef<'_>, acts: &mut Acts<'_>, y: &mut [f32]) {
             let wr = &w.data[(r0 + i) * w_row..(r0 + i + 1) * w_row];
             for (t, o) in orow.iter_mut().enumerate() {
                 let at = &a[t * a_row..(t + 1) * a_row];
-                *o = quant::vec_dot_batched(w.ty, w.cols, wr, at, t, n_tok, !gemm);
+                *o = quant::vec_dot_batched(w.ty, w.cols, w.rows, wr, at, t, n_tok, !gemm);
             }
         }
     });
