@@ -1,12 +1,14 @@
 //! LES against llama.cpp (reference files made by tools/make_refs.sh, llama.cpp version recorded
 //! in each file): teacher-forced logits and free-running greedy continuations on 8 prompts.
 //!
-//! What is asserted (see NOTES.md, "Numerics vs llama.cpp"): identical tokenization; teacher-forced
-//! argmax equal to llama.cpp's wherever llama.cpp's top-2 margin exceeds `CONFIDENT`; the max
-//! |Δlogit| over llama.cpp's top-32 below `MAX_DLOGIT`. The issue's stricter goals (margin 0.1,
-//! 7/8 greedy, |Δ| ≤ 2e-2) are reported by every run but not yet met: these models amplify
-//! last-bit differences (llama.cpp's own logits move by up to ~0.2 between its flash-attention
-//! on/off paths on SmolLM2), so meeting them needs bit-exact emulation of ggml's kernels.
+//! On x86-64 with AVX2 (the platform the references come from) LES's kernels follow ggml's x86
+//! summation orders, glibc's `sincosf`/`expf` and llama.cpp's graph, so the issue's goals are
+//! asserted: greedy continuations equal llama.cpp's on at least 7 of 8 prompts, any divergence
+//! starts where llama.cpp's top-2 margin is below 0.1, teacher-forced argmax equal wherever that
+//! margin exceeds 0.1, max |Δlogit| ≤ 2e-2 over llama.cpp's top-32 of every row and over the whole
+//! vocabulary of each prompt's first row (in practice these are 0: the logits are bit-identical).
+//! Elsewhere (the portable kernels sum in another order) only the coarse checks hold: identical
+//! tokenization, argmax equal where llama.cpp's margin exceeds 1, |Δlogit| < 8.
 
 mod common;
 use common::*;
@@ -15,15 +17,24 @@ use les::engine::Session;
 use les::model::{ExpertMode, Logits};
 use les::store::FileSource;
 
-/// The issue's margin: divergences are expected only below it (reported).
+/// The issue's margin: divergences are allowed only below it.
 const MARGIN: f32 = 0.1;
-/// Where llama.cpp is this confident, LES must pick the same token (asserted).
+/// The issue's bound on max |Δlogit| (asserted on the reference platform).
+const GOAL_DLOGIT: f32 = 2e-2;
+/// Portable kernels: where llama.cpp is this confident, LES must pick the same token.
 const CONFIDENT: f32 = 1.0;
-/// Asserted bound on max |Δlogit| over llama.cpp's top-32 (a real bug gives far more).
+/// Portable kernels: bound on max |Δlogit| over llama.cpp's top-32 (a real bug gives far more).
 const MAX_DLOGIT: f32 = 8.0;
+
+/// Whether this run uses the kernels that follow ggml's x86 orders.
+fn reference_platform() -> bool {
+    les::quant::Simd::best() == les::quant::Simd::Avx2
+}
 
 struct Report {
     max_dlogit: f32,
+    /// Over the whole vocabulary of each prompt's first row (the `.logits.bin` file).
+    max_dlogit_full: f32,
     argmax_mismatch_above_margin: usize,
     argmax_mismatch_confident: usize,
     greedy_exact: usize,
@@ -34,13 +45,20 @@ fn compare(model_file: &str, stem: &str) -> Report {
     let refs = load_refs(stem);
     let src = FileSource::open(model(model_file)).unwrap();
     let mut s = Session::load(&src, ExpertMode::Resident, 512).unwrap();
-    let mut rep = Report { max_dlogit: 0.0, argmax_mismatch_above_margin: 0, argmax_mismatch_confident: 0, greedy_exact: 0, bad_divergences: vec![] };
+    let full = std::fs::read(root().join("tests/fixtures/refs").join(format!("{stem}.logits.bin"))).unwrap();
+    let full: Vec<f32> = full.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+    let n_vocab = full.len() / refs.prompts.len();
+    let mut rep = Report { max_dlogit: 0.0, max_dlogit_full: 0.0, argmax_mismatch_above_margin: 0, argmax_mismatch_confident: 0, greedy_exact: 0, bad_divergences: vec![] };
     for (pi, p) in refs.prompts.iter().enumerate() {
         // Tokenization must agree with llama.cpp's.
         assert_eq!(s.tokenize(&p.prompt), p.prompt_tokens, "{stem} prompt {pi}: tokens differ");
         // Teacher forcing: prompt in one batch, then llama.cpp's tokens one at a time.
         s.kv.clear();
         let mut logits = s.model.forward(&p.prompt_tokens, &mut s.kv, Logits::Last).unwrap();
+        assert_eq!(logits.len(), n_vocab, "{stem}: vocabulary size");
+        for (a, b) in logits.iter().zip(&full[pi * n_vocab..(pi + 1) * n_vocab]) {
+            rep.max_dlogit_full = rep.max_dlogit_full.max((a - b).abs());
+        }
         for (i, row) in p.rows.iter().enumerate() {
             for &(id, l) in &row.top {
                 rep.max_dlogit = rep.max_dlogit.max((logits[id as usize] - l).abs());
@@ -71,10 +89,11 @@ fn compare(model_file: &str, stem: &str) -> Report {
         }
     }
     eprintln!(
-        "{stem}: greedy exact {}/{}, max |Δlogit| over llama.cpp's top-32 = {:.4}, argmax mismatches above margin {MARGIN}: {} (llama.cpp: {})",
+        "{stem}: greedy exact {}/{}, max |Δlogit| over llama.cpp's top-32 = {:e}, over the full first rows = {:e}, argmax mismatches above margin {MARGIN}: {} (llama.cpp: {})",
         rep.greedy_exact,
         refs.prompts.len(),
         rep.max_dlogit,
+        rep.max_dlogit_full,
         rep.argmax_mismatch_above_margin,
         refs.llama_cpp
     );
@@ -83,12 +102,17 @@ fn compare(model_file: &str, stem: &str) -> Report {
 
 fn check(model_file: &str, stem: &str) {
     let r = compare(model_file, stem);
-    eprintln!(
-        "{stem}: issue goals: greedy ≥ 7/8 → {}/8; divergences at margin ≥ {MARGIN}: {:?}; argmax mismatches at margin > {MARGIN}: {}",
-        r.greedy_exact, r.bad_divergences, r.argmax_mismatch_above_margin
-    );
-    assert_eq!(r.argmax_mismatch_confident, 0, "{stem}: teacher-forced argmax differs where llama.cpp's margin > {CONFIDENT}");
-    assert!(r.max_dlogit < MAX_DLOGIT, "{stem}: max |Δlogit| {} ≥ {MAX_DLOGIT}", r.max_dlogit);
+    if reference_platform() {
+        assert!(r.greedy_exact >= 7, "{stem}: greedy continuation equals llama.cpp's on only {}/8 prompts", r.greedy_exact);
+        assert!(r.bad_divergences.is_empty(), "{stem}: greedy diverges where llama.cpp's margin ≥ {MARGIN}: {:?}", r.bad_divergences);
+        assert_eq!(r.argmax_mismatch_above_margin, 0, "{stem}: teacher-forced argmax differs where llama.cpp's margin > {MARGIN}");
+        assert!(r.max_dlogit <= GOAL_DLOGIT, "{stem}: max |Δlogit| over llama.cpp's top-32 {} > {GOAL_DLOGIT}", r.max_dlogit);
+        assert!(r.max_dlogit_full <= GOAL_DLOGIT, "{stem}: max |Δlogit| over the full first rows {} > {GOAL_DLOGIT}", r.max_dlogit_full);
+    } else {
+        eprintln!("{stem}: portable kernels (no AVX2): only the coarse checks apply");
+        assert_eq!(r.argmax_mismatch_confident, 0, "{stem}: teacher-forced argmax differs where llama.cpp's margin > {CONFIDENT}");
+        assert!(r.max_dlogit < MAX_DLOGIT, "{stem}: max |Δlogit| {} ≥ {MAX_DLOGIT}", r.max_dlogit);
+    }
 }
 
 #[test]
@@ -114,4 +138,20 @@ fn rand_qwen3moe_matches_llama_cpp() {
 #[test]
 fn rand_olmoe_matches_llama_cpp() {
     check("rand-olmoe.gguf", "rand-olmoe");
+}
+
+#[test]
+fn smolmoe_32x2_matches_llama_cpp() {
+    check("smolmoe-32x2.gguf", "smolmoe-32x2");
+}
+
+/// SmolMoE-64x4 (3.3 GB) is built by `./build.sh demo`/`tools/build_models.sh all`, not by the
+/// test set-up; the comparison runs when it is present.
+#[test]
+fn smolmoe_64x4_matches_llama_cpp() {
+    if !root().join("models/smolmoe-64x4.gguf").exists() {
+        eprintln!("models/smolmoe-64x4.gguf not built: skipped (tools/build_models.sh all builds it)");
+        return;
+    }
+    check("smolmoe-64x4.gguf", "smolmoe-64x4");
 }
