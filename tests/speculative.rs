@@ -33,13 +33,13 @@ fn plain_greedy(s: &mut Session, toks: &[u32], n: usize) -> Vec<u32> {
 }
 
 fn spec_greedy(s: &mut Session, d: &mut dyn Draft, gamma: usize, toks: &[u32], n: usize) -> (Vec<u32>, speculative::SpecStats) {
-    let o = SpecOptions { draft_max: gamma, io: None };
+    let o = SpecOptions { draft_max: gamma, io: None, verify_first: false };
     let (out, _, st) = speculative::generate(s, Some(d), &o, toks, n, &SamplerConfig::greedy(), true, &mut |_, _| true).unwrap();
     (out, st)
 }
 
-/// Logits of `toks` fed one token per forward vs all in one `Logits::All` forward after a shared
-/// prefix: every row must be bit-identical (the premise of lossless greedy verification).
+/// Logits of `toks` fed one token per forward vs all in one per-row `Logits::All` forward after a
+/// shared prefix: every row must be bit-identical (the premise of lossless greedy verification).
 fn batched_equals_single(name: &str) {
     let mut s = session(name);
     let prefix = s.tokenize("The capital of France is Paris, and the capital of");
@@ -52,7 +52,7 @@ fn batched_equals_single(name: &str) {
         single.extend(s.model.forward(&[t], &mut s.kv, Logits::Last).unwrap());
     }
     s.kv.truncate(base);
-    let batched = s.model.forward(&cont, &mut s.kv, Logits::All).unwrap();
+    let batched = s.model.forward_per_row(&cont, &mut s.kv, Logits::All).unwrap();
     assert_eq!(single.len(), batched.len());
     let nv = single.len() / cont.len();
     for r in 0..cont.len() {
@@ -62,7 +62,7 @@ fn batched_equals_single(name: &str) {
     }
     // Rolling back and re-running reproduces the same rows too (the KV truncate is exact).
     s.kv.truncate(base);
-    let again = s.model.forward(&cont, &mut s.kv, Logits::All).unwrap();
+    let again = s.model.forward_per_row(&cont, &mut s.kv, Logits::All).unwrap();
     assert!(again.iter().zip(&batched).all(|(x, y)| x.to_bits() == y.to_bits()), "{name}: rerun after rollback differs");
 }
 
@@ -158,7 +158,7 @@ fn streamed_speculative_equals_resident_plain_greedy() {
     for (i, p) in ps.iter().enumerate() {
         let toks = st.session.tokenize(p);
         for lookup in [false, true] {
-            let o = SpecOptions { draft_max: 4, io: Some(&probe) };
+            let o = SpecOptions { draft_max: 4, io: Some(&probe), verify_first: false };
             let mut pl = PromptLookup::default();
             let dr: &mut dyn Draft = if lookup { &mut pl } else { &mut d };
             let (got, _, s) = speculative::generate(&mut st.session, Some(dr), &o, &toks, n, &SamplerConfig::greedy(), true, &mut |_, _| true).unwrap();
@@ -206,7 +206,11 @@ fn first_token_distribution(cfg: SamplerConfig, draft: &mut dyn FnMut(&Session, 
     let toks = t.tokenize("Once upon a time");
     // The target's distribution of the first token (after the sampler's transforms).
     t.kv.clear();
-    let logits = t.model.forward(&toks, &mut t.kv, Logits::Last).unwrap();
+    // Computed as verification computes it (`verify_first`): the prompt head in one batch, then
+    // the last prompt token with the per-row kernels.
+    let n = toks.len();
+    t.model.forward(&toks[..n - 1], &mut t.kv, Logits::Last).unwrap();
+    let logits = t.model.forward_per_row(&toks[n - 1..], &mut t.kv, Logits::Last).unwrap();
     let mut s0 = Sampler::new(cfg.clone());
     for &x in &toks {
         s0.accept(x);
@@ -260,7 +264,7 @@ fn first_token_distribution(cfg: SamplerConfig, draft: &mut dyn FnMut(&Session, 
     let (mut drafted, mut accepted) = (0, 0);
     for seed in 0..trials {
         let c = SamplerConfig { seed, ..cfg.clone() };
-        let o = SpecOptions { draft_max: 3, io: None };
+        let o = SpecOptions { draft_max: 3, io: None, verify_first: true };
         let (out, _, st) = speculative::generate(&mut t, Some(&mut *d), &o, &toks, 2, &c, true, &mut |_, _| true).unwrap();
         match bin_of(out[0]) {
             usize::MAX => impossible += 1,

@@ -528,7 +528,7 @@ fn generate_one(sess: &mut Session, prompt: &str, a: &RunArgs, sampler: &Sampler
             (ids, st, None)
         }
         Some(d) => {
-            let o = SpecOptions { draft_max: spec.gamma, io: spec.io };
+            let o = SpecOptions { draft_max: spec.gamma, io: spec.io, verify_first: false };
             let (ids, st, sp) = speculative::generate(sess, Some(d), &o, &toks, a.n_predict, sampler, a.ignore_eos, &mut on_text)?;
             (ids, st, Some(sp))
         }

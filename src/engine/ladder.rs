@@ -245,7 +245,7 @@ pub fn run(model: &str, bundle: &str, opts: &StreamOptions, prompts: &[String], 
         st.experts.reset_stats();
         let ex = st.experts.clone();
         let probe = move || io_counts(&ex);
-        let so = SpecOptions { draft_max: gamma, io: Some(&probe) };
+        let so = SpecOptions { draft_max: gamma, io: Some(&probe), verify_first: false };
         let (mut t, mut ms, mut drafted, mut accepted, mut loads, mut bytes) = (0usize, 0.0, 0u64, 0u64, 0u64, 0u64);
         for p in prompts {
             let toks = st.session.tokenize(p);

@@ -175,6 +175,16 @@ impl Session {
         Ok(self.model.forward(tokens, &mut self.kv, want)?)
     }
 
+    /// [`Session::forward`] with every row computed as a single-token forward would compute it
+    /// (see [`crate::model::Model::forward_per_row`]); the GPU backend's batches already are.
+    pub fn forward_per_row(&mut self, tokens: &[u32], want: Logits) -> Result<Vec<f32>, EngineError> {
+        #[cfg(not(target_arch = "wasm32"))]
+        if let Some(g) = &self.gpu {
+            return Ok(g.forward(&self.model, tokens, &mut self.kv, want)?);
+        }
+        Ok(self.model.forward_per_row(tokens, &mut self.kv, want)?)
+    }
+
     /// Run the prompt (in batches of `prefill_batch`), returning the last position's logits.
     pub fn prefill(&mut self, prompt: &[u32]) -> Result<Vec<f32>, EngineError> {
         let b = if self.prefill_batch == 0 { prompt.len().max(1) } else { self.prefill_batch };

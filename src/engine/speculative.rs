@@ -1,5 +1,5 @@
 //! Speculative decoding: a cheap draft proposes up to γ tokens, the target verifies them all in
-//! one batched forward (`[last, d1..dγ]` with `Logits::All`) and keeps the longest accepted prefix
+//! one batched forward (`[last, d1..dγ]` with `Logits::All`, rows computed per row) and keeps the longest accepted prefix
 //! plus one token of its own; the target's KV cache (and a draft model's) is rolled back past the
 //! first rejected token.
 //!
@@ -13,8 +13,11 @@
 //!
 //! Verification:
 //! - greedy (temperature 0): a draft token is accepted when it equals the target's greedy choice
-//!   at its position; the output is exactly the target's plain greedy output (batched logits are
-//!   bit-identical to single-token logits: every kernel works per row, see `tests/speculative.rs`).
+//!   at its position; the output is exactly the target's plain greedy output: the prompt and the
+//!   first token are computed as plain decoding computes them, and verification forwards use
+//!   [`crate::model::Model::forward_per_row`], whose rows are bit-identical to single-token
+//!   forwards (plain batches use llama.cpp's batch kernels, which sum in other orders; see
+//!   `tests/speculative.rs`).
 //! - sampling: speculative sampling (Leviathan et al. 2023; Chen et al. 2023). With p and q the
 //!   target's and the draft's distributions after the same sampler transforms
 //!   ([`Sampler::probs`]), draft token x is accepted with probability min(1, p(x)/q(x)); on
@@ -338,6 +341,13 @@ pub struct SpecOptions<'a> {
     pub draft_max: usize,
     /// Expert I/O counters to sample after the prompt and at the end.
     pub io: Option<IoProbe<'a>>,
+    /// `false` (the default use): the prompt runs exactly as plain decoding runs it and the first
+    /// output token is sampled from its logits, so greedy output equals plain greedy bit for bit.
+    /// `true`: the last prompt token is fed with the first drafts instead, so the first output
+    /// token goes through verification too (used to test the speculative-sampling math on a
+    /// token whose target distribution is known; its logits then come from the per-row kernels,
+    /// which can differ from the batch kernels in the last bits).
+    pub verify_first: bool,
 }
 
 /// Like [`Session::generate`], with drafts from `draft` (`None`: plain decoding, one target
@@ -367,12 +377,11 @@ pub fn generate(
     let mut spec = SpecStats { source: draft.as_ref().map(|d| d.name()).unwrap_or("none").to_string(), ..Default::default() };
     let mut stats = GenStats { prompt_tokens: prompt.len(), ..Default::default() };
     let t0 = now_ms();
-    // Every prompt token but the last: the last is fed with the first drafts, so the first output
-    // token is verified like every other (plain decoding computes it in the prefill instead).
-    let head = &prompt[..prompt.len() - 1];
-    if !head.is_empty() {
-        sess.prefill(head)?;
-    }
+    // The prompt exactly as plain decoding runs it (same batches, same kernels), and the first
+    // output token from its logits; verification forwards then compute every row as a single-token
+    // forward would (`forward_per_row`), so greedy output equals plain greedy bit for bit.
+    let head = if opts.verify_first { &prompt[..prompt.len() - 1] } else { prompt };
+    let first = if head.is_empty() { Vec::new() } else { sess.prefill(head)? };
     if let Some(d) = draft.as_mut() {
         d.start(sampler);
         d.prefill(head)?;
@@ -396,6 +405,10 @@ pub fn generate(
         on_token(t, &text) && out.len() < n && toks.len() < n_ctx
     };
     let mut going = n > 0;
+    if going && !opts.verify_first {
+        let t = s.sample(&first);
+        going = commit(&sess.tokenizer, t, &mut toks, &mut out, &mut s);
+    }
     let greedy = sampler.temperature <= 0.0;
     while going {
         // The target's KV holds toks[..len-1]; the last committed token is fed with the drafts.
@@ -410,7 +423,7 @@ pub fn generate(
         batch.push(*toks.last().unwrap());
         batch.extend_from_slice(d);
         let base = sess.kv.len;
-        let logits = sess.forward(&batch, Logits::All)?;
+        let logits = sess.forward_per_row(&batch, Logits::All)?;
         spec.target_forwards += 1;
         spec.drafted += d.len() as u64;
         let nv = logits.len() / batch.len();

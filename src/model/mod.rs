@@ -9,7 +9,7 @@
 pub mod config;
 pub mod kv;
 
-use crate::backend::cpu::matmul::{matmul, Acts, Weight};
+use crate::backend::cpu::matmul::{matmul, Acts, RowMode, Weight};
 use crate::backend::cpu::{ops, par};
 use crate::expert::{ExpertError, ExpertSource, GgufExpertTensors, ResidentExperts};
 use crate::gguf::{GgufError, GgufFile};
@@ -217,7 +217,23 @@ impl Model {
     /// Run `tokens` at positions `kv.len ..`, appending to the KV cache. Returns logits
     /// (`n_vocab` values for `Logits::Last`, `tokens.len() * n_vocab` for `Logits::All`).
     pub fn forward(&self, tokens: &[u32], kv: &mut KvCache, want: Logits) -> Result<Vec<f32>, ModelError> {
+        self.forward_with(tokens, kv, want, false)
+    }
+
+    /// [`Model::forward`] with every row computed exactly as a single-token forward computes it
+    /// (`per_row`), instead of with llama.cpp's batch kernels: speculative verification needs the
+    /// logits of a batch to be the bits of feeding its tokens one at a time.
+    pub fn forward_per_row(&self, tokens: &[u32], kv: &mut KvCache, want: Logits) -> Result<Vec<f32>, ModelError> {
+        self.forward_with(tokens, kv, want, true)
+    }
+
+    fn forward_with(&self, tokens: &[u32], kv: &mut KvCache, want: Logits, per_row: bool) -> Result<Vec<f32>, ModelError> {
         let c = &self.cfg;
+        let mode = |experts: bool| match (per_row, experts) {
+            (true, _) => RowMode::PerRow,
+            (false, true) => RowMode::Experts,
+            (false, false) => RowMode::Batch,
+        };
         let t_n = tokens.len();
         let e = c.n_embd;
         let pos0 = kv.len;
@@ -249,7 +265,7 @@ impl Model {
             }
             dump("attn_norm", il, &cur);
             {
-                let mut a = Acts::new(&cur, e);
+                let mut a = Acts::with_mode(&cur, e, mode(false));
                 matmul(l.wq.as_ref(), &mut a, &mut q);
                 matmul(l.wk.as_ref(), &mut a, &mut k);
                 matmul(l.wv.as_ref(), &mut a, &mut v);
@@ -276,7 +292,7 @@ impl Model {
             self.attention(il, kv, pos0, t_n, &q, &mut attn, scale);
             dump("kqv_out", il, &attn);
             {
-                let mut a = Acts::new(&attn, nq);
+                let mut a = Acts::with_mode(&attn, nq, mode(false));
                 matmul(l.wo.as_ref(), &mut a, &mut cur);
             }
             dump("attn_out", il, &cur);
@@ -298,8 +314,8 @@ impl Model {
             }
             dump("ffn_norm", il, &cur);
             let out = match &l.ffn {
-                Ffn::Dense { gate, up, down } => swiglu_ffn(gate, up, down, &cur, e),
-                Ffn::Moe { router, shared } => self.moe(il, router, shared.as_ref(), &cur)?,
+                Ffn::Dense { gate, up, down } => swiglu_ffn(gate, up, down, &cur, e, mode(false)),
+                Ffn::Moe { router, shared } => self.moe(il, router, shared.as_ref(), &cur, per_row)?,
             };
             dump("ffn_out", il, &out);
             for (xi, &o) in x.iter_mut().zip(&out) {
@@ -320,7 +336,7 @@ impl Model {
         let out_w = self.output.as_ref().unwrap_or(&self.tok_embd);
         dump("result_norm", 0, &h);
         let mut logits = vec![0f32; rows.len() * out_w.rows];
-        let mut a = Acts::new(&h, e);
+        let mut a = Acts::with_mode(&h, e, mode(false));
         matmul(out_w.as_ref(), &mut a, &mut logits);
         dump("result_output", 0, &logits);
         Ok(logits)
@@ -342,7 +358,8 @@ impl Model {
         });
     }
 
-    fn moe(&self, il: usize, router: &Weight, shared: Option<&SharedExpert>, cur: &[f32]) -> Result<Vec<f32>, ModelError> {
+    fn moe(&self, il: usize, router: &Weight, shared: Option<&SharedExpert>, cur: &[f32], per_row: bool) -> Result<Vec<f32>, ModelError> {
+        let (dense_mode, expert_mode) = if per_row { (RowMode::PerRow, RowMode::PerRow) } else { (RowMode::Batch, RowMode::Experts) };
         let c = &self.cfg;
         let e = c.n_embd;
         let t_n = cur.len() / e;
@@ -350,7 +367,7 @@ impl Model {
         experts.on_hidden(il, cur, t_n);
         // Router: logits → softmax → top-k → weights (normalised for llama/qwen3moe).
         let mut logits = vec![0f32; t_n * c.n_expert];
-        let mut acts = Acts::new(cur, e);
+        let mut acts = Acts::with_mode(cur, e, dense_mode);
         matmul(router.as_ref(), &mut acts, &mut logits);
         dump("ffn_moe_logits", il, &logits);
         let k = c.n_expert_used;
@@ -380,7 +397,7 @@ impl Model {
                 err = Some(ExpertError::Invalid { layer: il, expert: ex as usize, why: "expert shape does not match n_embd".into() });
                 return;
             }
-            let y = swiglu_ffn_ref(g, u, d, &xin, e, true);
+            let y = swiglu_ffn_ref(g, u, d, &xin, e, expert_mode);
             for (j, &s) in slots.iter().enumerate() {
                 let w = wts[s];
                 for (o, &yy) in per[s * e..(s + 1) * e].iter_mut().zip(&y[j * e..(j + 1) * e]) {
@@ -405,7 +422,7 @@ impl Model {
         }
         if let Some(sh) = shared {
             dump("ffn_moe_out", il, &out);
-            let y = swiglu_ffn(&sh.gate, &sh.up, &sh.down, cur, e);
+            let y = swiglu_ffn(&sh.gate, &sh.up, &sh.down, cur, e, dense_mode);
             dump("ffn_shexp", il, &y);
             let mut gate = vec![1f32; t_n];
             if let Some(gi) = &sh.gate_inp {
@@ -534,25 +551,17 @@ fn add_bias(x: &mut [f32], b: &Option<Vec<f32>>) {
     }
 }
 
-fn ffn_acts(x: &[f32], cols: usize, experts: bool) -> Acts<'_> {
-    if experts {
-        Acts::for_experts(x, cols)
-    } else {
-        Acts::new(x, cols)
-    }
+fn swiglu_ffn(gate: &Weight, up: &Weight, down: &Weight, x: &[f32], e: usize, mode: RowMode) -> Vec<f32> {
+    swiglu_ffn_ref(gate.as_ref(), up.as_ref(), down.as_ref(), x, e, mode)
 }
 
-fn swiglu_ffn(gate: &Weight, up: &Weight, down: &Weight, x: &[f32], e: usize) -> Vec<f32> {
-    swiglu_ffn_ref(gate.as_ref(), up.as_ref(), down.as_ref(), x, e, false)
-}
-
-fn swiglu_ffn_ref(gate: crate::backend::cpu::matmul::WeightRef<'_>, up: crate::backend::cpu::matmul::WeightRef<'_>, down: crate::backend::cpu::matmul::WeightRef<'_>, x: &[f32], e: usize, experts: bool) -> Vec<f32> {
+fn swiglu_ffn_ref(gate: crate::backend::cpu::matmul::WeightRef<'_>, up: crate::backend::cpu::matmul::WeightRef<'_>, down: crate::backend::cpu::matmul::WeightRef<'_>, x: &[f32], e: usize, mode: RowMode) -> Vec<f32> {
     let t_n = x.len() / e;
     let ff = gate.rows;
     let mut g = vec![0f32; t_n * ff];
     let mut u = vec![0f32; t_n * ff];
     {
-        let mut a = ffn_acts(x, e, experts);
+        let mut a = Acts::with_mode(x, e, mode);
         matmul(gate, &mut a, &mut g);
         matmul(up, &mut a, &mut u);
     }
@@ -562,7 +571,7 @@ fn swiglu_ffn_ref(gate: crate::backend::cpu::matmul::WeightRef<'_>, up: crate::b
     dump("ffn_up", 99, &u);
     dump("ffn_swiglu", 99, &h);
     let mut y = vec![0f32; t_n * e];
-    let mut a = ffn_acts(&h, ff, experts);
+    let mut a = Acts::with_mode(&h, ff, mode);
     matmul(down, &mut a, &mut y);
     y
 }

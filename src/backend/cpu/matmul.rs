@@ -42,27 +42,37 @@ impl Weight {
     }
 }
 
+/// Which kernels a product over several activation rows uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RowMode {
+    /// ggml's batched `mul_mat` kernels (tinyBLAS, repacked GEMM, tiled K-quants), so a batch gives
+    /// llama.cpp's bits for a batch.
+    Batch,
+    /// One expert's rows of a `mul_mat_id` (ggml has fewer batch kernels there).
+    Experts,
+    /// Every row exactly as a single-row product (speculative verification: a batch of tokens gives
+    /// the bits of feeding them one at a time).
+    PerRow,
+}
+
 /// Activations (`n_tok` rows of `cols` f32 values) with their conversions to vec-dot formats,
 /// made once per format and shared by every matmul that reads the same input (e.g. Q, K, V).
 pub struct Acts<'a> {
     pub x: &'a [f32],
     pub cols: usize,
     pub n_tok: usize,
-    /// Whether a batched product is a plain `mul_mat` (`true`) or one expert's rows of a
-    /// `mul_mat_id` (`false`), which ggml runs with fewer batch kernels (see
-    /// `quant::vec_dot_batched`).
-    gemm: bool,
+    mode: RowMode,
     conv: Vec<(GgmlType, Vec<u8>, usize)>,
 }
 
 impl<'a> Acts<'a> {
     pub fn new(x: &'a [f32], cols: usize) -> Self {
-        Self { x, cols, n_tok: x.len() / cols, gemm: true, conv: Vec::new() }
+        Self { x, cols, n_tok: x.len() / cols, mode: RowMode::Batch, conv: Vec::new() }
     }
 
-    /// Activations for expert (`mul_mat_id`) products.
-    pub fn for_experts(x: &'a [f32], cols: usize) -> Self {
-        Self { gemm: false, ..Self::new(x, cols) }
+    /// Activations whose products use the kernels of `mode`.
+    pub fn with_mode(x: &'a [f32], cols: usize, mode: RowMode) -> Self {
+        Self { mode, ..Self::new(x, cols) }
     }
 
     fn converted(&mut self, wty: GgmlType) -> (&[u8], usize) {
@@ -98,7 +108,7 @@ fn rows_per_task(rows: usize, cols: usize) -> usize {
 pub fn matmul(w: WeightRef<'_>, acts: &mut Acts<'_>, y: &mut [f32]) {
     assert_eq!(w.cols, acts.cols, "matmul: weight has {} columns, activation {}", w.cols, acts.cols);
     let n_tok = acts.n_tok;
-    let gemm = acts.gemm;
+    let mode = acts.mode;
     let (a, a_row) = acts.converted(w.ty);
     let w_row = w.ty.row_bytes(w.cols as u64).unwrap() as usize;
     if n_tok == 1 {
@@ -118,7 +128,10 @@ pub fn matmul(w: WeightRef<'_>, acts: &mut Acts<'_>, y: &mut [f32]) {
             let wr = &w.data[(r0 + i) * w_row..(r0 + i + 1) * w_row];
             for (t, o) in orow.iter_mut().enumerate() {
                 let at = &a[t * a_row..(t + 1) * a_row];
-                *o = quant::vec_dot_batched(w.ty, w.cols, w.rows, wr, at, t, n_tok, !gemm);
+                *o = match mode {
+                    RowMode::PerRow => quant::vec_dot(w.ty, w.cols, wr, at),
+                    RowMode::Batch | RowMode::Experts => quant::vec_dot_batched(w.ty, w.cols, w.rows, wr, at, t, n_tok, mode == RowMode::Experts),
+                };
             }
         }
     });
