@@ -193,6 +193,15 @@ pub fn top_k(x: &[f32], k: usize) -> Vec<usize> {
 #[inline]
 pub fn dot_f16(a: &[f16], b: &[f16]) -> f32 {
     let n = a.len().min(b.len());
+    #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+    if crate::quant::Simd::best() == crate::quant::Simd::Avx2 {
+        // The AVX2 F16 kernel sums in this same order (and its tail in f64): same bits, faster.
+        // SAFETY: `f16` is a transparent u16; the byte views cover exactly the `n` halves.
+        let (ab, bb) = unsafe {
+            (core::slice::from_raw_parts(a.as_ptr() as *const u8, 2 * n), core::slice::from_raw_parts(b.as_ptr() as *const u8, 2 * n))
+        };
+        return crate::quant::vec_dot(crate::quant::GgmlType::F16, n, ab, bb);
+    }
     let np = n & !63;
     let mut acc = [[0f32; 16]; 4];
     for i in (0..np).step_by(64) {
@@ -222,6 +231,58 @@ pub fn dot_f16(a: &[f16], b: &[f16]) -> f32 {
     s as f32
 }
 
+/// `acc[i] = f16(f32(acc[i]) · s)` (ggml `ggml_vec_scale_f16`), element by element; 8 lanes at a
+/// time with F16C where available (the same bits).
+fn scale_f16(acc: &mut [f16], s: f32) {
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("f16c") && is_x86_feature_detected!("avx") {
+        // SAFETY: F16C/AVX checked above.
+        return unsafe { f16_lanes_x86::<false>(acc, &[], s) };
+    }
+    for a in acc.iter_mut() {
+        *a = f16::from_f32(a.to_f32() * s);
+    }
+}
+
+/// `acc[i] = f16(fma(f32(v[i]), s, f32(acc[i])))` (ggml `ggml_vec_mad_f16` on x86: an f32 FMA
+/// rounded back to f16), element by element; 8 lanes at a time with F16C/FMA where available.
+fn mad_f16(acc: &mut [f16], v: &[f16], s: f32) {
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("f16c") && is_x86_feature_detected!("fma") {
+        // SAFETY: F16C/FMA checked above.
+        return unsafe { f16_lanes_x86::<true>(acc, v, s) };
+    }
+    for (a, &vv) in acc.iter_mut().zip(v) {
+        *a = f16::from_f32(vv.to_f32().mul_add(s, a.to_f32()));
+    }
+}
+
+/// [`scale_f16`] (`MAD = false`) and [`mad_f16`] (`MAD = true`) in 8-lane F16C steps.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx,fma,f16c")]
+unsafe fn f16_lanes_x86<const MAD: bool>(acc: &mut [f16], v: &[f16], s: f32) {
+    use core::arch::x86_64::*;
+    let n = if MAD { acc.len().min(v.len()) } else { acc.len() };
+    let sv = _mm256_set1_ps(s);
+    let mut i = 0;
+    while i + 8 <= n {
+        let pa = acc.as_mut_ptr().add(i) as *mut __m128i;
+        let a = _mm256_cvtph_ps(_mm_loadu_si128(pa));
+        let r = if MAD {
+            let x = _mm256_cvtph_ps(_mm_loadu_si128(v.as_ptr().add(i) as *const __m128i));
+            _mm256_fmadd_ps(x, sv, a)
+        } else {
+            _mm256_mul_ps(a, sv)
+        };
+        _mm_storeu_si128(pa, _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(r));
+        i += 8;
+    }
+    for j in i..n {
+        let a = acc[j].to_f32();
+        acc[j] = f16::from_f32(if MAD { v[j].to_f32().mul_add(s, a) } else { a * s });
+    }
+}
+
 /// One query head attending over `n_kv` cached positions, as ggml's CPU flash-attention kernel
 /// (`ggml_compute_forward_flash_attn_ext_f16_one_chunk`) does with an f16 KV cache: Q is rounded
 /// to f16, scores are f16 dots scaled by `scale`, the softmax is online, and the V accumulator is
@@ -242,17 +303,12 @@ pub fn attend_head(q: &[f32], k_rows: &[f16], v_rows: &[f16], head_dim: usize, n
             let m_old = m;
             m = s;
             ms = super::cmath::expf(m_old - m);
-            for a in acc.iter_mut() {
-                *a = f16::from_f32(a.to_f32() * ms);
-            }
+            scale_f16(acc, ms);
         } else {
             vs = super::cmath::expf(s - m);
         }
         let v = &v_rows[j * head_dim..(j + 1) * head_dim];
-        // ggml_vec_mad_f16 on x86: f32 FMA, rounded back to f16.
-        for (a, &vv) in acc.iter_mut().zip(v) {
-            *a = f16::from_f32(vv.to_f32().mul_add(vs, a.to_f32()));
-        }
+        mad_f16(acc, v, vs);
         s_sum = s_sum.mul_add(ms, vs);
     }
     let inv = if s_sum == 0.0 { 0.0 } else { 1.0 / s_sum };
