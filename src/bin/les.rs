@@ -272,6 +272,11 @@ enum BenchCmd {
         /// γ of the + speculative rung (default 4 with --draft-model, 16 with prompt lookup).
         #[arg(long)]
         draft_max: Option<usize>,
+        /// A bundle with per-layer expert types (`les pack --mixed-precision` or
+        /// `--expert-types`): adds the + mixed precision rung, and the + speculative rung then
+        /// runs on it. Not lossless: check its quality with `les eval ppl`.
+        #[arg(long)]
+        mixed_bundle: Option<String>,
     },
     /// Soak: many generations in one process under a budget; prints RSS and hit rate per run.
     Soak {
@@ -369,7 +374,7 @@ fn run(cli: Cli) -> Res {
             Ok(())
         }
         Cmd::Bench(BenchCmd::Soak { m, s, runs, n_predict }) => cmd_soak(&m, &s, runs, n_predict),
-        Cmd::Bench(BenchCmd::Ladder { m, s, bundle, n_predict, n_prompts, prompts, no_resident, draft_model, draft_max }) => {
+        Cmd::Bench(BenchCmd::Ladder { m, s, bundle, n_predict, n_prompts, prompts, no_resident, draft_model, draft_max, mixed_bundle }) => {
             if let Some(t) = m.threads {
                 les::backend::cpu::par::init_threads(t);
             }
@@ -387,7 +392,7 @@ fn run(cli: Cli) -> Res {
                     b
                 }
             };
-            let spec = les::engine::ladder::SpecRung { draft_model, draft_max };
+            let spec = les::engine::ladder::SpecRung { draft_model, draft_max, mixed_bundle };
             let rep = les::engine::ladder::run(&m.model, &bundle, &opts, &ps, n_predict, !no_resident, &spec)?;
             println!("{}", rep.table());
             if let Some(p) = &s.stats_json {

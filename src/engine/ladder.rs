@@ -1,6 +1,7 @@
 //! The ladder benchmark: the same prompts, in one process, through each rung of the stack —
-//! resident → on-demand (no prefetch, LRU) → + lookahead → + packed bundle → + speculative
-//! decoding (draft model or prompt lookup, from the bundle with lookahead) — with per-rung
+//! resident → on-demand (no prefetch, LRU) → + lookahead → + packed bundle → (+ mixed precision:
+//! a bundle with per-layer expert types, when given; lossy) → + speculative decoding (draft model
+//! or prompt lookup, from the last bundle with lookahead) — with per-rung
 //! tokens/s, ratio to on-demand, hit rate, recall, MB read per token and stall ms per token, plus
 //! two bounds from the recorded routing trace: pure I/O time (the bytes a Belady-optimal cache of
 //! the same size must still read, at the store's measured throughput) and the oracle
@@ -42,6 +43,9 @@ pub struct SpecRung {
     pub draft_model: Option<String>,
     /// γ (default: 4 with a draft model, 16 with prompt lookup).
     pub draft_max: Option<usize>,
+    /// A bundle with per-layer expert types: runs as the `+ mixed precision` rung (after
+    /// `+ bundle`), and the `+ speculative` rung runs on it.
+    pub mixed_bundle: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, serde::Serialize)]
@@ -66,7 +70,7 @@ pub struct LadderReport {
 impl LadderReport {
     pub fn table(&self) -> String {
         let mut s = format!(
-            "ladder: {} | store {} | budget {:.0} MiB | {} expert slots ({:.1}% of experts)\n{:<14} {:>9} {:>9} {:>8} {:>9} {:>10} {:>10} {:>8}\n",
+            "ladder: {} | store {} | budget {:.0} MiB | {} expert slots ({:.1}% of experts)\n{:<18} {:>9} {:>9} {:>8} {:>9} {:>10} {:>10} {:>8}\n",
             self.model,
             self.store,
             self.budget as f64 / 1048576.0,
@@ -83,7 +87,7 @@ impl LadderReport {
         );
         for r in &self.rungs {
             s += &format!(
-                "{:<14} {:>9.2} {:>9.2} {:>8.1} {:>9.1} {:>10.2} {:>10.2} {:>8.0}\n",
+                "{:<18} {:>9.2} {:>9.2} {:>8.1} {:>9.1} {:>10.2} {:>10.2} {:>8.0}\n",
                 r.name,
                 r.tokens_per_s,
                 r.ratio_to_on_demand,
@@ -94,13 +98,16 @@ impl LadderReport {
                 100.0 * r.io_busy
             );
         }
-        s += &format!("decode only, per output (accepted) token:\n{:<14} {:>8} {:>14} {:>12}\n", "rung", "accept %", "experts/token", "MB/token");
+        s += &format!("decode only, per output (accepted) token:\n{:<18} {:>8} {:>14} {:>12}\n", "rung", "accept %", "experts/token", "MB/token");
         for r in self.rungs.iter().filter(|r| r.experts_per_token.is_some()) {
             let acc = r.acceptance_rate.map(|a| format!("{:.1}", 100.0 * a)).unwrap_or_else(|| "-".into());
-            s += &format!("{:<14} {:>8} {:>14.1} {:>12.2}\n", r.name, acc, r.experts_per_token.unwrap_or(0.0), r.mb_per_accepted_token.unwrap_or(0.0));
+            s += &format!("{:<18} {:>8} {:>14.1} {:>12.2}\n", r.name, acc, r.experts_per_token.unwrap_or(0.0), r.mb_per_accepted_token.unwrap_or(0.0));
         }
         if !self.spec_note.is_empty() {
             s += &format!("{}\n", self.spec_note);
+            if self.rungs.iter().any(|r| r.name == "+ mixed precision") {
+                s += "+ mixed precision changes the weights (not lossless): its quality is `les eval ppl --model BUNDLE --base MODEL`\n";
+            }
         }
         s += &format!(
             "bounds: oracle {:.2} tok/s (Belady hit rate {:.1}%, I/O hidden behind compute) | pure I/O {:.2} ms/token at {:.0} MB/s measured\n",
@@ -183,7 +190,11 @@ pub fn run(model: &str, bundle: &str, opts: &StreamOptions, prompts: &[String], 
     }
     let mut route = Vec::new();
     let mut expert_bytes_max = 0u64;
-    let rungs: [(&str, bool, &str); 3] = [("on-demand", false, model), ("+ lookahead", true, model), ("+ bundle", true, bundle)];
+    let mut rungs: Vec<(&str, bool, &str)> = vec![("on-demand", false, model), ("+ lookahead", true, model), ("+ bundle", true, bundle)];
+    if let Some(mb) = &spec.mixed_bundle {
+        rungs.push(("+ mixed precision", true, mb));
+    }
+    let spec_bundle = spec.mixed_bundle.as_deref().unwrap_or(bundle);
     for (name, prefetch, path) in rungs {
         let mut o = opts.clone();
         o.cache.prefetch = prefetch;
@@ -239,9 +250,9 @@ pub fn run(model: &str, bundle: &str, opts: &StreamOptions, prompts: &[String], 
             }
         };
         let gamma = spec.draft_max.unwrap_or(if spec.draft_model.is_some() { speculative::DRAFT_MODEL_DRAFT_MAX } else { speculative::LOOKUP_DRAFT_MAX });
-        evict(bundle);
-        let mut st = open_streaming(bundle, &o)?;
-        rep.spec_note += &format!(", {} expert slots", st.experts.config().slots);
+        evict(spec_bundle);
+        let mut st = open_streaming(spec_bundle, &o)?;
+        rep.spec_note += &format!(", {} expert slots, on {spec_bundle}", st.experts.config().slots);
         st.experts.reset_stats();
         let ex = st.experts.clone();
         let probe = move || io_counts(&ex);
