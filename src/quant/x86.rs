@@ -288,8 +288,9 @@ tinyblas_dot!(gemm_dot_f16, 2, |p: *const u8| _mm256_cvtph_ps(load128(p)));
 
 /// The kernel ggml's batched `mul_mat` uses for activation row `t` of `n_tok` (≥ 2) where it sums
 /// in a different order from its `vec_dot`: F32 and F16 through tinyBLAS (every row, when `n` is
-/// a multiple of 16 and the weight's row count `rows` of 4), Q4_K through the repacked GEMM for the rows that fill groups of four (the
-/// remaining rows take the GEMV, i.e. [`kernel`]'s order), Q6_K through the tiled K-quant matmul
+/// a multiple of 16 and the weight's row count `rows` of 4), Q4_K through the repacked GEMM
+/// (weights with a multiple of 8 rows, which ggml repacks) for the rows that fill groups of four
+/// (the remaining rows take the GEMV, i.e. [`kernel`]'s order), Q6_K through the tiled K-quant matmul
 /// from 8 rows on. `experts`: the product is a `mul_mat_id` (one expert's rows), where only the
 /// tiled path applies. `None`: use [`kernel`].
 pub(super) fn gemm_kernel(ty: GgmlType, n: usize, rows: usize, t: usize, n_tok: usize, experts: bool) -> Option<DotFn> {
@@ -298,7 +299,7 @@ pub(super) fn gemm_kernel(ty: GgmlType, n: usize, rows: usize, t: usize, n_tok: 
         _ if experts => None,
         GgmlType::F32 if n % 16 == 0 && rows % 4 == 0 => Some(gemm_dot_f32),
         GgmlType::F16 if n % 16 == 0 && rows % 4 == 0 => Some(gemm_dot_f16),
-        GgmlType::Q4K if t < n_tok - n_tok % 4 => Some(gemm_dot_q4_k_q8_k),
+        GgmlType::Q4K if rows % 8 == 0 && t < n_tok - n_tok % 4 => Some(gemm_dot_q4_k_q8_k),
         _ => None,
     }
 }
