@@ -17,11 +17,29 @@ ALTERNATES = {
     "ffn_out": ["ffn_out", "ffn_moe_out"],
     "ffn_moe_weights": ["ffn_moe_weights_scaled", "ffn_moe_weights_norm", "ffn_moe_weights"],
 }
-RENAME = {"Qrope": ("Qcur", 2), "Krope": ("Kcur", 2), "Qcur": ("Qcur", 0), "Kcur": ("Kcur", 0)}
+RENAME = {"Qrope": ("Qcur", 2), "Krope": ("Kcur", 2), "Qcur": ("Qcur", 0), "Kcur": ("Kcur", 0)}  # fallbacks
+
+
+def ops(ref_dir):
+    """File name -> op, from llama_ref's index.txt."""
+    out = {}
+    with open(os.path.join(ref_dir, "index.txt")) as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) >= 2:
+                out[parts[0]] = parts[1]
+    return out
 
 
 def ref_file(ref_dir, name):
     base, il = name.rsplit("-", 1)
+    if base in ("Qrope", "Krope"):  # the ROPE node among Qcur-il#k (biases add nodes before it)
+        idx = ops(ref_dir)
+        stem = "Qcur" if base == "Qrope" else "Kcur"
+        for k in range(8):
+            f = f"{stem}-{il}#{k}.f32"
+            if idx.get(f) == "ROPE":
+                return os.path.join(ref_dir, f)
     if base in ("result_norm", "result_output", "embd"):
         return os.path.join(ref_dir, f"{base}#0.f32")
     b, k = RENAME.get(base, (base, 0))
