@@ -309,29 +309,7 @@ pub(super) fn gemm_kernel(ty: GgmlType, n: usize, rows: usize, t: usize, n_tok: 
 /// super-block.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn gemm_dot_q4_k_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let (wp, ap) = (w.as_ptr(), a.as_ptr());
-    let m4 = _mm256_set1_epi8(0x0f);
-    let (mut acc, mut acc_min) = (0f32, 0f32);
-    for i in 0..n / QK_K {
-        let (x, y) = (wp.add(i * 144), ap.add(i * 292));
-        let yd = f32_at(y);
-        let (dd, dm) = (f16_at(x) * yd, f16_hi(x) * yd);
-        let (sc, mn) = scales_mins_k4(core::slice::from_raw_parts(x.add(4), 12));
-        let bsums = core::slice::from_raw_parts(y.add(260) as *const i16, 16);
-        for c in 0..4 {
-            let q4 = load256(x.add(16 + 32 * c));
-            let lo = _mm256_and_si256(q4, m4);
-            let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q4), m4);
-            let p_lo = dot_us(lo, load256(y.add(4 + 64 * c)), _mm256_set1_epi16(sc[2 * c] as i16));
-            let p_hi = dot_us(hi, load256(y.add(36 + 64 * c)), _mm256_set1_epi16(sc[2 * c + 1] as i16));
-            let isum = hsum_epi32(_mm256_add_epi32(p_lo, p_hi));
-            let bs = |j: usize| read_unaligned(bsums.as_ptr().add(j)) as i32;
-            let imin = mn[2 * c] as i32 * (bs(4 * c) + bs(4 * c + 1)) + mn[2 * c + 1] as i32 * (bs(4 * c + 2) + bs(4 * c + 3));
-            acc = (isum as f32).mul_add(dd, acc);
-            acc_min = (imin as f32).mul_add(dm, acc_min);
-        }
-    }
-    acc - acc_min
+    q4_k_repacked::<true>(n, w, a)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -508,17 +486,77 @@ unsafe fn dot_q3_k_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
     hsum_ps(acc)
 }
 
-/// Q5_K (and Q4_K with `FIVE = false`, unused: Q4_K follows the repacked order below).
+/// The 32 lane sums of sub-block pair `c` of a K-quant super-block: the weight quants `lo`
+/// (elements `64c..64c+32`) and `hi` (the next 32) times the Q8_K activation `y`, each scaled by
+/// its sub-block scale `sc[2c]` / `sc[2c + 1]` (exact i32 lanes).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q45_k<const FIVE: bool>(n: usize, w: &[u8], a: &[u8]) -> f32 {
+unsafe fn scaled_pair(lo: __m256i, hi: __m256i, y: *const u8, sc: &[u8; 8], c: usize) -> __m256i {
+    let p_lo = dot_us(lo, load256(y.add(4 + 64 * c)), _mm256_set1_epi16(sc[2 * c] as i16));
+    let p_hi = dot_us(hi, load256(y.add(36 + 64 * c)), _mm256_set1_epi16(sc[2 * c + 1] as i16));
+    _mm256_add_epi32(p_lo, p_hi)
+}
+
+/// `Σ min · bsum` of sub-block pair `c` (Q8_K bsums are per 16 elements, at byte 260 of `y`).
+#[inline]
+unsafe fn pair_min(y: *const u8, mn: &[u8; 8], c: usize) -> i32 {
+    let bs = |j: usize| read_unaligned(y.add(260 + 2 * j) as *const i16) as i32;
+    mn[2 * c] as i32 * (bs(4 * c) + bs(4 * c + 1)) + mn[2 * c + 1] as i32 * (bs(4 * c + 2) + bs(4 * c + 3))
+}
+
+/// Q4_K in the order of ggml's repacked x86 kernels (`ggml_gemv_q4_K_8x8_q8_K` /
+/// `ggml_gemm_q4_K_8x8_q8_K`, `ggml-cpu/arch/x86/repack.cpp`), which llama.cpp runs for every
+/// Q4_K matrix whose row count is a multiple of 8 on AVX2 CPUs: the exact integer sums
+/// `Σ scale·q·a` and `Σ min·bsum` each take one scalar FMA, `acc += isum · (d_w·d_a)`,
+/// `acc_min += imin · (dmin_w·d_a)`, per super-block (GEMV) or per sub-block pair (GEMM,
+/// `PER_PAIR`); the result is `acc − acc_min`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_k_repacked<const PER_PAIR: bool>(n: usize, w: &[u8], a: &[u8]) -> f32 {
     let (wp, ap) = (w.as_ptr(), a.as_ptr());
-    let (bytes, qs_at) = if FIVE { (176, 48) } else { (144, 16) };
+    let m4 = _mm256_set1_epi8(0x0f);
+    let (mut acc, mut acc_min) = (0f32, 0f32);
+    for i in 0..n / QK_K {
+        let (x, y) = (wp.add(i * 144), ap.add(i * 292));
+        let yd = f32_at(y);
+        let (dd, dm) = (f16_at(x) * yd, f16_hi(x) * yd);
+        let (sc, mn) = scales_mins_k4(core::slice::from_raw_parts(x.add(4), 12));
+        let (mut sumi, mut imin) = (_mm256_setzero_si256(), 0i32);
+        for c in 0..4 {
+            let q4 = load256(x.add(16 + 32 * c));
+            let lanes = scaled_pair(_mm256_and_si256(q4, m4), _mm256_and_si256(_mm256_srli_epi16::<4>(q4), m4), y, &sc, c);
+            if PER_PAIR {
+                acc = (hsum_epi32(lanes) as f32).mul_add(dd, acc);
+                acc_min = (pair_min(y, &mn, c) as f32).mul_add(dm, acc_min);
+            } else {
+                sumi = _mm256_add_epi32(sumi, lanes);
+                imin += pair_min(y, &mn, c);
+            }
+        }
+        if !PER_PAIR {
+            acc = (hsum_epi32(sumi) as f32).mul_add(dd, acc);
+            acc_min = (imin as f32).mul_add(dm, acc_min);
+        }
+    }
+    acc - acc_min
+}
+
+/// Q4_K, single row: the repacked GEMV order ([`q4_k_repacked`]).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q4_k_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    q4_k_repacked::<false>(n, w, a)
+}
+
+/// Q5_K, written after ggml's AVX2 `ggml_vec_dot_q5_K_q8_K` (one 8-lane FMA per super-block, the
+/// mins apart; not compared with it element-wise: no reference model uses Q5_K).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q5_k_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
+    let (wp, ap) = (w.as_ptr(), a.as_ptr());
     let (m4, m1) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(1));
     let mut acc = _mm256_setzero_ps();
     let mut mins_total = 0f32;
     for i in 0..n / QK_K {
-        let (x, y) = (wp.add(i * bytes), ap.add(i * 292));
+        let (x, y) = (wp.add(i * 176), ap.add(i * 292));
         let yd = f32_at(y);
         let (sc, mn) = scales_mins_k4(core::slice::from_raw_parts(x.add(4), 12));
         // sum over 32-element groups g of min[g] * (bsum[2g] + bsum[2g + 1]).
@@ -529,67 +567,21 @@ unsafe fn dot_q45_k<const FIVE: bool>(n: usize, w: &[u8], a: &[u8]) -> f32 {
         let summ = hsum_epi32(_mm256_madd_epi16(load256(y.add(260)), mn16));
         let dm = _mm_mul_ps(f16x2(x), _mm_set1_ps(yd)); // (d, dmin) * d_a
         mins_total += _mm_cvtss_f32(_mm_movehdup_ps(dm)) * summ as f32;
-        let mut qh = if FIVE { load256(x.add(16)) } else { _mm256_setzero_si256() };
+        let mut qh = load256(x.add(16));
         let mut sumi = _mm256_setzero_si256();
         for c in 0..4 {
-            let q4 = load256(x.add(qs_at + 32 * c));
-            let mut lo = _mm256_and_si256(q4, m4);
-            let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q4), m4);
-            if FIVE {
-                lo = _mm256_or_si256(lo, _mm256_slli_epi16::<4>(_mm256_and_si256(qh, m1)));
-                hi = _mm256_or_si256(hi, _mm256_slli_epi16::<3>(_mm256_and_si256(qh, _mm256_set1_epi8(2))));
-                qh = _mm256_srli_epi16::<2>(qh);
-            }
-            let y_lo = load256(y.add(4 + 64 * c));
-            let y_hi = load256(y.add(36 + 64 * c));
-            let p_lo = dot_us(lo, y_lo, _mm256_set1_epi16(sc[2 * c] as i16));
-            let p_hi = dot_us(hi, y_hi, _mm256_set1_epi16(sc[2 * c + 1] as i16));
-            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p_lo, p_hi));
+            let q4 = load256(x.add(48 + 32 * c));
+            let lo = _mm256_or_si256(_mm256_and_si256(q4, m4), _mm256_slli_epi16::<4>(_mm256_and_si256(qh, m1)));
+            let hi = _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16::<4>(q4), m4),
+                _mm256_slli_epi16::<3>(_mm256_and_si256(qh, _mm256_set1_epi8(2))),
+            );
+            qh = _mm256_srli_epi16::<2>(qh);
+            sumi = _mm256_add_epi32(sumi, scaled_pair(lo, hi, y, &sc, c));
         }
         acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(dm), _mm256_cvtepi32_ps(sumi), acc);
     }
     hsum_ps(acc) - mins_total
-}
-
-/// Q4_K in the order of ggml's repacked x86 kernels (`ggml_gemv_q4_K_8x8_q8_K` /
-/// `ggml_gemm_q4_K_8x8_q8_K`, `ggml-cpu/arch/x86/repack.cpp`), which llama.cpp runs for every
-/// Q4_K matrix whose row count is a multiple of 8 on AVX2 CPUs (single tokens and batches,
-/// experts included): per super-block, the exact integer sums `Σ scale·q·a` and `Σ min·bsum`
-/// each take one scalar FMA, `acc += isum · (d_w·d_a)`, `acc_min += imin · (dmin_w·d_a)`, and
-/// the result is `acc − acc_min`.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q4_k_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let (wp, ap) = (w.as_ptr(), a.as_ptr());
-    let m4 = _mm256_set1_epi8(0x0f);
-    let (mut acc, mut acc_min) = (0f32, 0f32);
-    for i in 0..n / QK_K {
-        let (x, y) = (wp.add(i * 144), ap.add(i * 292));
-        let yd = f32_at(y);
-        let (sc, mn) = scales_mins_k4(core::slice::from_raw_parts(x.add(4), 12));
-        let mn16 = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(
-            _mm_loadl_epi64(mn.as_ptr() as *const __m128i),
-            _mm_set_epi8(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0),
-        ));
-        let imin = hsum_epi32(_mm256_madd_epi16(load256(y.add(260)), mn16));
-        let mut sumi = _mm256_setzero_si256();
-        for c in 0..4 {
-            let q4 = load256(x.add(16 + 32 * c));
-            let lo = _mm256_and_si256(q4, m4);
-            let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q4), m4);
-            let p_lo = dot_us(lo, load256(y.add(4 + 64 * c)), _mm256_set1_epi16(sc[2 * c] as i16));
-            let p_hi = dot_us(hi, load256(y.add(36 + 64 * c)), _mm256_set1_epi16(sc[2 * c + 1] as i16));
-            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p_lo, p_hi));
-        }
-        let isum = hsum_epi32(sumi);
-        acc = (isum as f32).mul_add(f16_at(x) * yd, acc);
-        acc_min = (imin as f32).mul_add(f16_hi(x) * yd, acc_min);
-    }
-    acc - acc_min
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q5_k_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    dot_q45_k::<true>(n, w, a)
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
