@@ -232,11 +232,11 @@ pub fn dot_f16(a: &[f16], b: &[f16]) -> f32 {
 }
 
 /// `acc[i] = f16(f32(acc[i]) · s)` (ggml `ggml_vec_scale_f16`), element by element; 8 lanes at a
-/// time with F16C where available (the same bits).
+/// time with F16C at the AVX2 kernel level (the same bits).
 fn scale_f16(acc: &mut [f16], s: f32) {
     #[cfg(target_arch = "x86_64")]
-    if is_x86_feature_detected!("f16c") && is_x86_feature_detected!("avx") {
-        // SAFETY: F16C/AVX checked above.
+    if crate::quant::Simd::best() == crate::quant::Simd::Avx2 {
+        // SAFETY: the Avx2 level implies AVX2, FMA and F16C.
         return unsafe { f16_lanes_x86::<false>(acc, &[], s) };
     }
     for a in acc.iter_mut() {
@@ -245,11 +245,11 @@ fn scale_f16(acc: &mut [f16], s: f32) {
 }
 
 /// `acc[i] = f16(fma(f32(v[i]), s, f32(acc[i])))` (ggml `ggml_vec_mad_f16` on x86: an f32 FMA
-/// rounded back to f16), element by element; 8 lanes at a time with F16C/FMA where available.
+/// rounded back to f16), element by element; 8 lanes at a time at the AVX2 kernel level.
 fn mad_f16(acc: &mut [f16], v: &[f16], s: f32) {
     #[cfg(target_arch = "x86_64")]
-    if is_x86_feature_detected!("f16c") && is_x86_feature_detected!("fma") {
-        // SAFETY: F16C/FMA checked above.
+    if crate::quant::Simd::best() == crate::quant::Simd::Avx2 {
+        // SAFETY: the Avx2 level implies AVX2, FMA and F16C.
         return unsafe { f16_lanes_x86::<true>(acc, v, s) };
     }
     for (a, &vv) in acc.iter_mut().zip(v) {
