@@ -91,7 +91,7 @@ fn lossless(model_file: &str, fractions: &[f64], policies: &[Policy], n: usize, 
 }
 
 const FRACTIONS: [f64; 3] = [0.1, 0.3, 0.6];
-const POLICIES: [Policy; 2] = [Policy::Lru, Policy::Lfu];
+const POLICIES: [Policy; 3] = [Policy::Lru, Policy::Lfu, Policy::NextUse];
 
 #[test]
 fn lossless_rand_llama_moe() {
@@ -111,6 +111,41 @@ fn lossless_rand_qwen3moe() {
 #[test]
 fn lossless_rand_olmoe() {
     lossless("rand-olmoe.gguf", &FRACTIONS, &POLICIES, 8, true);
+}
+
+/// Prefetches read in 4 KiB chunks from a slow modelled device: they pause for demand reads and
+/// are cancelled mid-read when stale, and the logits still equal the resident run's.
+#[test]
+fn lossless_chunked_prefetch_on_a_slow_device() {
+    let path = model("rand-qwen3moe.gguf");
+    let prompts = ["The capital of France is", "def fibonacci(n):"];
+    let (seqs, want) = reference(&path, &prompts, 6);
+    let g = GgufFile::read(&FileSource::open(&path).unwrap()).unwrap();
+    let c = Config::from_gguf(&g).unwrap();
+    let profile = les::store::throttle::DeviceProfile { name: "test-slow", bandwidth: 400e6, latency: 20e-6, queue_depth: 4 };
+    for policy in [Policy::Lru, Policy::NextUse] {
+        let opts = StreamOptions {
+            budget: 0,
+            n_ctx: 256,
+            direct: false,
+            profile: Some(profile),
+            cache: StreamConfig { policy, prefetch: true, depth: 2, extra: 2, io_threads: 3, prefetch_chunk: 4096, ..Default::default() },
+            slots: Some(c.n_layer * c.n_expert * 3 / 10),
+        };
+        let mut st = open_streaming(path.to_str().unwrap(), &opts).unwrap();
+        for (i, (p, cont)) in seqs.iter().enumerate() {
+            let got = logits_seq(&mut st.session, p, cont).unwrap();
+            for (r, (a, b)) in got.iter().zip(&want[i]).enumerate() {
+                assert!(a == b, "logits differ (prompt {i}, row {r}) with chunked prefetch, {policy:?}");
+            }
+        }
+        let s = st.experts.stats();
+        assert!(s.prefetch_loads + s.prefetch_cancelled + s.prefetch_yields > 0, "no prefetch was issued");
+        // Every expert is larger than one chunk: a prefetch takes several reads.
+        let loads = s.demand_loads + s.prefetch_loads;
+        assert!(s.reads > loads * 3, "prefetches were not chunked: {} reads for {loads} loads", s.reads);
+        eprintln!("{policy:?}: {} prefetches, {} yields, {} cancelled, hit rate {:.1}%", s.prefetch_loads, s.prefetch_yields, s.prefetch_cancelled, 100.0 * s.hit_rate());
+    }
 }
 
 #[test]

@@ -148,8 +148,9 @@ struct StreamArgs {
     /// Disable lookahead prefetching (on-demand loading only).
     #[arg(long)]
     no_prefetch: bool,
-    /// Eviction policy: lru or lfu (frequency-aware).
-    #[arg(long, default_value = "lru")]
+    /// Eviction policy: lru, lfu (frequency-aware) or next-use (Belady-like: evicts the expert
+    /// whose next use is estimated farthest away from its layer distance and use frequency).
+    #[arg(long, default_value = "next-use")]
     policy: String,
     /// Lookahead depth (layers ahead the routers are applied).
     #[arg(long, default_value_t = 1)]
@@ -160,12 +161,23 @@ struct StreamArgs {
     /// I/O threads (reads in flight).
     #[arg(long, default_value_t = 4)]
     io_threads: usize,
+    /// Prefetch reads in flight at once (prefetches run only while no demand read is waiting).
+    #[arg(long, default_value_t = 1)]
+    prefetch_inflight: usize,
+    /// Prefetches are read in chunks of this size (e.g. 256KiB, 1MiB; 0: one read per range),
+    /// so a demand read waits for at most one chunk and a stale prefetch stops mid-read.
+    #[arg(long, default_value = "1MiB")]
+    prefetch_chunk: String,
     /// Write run and per-layer statistics as JSON.
     #[arg(long)]
     stats_json: Option<String>,
     /// Write a Chrome trace-event timeline (open in Perfetto / chrome://tracing).
     #[arg(long)]
     trace: Option<String>,
+    /// Write the routing trace: every routed expert in order as a JSON array of [layer, expert]
+    /// (decode steps visit layers 0..n_layer; prefill batches list each layer's union).
+    #[arg(long, value_name = "FILE")]
+    routes: Option<String>,
 }
 
 impl StreamArgs {
@@ -177,7 +189,7 @@ impl StreamArgs {
                 format!("unknown --store '{name}' (disk, {})", les::store::throttle::PROFILES.iter().map(|p| p.name).collect::<Vec<_>>().join(", "))
             })?),
         };
-        let policy = Policy::parse(&self.policy).ok_or_else(|| format!("unknown --policy '{}' (lru, lfu)", self.policy))?;
+        let policy = Policy::parse(&self.policy).ok_or_else(|| format!("unknown --policy '{}' (lru, lfu, next-use)", self.policy))?;
         Ok(les::engine::stream::StreamOptions {
             budget,
             n_ctx,
@@ -189,6 +201,8 @@ impl StreamArgs {
                 depth: self.lookahead.max(1),
                 temporal: !self.no_temporal,
                 io_threads: self.io_threads.max(1),
+                max_prefetch_inflight: self.prefetch_inflight.max(1),
+                prefetch_chunk: les::engine::stream::parse_bytes(&self.prefetch_chunk).map_err(|e| format!("--prefetch-chunk: {e}"))? as usize,
                 trace: self.trace.is_some(),
                 ..Default::default()
             },
@@ -468,6 +482,9 @@ fn cmd_run(a: RunArgs) -> Res {
         if let Some(p) = &a.s.trace {
             let ev = ex.take_trace();
             std::fs::write(p, serde_json::to_string(&serde_json::json!({ "traceEvents": ev, "displayTimeUnit": "ms" }))?)?;
+        }
+        if let Some(p) = &a.s.routes {
+            std::fs::write(p, serde_json::to_string(&ex.take_route_log())?)?;
         }
     }
     r

@@ -1,5 +1,6 @@
 //! The ladder benchmark: the same prompts, in one process, through each rung of the stack —
-//! resident → on-demand (no prefetch, LRU) → + lookahead → + packed bundle → (+ mixed precision:
+//! resident → on-demand (no prefetch, LRU) → + lookahead (LRU) → + the chosen eviction policy
+//! (when not LRU) → + packed bundle → (+ mixed precision:
 //! a bundle with per-layer expert types, when given; lossy) → + speculative decoding (draft model
 //! or prompt lookup, from the last bundle with lookahead) — with per-rung
 //! tokens/s, ratio to on-demand, hit rate, recall, MB read per token and stall ms per token, plus
@@ -70,7 +71,7 @@ pub struct LadderReport {
 impl LadderReport {
     pub fn table(&self) -> String {
         let mut s = format!(
-            "ladder: {} | store {} | budget {:.0} MiB | {} expert slots ({:.1}% of experts)\n{:<18} {:>9} {:>9} {:>8} {:>9} {:>10} {:>10} {:>8}\n",
+            "ladder: {} | store {} | budget {:.0} MiB | {} expert slots ({:.1}% of experts)\n{:<20} {:>9} {:>9} {:>8} {:>9} {:>10} {:>10} {:>8}\n",
             self.model,
             self.store,
             self.budget as f64 / 1048576.0,
@@ -87,7 +88,7 @@ impl LadderReport {
         );
         for r in &self.rungs {
             s += &format!(
-                "{:<18} {:>9.2} {:>9.2} {:>8.1} {:>9.1} {:>10.2} {:>10.2} {:>8.0}\n",
+                "{:<20} {:>9.2} {:>9.2} {:>8.1} {:>9.1} {:>10.2} {:>10.2} {:>8.0}\n",
                 r.name,
                 r.tokens_per_s,
                 r.ratio_to_on_demand,
@@ -98,10 +99,10 @@ impl LadderReport {
                 100.0 * r.io_busy
             );
         }
-        s += &format!("decode only, per output (accepted) token:\n{:<18} {:>8} {:>14} {:>12}\n", "rung", "accept %", "experts/token", "MB/token");
+        s += &format!("decode only, per output (accepted) token:\n{:<20} {:>8} {:>14} {:>12}\n", "rung", "accept %", "experts/token", "MB/token");
         for r in self.rungs.iter().filter(|r| r.experts_per_token.is_some()) {
             let acc = r.acceptance_rate.map(|a| format!("{:.1}", 100.0 * a)).unwrap_or_else(|| "-".into());
-            s += &format!("{:<18} {:>8} {:>14.1} {:>12.2}\n", r.name, acc, r.experts_per_token.unwrap_or(0.0), r.mb_per_accepted_token.unwrap_or(0.0));
+            s += &format!("{:<20} {:>8} {:>14.1} {:>12.2}\n", r.name, acc, r.experts_per_token.unwrap_or(0.0), r.mb_per_accepted_token.unwrap_or(0.0));
         }
         if !self.spec_note.is_empty() {
             s += &format!("{}\n", self.spec_note);
@@ -190,17 +191,22 @@ pub fn run(model: &str, bundle: &str, opts: &StreamOptions, prompts: &[String], 
     }
     let mut route = Vec::new();
     let mut expert_bytes_max = 0u64;
-    let mut rungs: Vec<(&str, bool, &str)> = vec![("on-demand", false, model), ("+ lookahead", true, model), ("+ bundle", true, bundle)];
+    // (name, prefetch, file, eviction policy). Each rung adds one thing to the one before.
+    let policy = opts.cache.policy;
+    let evict_name = format!("+ {} eviction", policy.name());
+    let mut rungs: Vec<(&str, bool, &str, Policy)> = vec![("on-demand", false, model, Policy::Lru), ("+ lookahead", true, model, Policy::Lru)];
+    if policy != Policy::Lru {
+        rungs.push((&evict_name, true, model, policy));
+    }
+    rungs.push(("+ bundle", true, bundle, policy));
     if let Some(mb) = &spec.mixed_bundle {
-        rungs.push(("+ mixed precision", true, mb));
+        rungs.push(("+ mixed precision", true, mb, policy));
     }
     let spec_bundle = spec.mixed_bundle.as_deref().unwrap_or(bundle);
-    for (name, prefetch, path) in rungs {
+    for (name, prefetch, path, policy) in rungs {
         let mut o = opts.clone();
         o.cache.prefetch = prefetch;
-        if name == "on-demand" {
-            o.cache.policy = Policy::Lru;
-        }
+        o.cache.policy = policy;
         evict(path);
         let mut st = open_streaming(path, &o)?;
         rep.slots = st.experts.config().slots;

@@ -920,18 +920,25 @@ impl ExpertStore for BundleExpertStore {
     fn layout(&self, layer: usize) -> &ExpertLayout {
         &self.manifest.layouts[layer]
     }
-    fn read_expert(&self, layer: usize, expert: usize, buf: &mut Vec<u8>) -> Result<(), ExpertError> {
+    fn ranges(&self, layer: usize, expert: usize) -> Result<Vec<(u64, usize)>, ExpertError> {
         let m = &self.manifest;
-        let Some(b) = m.block(layer, expert) else {
-            return Err(ExpertError::Invalid {
+        match m.block(layer, expert) {
+            // The size was checked against the layout (and to fit a usize) at open.
+            Some(b) => Ok(vec![(b.offset, b.size as usize)]),
+            None => Err(ExpertError::Invalid {
                 layer,
                 expert,
                 why: format!("no such expert (the bundle has {} MoE layers x {} experts)", m.layouts.len(), m.n_expert),
-            });
+            }),
+        }
+    }
+    fn read_range(&self, layer: usize, expert: usize, off: u64, buf: &mut [u8]) -> Result<(), ExpertError> {
+        self.src.read_at(off, buf).map_err(|source| ExpertError::Store { layer, expert, source })
+    }
+    fn verify(&self, layer: usize, expert: usize, buf: &[u8]) -> Result<(), ExpertError> {
+        let Some(b) = self.manifest.block(layer, expert) else {
+            return Err(ExpertError::Invalid { layer, expert, why: "no such expert".into() });
         };
-        // The size was checked against the layout (and to fit a usize) at open.
-        buf.resize(b.size as usize, 0);
-        self.src.read_at(b.offset, buf).map_err(|source| ExpertError::Store { layer, expert, source })?;
         let computed = crc32fast::hash(buf);
         if computed != b.crc32 {
             return Err(ExpertError::Invalid {

@@ -22,6 +22,9 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 use web_time::Instant;
 
+/// Per-token decay of the use counts behind [`Policy::Lfu`] and [`Policy::NextUse`].
+const FREQ_DECAY: f32 = 0.95;
+
 /// Eviction policies.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Policy {
@@ -29,13 +32,26 @@ pub enum Policy {
     Lru,
     /// Frequency-aware: lowest exponentially decayed use count, ties by recency.
     Lfu,
+    /// Belady-like: evict the expert whose next use is estimated farthest away, in layer steps:
+    /// the layers until its layer runs again, plus `n_layer × (1/p − 1)` for the tokens until it
+    /// is routed again, with `p` its decayed use frequency per token (experts predicted for
+    /// the coming layers are protected separately).
+    NextUse,
 }
 
 impl Policy {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Policy::Lru => "lru",
+            Policy::Lfu => "lfu",
+            Policy::NextUse => "next-use",
+        }
+    }
     pub fn parse(s: &str) -> Option<Self> {
         match s {
             "lru" => Some(Policy::Lru),
             "lfu" | "freq" => Some(Policy::Lfu),
+            "next-use" | "nextuse" => Some(Policy::NextUse),
             _ => None,
         }
     }
@@ -56,9 +72,13 @@ pub struct StreamConfig {
     pub temporal: bool,
     /// I/O worker threads (reads in flight).
     pub io_threads: usize,
-    /// Prefetch reads allowed in flight at once. Kept small so that a demand miss never waits
-    /// behind more than this many speculative transfers on a saturated device.
+    /// Prefetch reads (chunks) allowed in flight at once.
     pub max_prefetch_inflight: usize,
+    /// Prefetches are read in chunks of at most this many bytes (aligned to multiples of it in
+    /// the file) and only while no demand read is queued or in flight: a demand miss waits for
+    /// at most the chunks in flight, and a stale prefetch is cancelled between chunks. So
+    /// prefetching uses only I/O time the store would otherwise leave idle.
+    pub prefetch_chunk: usize,
     /// Experts never evicted (layer, expert), e.g. from a recorded routing trace.
     pub pinned: Vec<(usize, usize)>,
     /// Record a Chrome trace-event timeline.
@@ -67,7 +87,7 @@ pub struct StreamConfig {
 
 impl Default for StreamConfig {
     fn default() -> Self {
-        Self { slots: 64, policy: Policy::Lru, prefetch: true, depth: 2, extra: 0, temporal: true, io_threads: 4, max_prefetch_inflight: 1, pinned: vec![], trace: false }
+        Self { slots: 64, policy: Policy::NextUse, prefetch: true, depth: 2, extra: 0, temporal: true, io_threads: 4, max_prefetch_inflight: 1, prefetch_chunk: 1 << 20, pinned: vec![], trace: false }
     }
 }
 
@@ -90,6 +110,8 @@ struct Slot {
     hot: bool,
     /// Error text of the last failed load (state is Empty then).
     failed: Option<String>,
+    /// A prefetch in flight that the router has made stale: its worker drops it at the next chunk.
+    cancel: bool,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -99,6 +121,8 @@ struct Req {
     demand: bool,
     dist: usize,
     seq: u64,
+    /// Bytes already read (a chunked prefetch that yielded to a demand read).
+    done: usize,
 }
 
 /// Per-layer counters.
@@ -128,6 +152,8 @@ pub struct StreamStats {
     pub prefetch_used: u64,
     pub prefetch_evicted_unused: u64,
     pub prefetch_cancelled: u64,
+    /// Times a chunked prefetch paused to let a demand read use the store.
+    pub prefetch_yields: u64,
     pub load_failures: u64,
     pub stall_ms: f64,
     /// Sum over workers of time spent reading.
@@ -187,6 +213,10 @@ struct Inner {
     clock: u64,
     freq: HashMap<(usize, usize), f32>,
     inflight_prefetch: usize,
+    inflight_demand: usize,
+    /// The MoE layer whose experts were requested last (eviction by next use).
+    cur_layer: usize,
+    n_layers: usize,
     /// predictions[layer][d-1] = experts predicted for `layer` at distance d this step.
     predictions: Vec<Vec<Vec<usize>>>,
     /// Experts each layer used in the previous step (temporal predictor).
@@ -238,7 +268,7 @@ impl StreamingExperts {
         let bufs = (0..cfg.slots)
             .map(|_| RwLock::new(ExpertBlock { data: Vec::with_capacity(max_bytes), layout: store.layout(0).clone() }))
             .collect();
-        let empty = Slot { key: None, state: State::Empty, pins: 0, last_use: 0, prefetched_unused: false, hot: false, failed: None };
+        let empty = Slot { key: None, state: State::Empty, pins: 0, last_use: 0, prefetched_unused: false, hot: false, failed: None, cancel: false };
         let d = cfg.depth.max(1);
         let stats = StreamStats::empty(n_layers, d);
         let inner = Inner {
@@ -249,6 +279,9 @@ impl StreamingExperts {
             clock: 0,
             freq: HashMap::new(),
             inflight_prefetch: 0,
+            inflight_demand: 0,
+            cur_layer: 0,
+            n_layers,
             predictions: vec![vec![Vec::new(); d]; n_layers],
             last_route: vec![Vec::new(); n_layers],
             stats,
@@ -354,8 +387,11 @@ impl StreamingExperts {
         let mut hints: Vec<(usize, usize)> = Vec::new();
         for (l2, d, mut p) in plans {
             g.predictions[l2][d - 1] = p.clone();
+            // Load order: the router's top-k, then the previous token's experts, then the extra
+            // candidates (most likely first).
             if sh.cfg.temporal {
-                for e in g.last_route[l2].clone() {
+                let extras = p.split_off(self.n_used.min(p.len()));
+                for e in g.last_route[l2].clone().into_iter().chain(extras) {
                     if !p.contains(&e) {
                         p.push(e);
                     }
@@ -425,20 +461,25 @@ fn now_us(sh: &Shared) -> f64 {
 }
 
 /// The best queued request: demand first, then the nearest prefetch, FIFO within a class.
-/// Prefetches may use all workers but one, so a demand miss always starts at once; without
-/// workers (inline mode) only demands are served.
+/// Prefetches may use all workers but one, so a demand miss always starts at once, and start
+/// only while no demand read is in flight (they use idle I/O time); without workers (inline
+/// mode) only demands are served.
 fn pick_request(sh: &Shared, g: &mut Inner) -> Option<Req> {
     let max_pf = if sh.inline() { 0 } else { sh.cfg.max_prefetch_inflight.min(sh.cfg.io_threads.saturating_sub(1)).max(if sh.cfg.io_threads == 1 { 1 } else { 0 }) };
-    let best = g.queue.iter().enumerate().filter(|(_, r)| r.demand || g.inflight_prefetch < max_pf).min_by_key(|(_, r)| (!r.demand, r.dist, r.seq)).map(|(i, _)| i)?;
+    let pf_ok = g.inflight_prefetch < max_pf && g.inflight_demand == 0;
+    let best = g.queue.iter().enumerate().filter(|(_, r)| r.demand || pf_ok).min_by_key(|(_, r)| (!r.demand, r.dist, r.seq)).map(|(i, _)| i)?;
     let r = g.queue.swap_remove(best);
     g.slots[r.slot].state = State::Loading;
-    if !r.demand {
+    if r.demand {
+        g.inflight_demand += 1;
+    } else {
         g.inflight_prefetch += 1;
     }
     Some(r)
 }
 
 fn io_worker(sh: Arc<Shared>, w: usize) {
+    lower_io_priority();
     loop {
         let req = {
             let mut g = sh.inner.lock().unwrap();
@@ -456,26 +497,72 @@ fn io_worker(sh: Arc<Shared>, w: usize) {
     }
 }
 
-/// Read one requested expert into its slot and publish the result.
-fn run_request(sh: &Shared, req: Req, w: usize) {
+/// The next piece of an expert's read at buffer offset `done`: (file offset, length). Chunked
+/// pieces end at multiples of `chunk` in the file; unchunked ones run to the end of the range.
+fn next_piece(ranges: &[(u64, usize)], done: usize, chunk: Option<usize>) -> (u64, usize) {
+    let mut at = 0;
+    for &(off, len) in ranges {
+        if done < at + len {
+            let f = off + (done - at) as u64;
+            let rest = at + len - done;
+            return match chunk {
+                Some(c) if c > 0 => (f, rest.min(c - (f % c as u64) as usize)),
+                _ => (f, rest),
+            };
+        }
+        at += len;
+    }
+    (0, 0)
+}
+
+/// I/O workers run at the lowest CPU priority (Linux: nice 19 for this thread), so the CPU work
+/// of a read (the copy out of the page cache, the wake-ups) never preempts a compute thread:
+/// it runs on cores the compute leaves idle (while it waits for a demand read, or between
+/// parallel sections). `LES_IO_NICE=0` keeps the default priority.
+fn lower_io_priority() {
+    #[cfg(target_os = "linux")]
     {
+        let nice: i32 = std::env::var("LES_IO_NICE").ok().and_then(|v| v.parse().ok()).unwrap_or(19);
+        // SAFETY: setpriority on this thread's id (Linux nice values are per thread).
+        unsafe {
+            let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+            libc::setpriority(libc::PRIO_PROCESS, tid, nice);
+        }
+    }
+}
+
+/// Read one requested expert into its slot and publish the result. A prefetch nobody waits for
+/// is read in chunks; between chunks it is dropped if the router made it stale, or put back in
+/// the queue (keeping what it has read) when a demand read needs the store.
+fn run_request(sh: &Shared, mut req: Req, w: usize) {
+    let (layer, expert) = req.key;
+    let (ranges, mut res) = match sh.store.ranges(layer, expert) {
+        Ok(r) => (r, Ok(())),
+        Err(e) => (Vec::new(), Err(e)),
+    };
+    let total: usize = ranges.iter().map(|x| x.1).sum();
+    if res.is_ok() && req.done == 0 {
+        let mut b = sh.bufs[req.slot].write().unwrap();
+        b.layout = sh.store.layout(layer).clone();
+        b.data.resize(total, 0);
+    }
+    while res.is_ok() && req.done < total {
+        let waited_on = sh.inner.lock().unwrap().slots[req.slot].pins > 0;
+        let chunk = if req.demand || waited_on { None } else { Some(sh.cfg.prefetch_chunk) };
+        let (off, len) = next_piece(&ranges, req.done, chunk);
         let t = Instant::now();
         let ts = now_us(sh);
-        let res = {
+        res = {
             let mut b = sh.bufs[req.slot].write().unwrap();
-            b.layout = sh.store.layout(req.key.0).clone();
-            sh.store.read_expert(req.key.0, req.key.1, &mut b.data)
+            sh.store.read_range(layer, expert, off, &mut b.data[req.done..req.done + len])
         };
         let ms = t.elapsed().as_secs_f64() * 1000.0;
         let mut g = sh.inner.lock().unwrap();
-        if !req.demand {
-            g.inflight_prefetch -= 1;
-        }
         g.stats.io_busy_ms += ms;
-        let bytes = sh.store.layout(req.key.0).bytes() as u64;
+        g.stats.reads += 1;
         if sh.cfg.trace {
             g.trace.push(TraceEvent {
-                name: format!("{} L{} E{}", if req.demand { "demand" } else { "prefetch" }, req.key.0, req.key.1),
+                name: format!("{} L{layer} E{expert}", if req.demand { "demand" } else { "prefetch" }),
                 cat: "io",
                 ph: "X",
                 ts,
@@ -484,35 +571,80 @@ fn run_request(sh: &Shared, req: Req, w: usize) {
                 tid: 100 + w as u32,
             });
         }
-        match res {
-            Ok(()) => {
-                let slot = &mut g.slots[req.slot];
-                slot.state = State::Ready;
-                slot.failed = None;
-                g.stats.bytes_read += bytes;
-                g.stats.reads += sh.store.reads_per_expert() as u64;
-                if req.demand {
-                    g.stats.demand_loads += 1;
-                } else {
-                    g.stats.prefetch_loads += 1;
-                }
-            }
-            Err(e) => {
-                // Never keep a partly read expert: the slot becomes empty again.
-                g.stats.load_failures += 1;
-                let slot = &mut g.slots[req.slot];
-                slot.state = State::Empty;
-                slot.failed = Some(e.to_string());
-                if slot.pins == 0 {
-                    slot.key = None;
-                    g.map.remove(&req.key);
-                }
+        if res.is_err() {
+            break;
+        }
+        g.stats.bytes_read += len as u64;
+        req.done += len;
+        if req.done == total || req.demand {
+            continue;
+        }
+        let slot = &mut g.slots[req.slot];
+        if slot.pins > 0 {
+            continue;
+        }
+        if slot.cancel {
+            // Stale: the router of its layer has decided without it.
+            slot.cancel = false;
+            slot.state = State::Empty;
+            slot.key = None;
+            slot.prefetched_unused = false;
+            g.map.remove(&req.key);
+            g.inflight_prefetch -= 1;
+            g.stats.prefetch_cancelled += 1;
+            drop(g);
+            sh.io_cv.notify_all();
+            return;
+        }
+        if g.inflight_demand > 0 || g.queue.iter().any(|r| r.demand) {
+            // Yield the store to the demand read; resume later from `done`.
+            g.slots[req.slot].state = State::Queued;
+            g.inflight_prefetch -= 1;
+            g.stats.prefetch_yields += 1;
+            g.queue.push(req);
+            drop(g);
+            sh.io_cv.notify_all();
+            return;
+        }
+    }
+    if res.is_ok() {
+        let b = sh.bufs[req.slot].read().unwrap();
+        res = sh.store.verify(layer, expert, &b.data);
+    }
+    let mut g = sh.inner.lock().unwrap();
+    if req.demand {
+        g.inflight_demand -= 1;
+    } else {
+        g.inflight_prefetch -= 1;
+    }
+    match res {
+        Ok(()) => {
+            let slot = &mut g.slots[req.slot];
+            slot.state = State::Ready;
+            slot.failed = None;
+            slot.cancel = false;
+            if req.demand {
+                g.stats.demand_loads += 1;
+            } else {
+                g.stats.prefetch_loads += 1;
             }
         }
-        drop(g);
-        sh.done_cv.notify_all();
-        sh.io_cv.notify_all();
+        Err(e) => {
+            // Never keep a partly read expert: the slot becomes empty again.
+            g.stats.load_failures += 1;
+            let slot = &mut g.slots[req.slot];
+            slot.state = State::Empty;
+            slot.failed = Some(e.to_string());
+            slot.cancel = false;
+            if slot.pins == 0 {
+                slot.key = None;
+                g.map.remove(&req.key);
+            }
+        }
     }
+    drop(g);
+    sh.done_cv.notify_all();
+    sh.io_cv.notify_all();
 }
 
 impl Shared {
@@ -522,10 +654,11 @@ impl Shared {
 }
 
 impl Inner {
-    /// A slot to (re)use, or None if every slot is busy. `for_prefetch` may not evict experts
-    /// routed or predicted for the current window.
+    /// A slot to (re)use, or None if every slot is busy (loading, pinned, hot or protected).
+    /// Empty slots go first, then stale prefetches (their layer's router has decided without
+    /// them), then the policy's choice.
     fn victim(&self, policy: Policy, protect: &HashSet<(usize, usize)>) -> Option<usize> {
-        let mut best: Option<(usize, (u8, f32, u64))> = None;
+        let mut best: Option<(usize, (u8, f64, u64))> = None;
         for (i, s) in self.slots.iter().enumerate() {
             if s.pins > 0 || matches!(s.state, State::Queued | State::Loading) || s.hot {
                 continue;
@@ -535,16 +668,25 @@ impl Inner {
                     continue;
                 }
             }
-            let class = match (s.state, s.prefetched_unused) {
-                (State::Empty, _) => 0u8,
-                (_, true) => 1,
+            let class = match (s.state, s.prefetched_unused, s.key) {
+                (State::Empty, _, _) | (_, _, None) => 0u8,
+                (_, true, Some(k)) if k.0 <= self.cur_layer => 1,
                 _ => 2,
             };
-            let f = match policy {
+            let k = s.key.unwrap_or((0, 0));
+            let f = self.freq.get(&k).copied().unwrap_or(0.0) as f64;
+            let primary = match policy {
                 Policy::Lru => 0.0,
-                Policy::Lfu => s.key.and_then(|k| self.freq.get(&k)).copied().unwrap_or(0.0),
+                Policy::Lfu => f,
+                Policy::NextUse => {
+                    let n = self.n_layers.max(1);
+                    let layers_until = (k.0 + n - self.cur_layer % n - 1) % n;
+                    // Uses per token ≈ decayed count × (1 − decay) (decay 0.95 per token).
+                    let p = (f * (1.0 - FREQ_DECAY as f64)).clamp(0.002, 0.99);
+                    -(layers_until as f64 + n as f64 * (1.0 / p - 1.0))
+                }
             };
-            let score = (class, f, s.last_use);
+            let score = (class, primary, s.last_use);
             let better = match &best {
                 None => true,
                 Some((_, b)) => score.0 < b.0 || (score.0 == b.0 && (score.1 < b.1 || (score.1 == b.1 && score.2 < b.2))),
@@ -568,9 +710,11 @@ impl Inner {
         s.state = State::Queued;
         s.prefetched_unused = !demand;
         s.failed = None;
+        s.cancel = false;
+        s.last_use = self.clock;
         self.map.insert(key, slot);
         self.seq += 1;
-        self.queue.push(Req { slot, key, demand, dist, seq: self.seq });
+        self.queue.push(Req { slot, key, demand, dist, seq: self.seq, done: 0 });
     }
 
     fn touch(&mut self, slot: usize) {
@@ -599,7 +743,7 @@ impl ExpertSource for StreamingExperts {
             g.stats.tokens += n_tok as u64;
             // Decay frequencies once per step.
             for v in g.freq.values_mut() {
-                *v *= 0.95;
+                *v *= FREQ_DECAY;
             }
         }
         // Keep the hidden state; predictions are issued once this layer's own experts are
@@ -649,6 +793,15 @@ impl ExpertSource for StreamingExperts {
                 }
             }
             g.stats.prefetch_cancelled += cancelled;
+            // In-flight ones: their workers drop them at the next chunk.
+            for sl in g.slots.iter_mut() {
+                if let (State::Loading, true, Some(k), 0) = (sl.state, sl.prefetched_unused, sl.key, sl.pins) {
+                    if k.0 <= layer && !needed.contains(&k) {
+                        sl.cancel = true;
+                    }
+                }
+            }
+            g.cur_layer = layer;
             // Prediction accounting for this layer.
             for d in 0..sh.cfg.depth {
                 let p = std::mem::take(&mut g.predictions[layer][d]);
@@ -758,7 +911,7 @@ impl ExpertSource for StreamingExperts {
                             g.slots[s].state = State::Queued;
                             g.seq += 1;
                             let seq = g.seq;
-                            g.queue.push(Req { slot: s, key, demand: true, dist: 0, seq });
+                            g.queue.push(Req { slot: s, key, demand: true, dist: 0, seq, done: 0 });
                             sh.io_cv.notify_all();
                         } else {
                             // Give up: release everything we hold.
