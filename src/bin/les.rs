@@ -425,7 +425,15 @@ fn cmd_run(a: RunArgs) -> Res {
             if let Some(t) = a.m.threads {
                 les::backend::cpu::par::init_threads(t);
             }
-            let budget = les::engine::stream::parse_bytes(b)?;
+            let mut budget = les::engine::stream::parse_bytes(b)?;
+            if let Some(p) = &a.draft_model {
+                // A draft model's weights and KV cache come out of the same budget.
+                let g = les::gguf::GgufFile::read(&FileSource::open(p)?)?;
+                let c = les::model::Config::from_gguf(&g)?;
+                let n_ctx = a.m.ctx_size.min(c.n_ctx_train.max(1));
+                let extra = g.tensors.iter().map(|t| t.size).sum::<u64>() + les::model::KvCache::bytes(c.n_layer, n_ctx, c.n_head_kv, c.head_dim) as u64;
+                budget = budget.checked_sub(extra).ok_or_else(|| format!("--memory-budget {b} is smaller than the draft model {p} alone ({:.1} MiB of weights + KV cache)", extra as f64 / 1048576.0))?;
+            }
             let st = les::engine::stream::open_streaming(&a.m.model, &a.s.options(budget, a.m.ctx_size)?)?;
             eprintln!(
                 "les: budget {:.0} MiB = dense {:.1} MiB + KV {:.1} MiB + scratch {:.1} MiB + {} expert slots ({:.1} MiB, {:.1}% of {:.1} MiB of experts); store {} {}",
@@ -450,7 +458,8 @@ fn cmd_run(a: RunArgs) -> Res {
         (Some(p), _) => {
             let src = FileSource::open(p)?;
             let d = DraftModel::load(&src, &sess.tokenizer, sess.kv.n_ctx)?;
-            eprintln!("les: draft model {p}: {:.1} MiB of weights (outside --memory-budget)", d.bytes as f64 / 1048576.0);
+            let within = if a.s.memory_budget.is_some() { "taken from --memory-budget" } else { "resident" };
+            eprintln!("les: draft model {p}: {:.1} MiB of weights ({within})", d.bytes as f64 / 1048576.0);
             Some(Box::new(d))
         }
         (None, true) => Some(Box::new(PromptLookup::default())),
@@ -476,6 +485,9 @@ fn cmd_run(a: RunArgs) -> Res {
             100.0 * st.recall(1),
             100.0 * st.io_busy_fraction(ex.config().io_threads)
         );
+        if let (Some(r), Some(p)) = (st.draft_recall(), st.draft_precision()) {
+            eprintln!("les: experts predicted from the draft's hidden states: recall {:.1}%, precision {:.1}%", 100.0 * r, 100.0 * p);
+        }
         if let Some(p) = &a.s.stats_json {
             std::fs::write(p, serde_json::to_string_pretty(&st)?)?;
         }

@@ -275,6 +275,9 @@ pub fn run(model: &str, bundle: &str, opts: &StreamOptions, prompts: &[String], 
             bytes += sp.bytes_read.unwrap_or(0);
         }
         let s = st.experts.stats();
+        if let (Some(rc), Some(pr)) = (s.draft_recall(), s.draft_precision()) {
+            rep.spec_note += &format!("; verification experts predicted from the draft's hidden states: recall {:.1}%, precision {:.1}%", 100.0 * rc, 100.0 * pr);
+        }
         let mut r = streamed_rung("+ speculative", t, ms, &s, o.cache.io_threads, loads, bytes);
         r.acceptance_rate = Some(accepted as f64 / drafted.max(1) as f64);
         rep.rungs.push(r);

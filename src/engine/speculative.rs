@@ -71,6 +71,13 @@ pub trait Draft {
     fn forwards(&self) -> u64 {
         0
     }
+    /// After `propose`: the draft's per-layer FFN inputs (residual stream before `ffn_norm`,
+    /// `rows × n_embd`) for the verification batch's rows `[last, d1..dγ-1]`, if the draft has
+    /// hidden states, with their width (the draft's `n_embd`). A streamed target routes them to
+    /// prefetch the verification's experts.
+    fn hidden(&mut self) -> Option<(usize, Vec<Vec<f32>>)> {
+        None
+    }
 }
 
 /// A dense (or any) model sharing the target's tokenizer, with its own KV cache.
@@ -83,6 +90,8 @@ pub struct DraftModel {
     forwards: u64,
     /// Weight bytes (for memory accounting against a budget).
     pub bytes: u64,
+    /// Tokens in the last proposal (rows of [`Draft::hidden`]).
+    last_proposed: usize,
 }
 
 /// First difference between two vocabularies, or `None` when identical.
@@ -115,7 +124,9 @@ impl DraftModel {
         }
         let kv = model.new_kv(n_ctx.min(model.cfg.n_ctx_train.max(1)));
         let bytes = g.tensors.iter().map(|t| t.size).sum();
-        Ok(Self { model, kv, kv_tokens: Vec::new(), sampler: Sampler::new(SamplerConfig::greedy()), forwards: 0, bytes })
+        let mut model = model;
+        model.set_capture(true);
+        Ok(Self { model, kv, kv_tokens: Vec::new(), sampler: Sampler::new(SamplerConfig::greedy()), forwards: 0, bytes, last_proposed: 0 })
     }
 
     /// Feed `toks` (positions `kv.len ..`), returning the last position's logits.
@@ -166,6 +177,7 @@ impl Draft for DraftModel {
         let common = self.kv_tokens.iter().zip(ctx).take_while(|(a, b)| a == b).count().min(ctx.len() - 1);
         self.kv.truncate(common);
         self.kv_tokens.truncate(common);
+        self.model.take_captured();
         let mut logits = self.feed(&ctx[common..])?;
         // Sampler history: the committed tokens the repetition penalty looks at, then the drafts.
         self.sampler.truncate_history(0);
@@ -189,11 +201,22 @@ impl Draft for DraftModel {
                 logits = self.feed(&[d])?;
             }
         }
+        self.last_proposed = p.tokens.len();
         Ok(p)
     }
 
     fn forwards(&self) -> u64 {
         self.forwards
+    }
+
+    fn hidden(&mut self) -> Option<(usize, Vec<Vec<f32>>)> {
+        // One row per forward: the catch-up feed's last row (the `last` token), then one per
+        // proposed token but the last; the first chunks of a long catch-up feed come first.
+        let e = self.model.cfg.n_embd;
+        let rows = self.model.take_captured();
+        let n = rows.first().map(|r| r.len() / e.max(1)).unwrap_or(0);
+        let want = self.last_proposed.min(n);
+        (want > 0).then(|| (e, rows.into_iter().map(|r| r[(n - want) * e..].to_vec()).collect()))
     }
 }
 
@@ -423,6 +446,15 @@ pub fn generate(
         batch.push(*toks.last().unwrap());
         batch.extend_from_slice(d);
         let base = sess.kv.len;
+        // The draft's hidden states of these rows: a lookahead signal for a streamed target.
+        if let (Some(dr), Some(ex)) = (draft.as_mut(), sess.model.experts().cloned()) {
+            if let Some((width, rows)) = dr.hidden() {
+                // Only a draft of the target's shape (same width and depth) shares its space.
+                if width == sess.model.cfg.n_embd && rows.len() == sess.model.cfg.n_layer {
+                    ex.on_draft_hidden(&rows);
+                }
+            }
+        }
         let logits = sess.forward_per_row(&batch, Logits::All)?;
         spec.target_forwards += 1;
         spec.drafted += d.len() as u64;

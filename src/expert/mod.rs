@@ -153,6 +153,11 @@ pub trait ExpertSource: Send + Sync {
     /// Lookahead hook: the input of layer `layer`'s FFN (after its norm) is known. Schedulers use
     /// it to predict and prefetch later layers' experts; the default does nothing.
     fn on_hidden(&self, _layer: usize, _h: &[f32], _n_tok: usize) {}
+    /// Lookahead from another model (a speculative draft): `rows[l]` holds the residual stream
+    /// entering layer `l`'s FFN (before its norm), `n_rows × n_embd`, for the tokens the next
+    /// forward will process. Schedulers may route these rows with the target's own routers to
+    /// prefetch that forward's experts; the default ignores them.
+    fn on_draft_hidden(&self, _rows: &[Vec<f32>]) {}
 }
 
 /// Which experts a consumer already holds (see [`ExpertSource::set_holder`]).

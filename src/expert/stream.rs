@@ -79,6 +79,8 @@ pub struct StreamConfig {
     /// at most the chunks in flight, and a stale prefetch is cancelled between chunks. So
     /// prefetching uses only I/O time the store would otherwise leave idle.
     pub prefetch_chunk: usize,
+    /// Layers ahead prefetched from a draft's hidden states ([`ExpertSource::on_draft_hidden`]).
+    pub draft_depth: usize,
     /// Experts never evicted (layer, expert), e.g. from a recorded routing trace.
     pub pinned: Vec<(usize, usize)>,
     /// Record a Chrome trace-event timeline.
@@ -87,7 +89,7 @@ pub struct StreamConfig {
 
 impl Default for StreamConfig {
     fn default() -> Self {
-        Self { slots: 64, policy: Policy::NextUse, prefetch: true, depth: 2, extra: 0, temporal: true, io_threads: 4, max_prefetch_inflight: 1, prefetch_chunk: 1 << 20, pinned: vec![], trace: false }
+        Self { slots: 64, policy: Policy::NextUse, prefetch: true, depth: 2, extra: 0, temporal: true, io_threads: 4, max_prefetch_inflight: 1, prefetch_chunk: 1 << 20, draft_depth: 4, pinned: vec![], trace: false }
     }
 }
 
@@ -154,6 +156,11 @@ pub struct StreamStats {
     pub prefetch_cancelled: u64,
     /// Times a chunked prefetch paused to let a demand read use the store.
     pub prefetch_yields: u64,
+    /// Draft-hidden-state predictions (speculative verification): routed experts that were
+    /// predicted, experts predicted, experts routed in layers that had a prediction.
+    pub draft_pred_tp: u64,
+    pub draft_pred_made: u64,
+    pub draft_pred_routed: u64,
     pub load_failures: u64,
     pub stall_ms: f64,
     /// Sum over workers of time spent reading.
@@ -180,6 +187,14 @@ impl StreamStats {
     pub fn precision(&self, d: usize) -> f64 {
         let (tp, m) = self.layers.iter().fold((0, 0), |(a, b), l| (a + l.pred_tp.get(d - 1).copied().unwrap_or(0), b + l.pred_made.get(d - 1).copied().unwrap_or(0)));
         if m == 0 { 0.0 } else { tp as f64 / m as f64 }
+    }
+    /// Recall and precision of the experts predicted from a draft's hidden states (None: no draft
+    /// predictions were made).
+    pub fn draft_recall(&self) -> Option<f64> {
+        (self.draft_pred_routed > 0).then(|| self.draft_pred_tp as f64 / self.draft_pred_routed as f64)
+    }
+    pub fn draft_precision(&self) -> Option<f64> {
+        (self.draft_pred_made > 0).then(|| self.draft_pred_tp as f64 / self.draft_pred_made as f64)
     }
     pub fn bytes_per_token(&self) -> f64 {
         self.bytes_read as f64 / self.tokens.max(1) as f64
@@ -221,6 +236,8 @@ struct Inner {
     predictions: Vec<Vec<Vec<usize>>>,
     /// Experts each layer used in the previous step (temporal predictor).
     last_route: Vec<Vec<usize>>,
+    /// Per layer: the union of experts a draft's hidden states route to for the coming forward.
+    draft_hints: Vec<Vec<usize>>,
     stats: StreamStats,
     trace: Vec<TraceEvent>,
     /// Every routed (layer, expert) in order (for oracle bounds).
@@ -284,6 +301,7 @@ impl StreamingExperts {
             n_layers,
             predictions: vec![vec![Vec::new(); d]; n_layers],
             last_route: vec![Vec::new(); n_layers],
+            draft_hints: vec![Vec::new(); n_layers],
             stats,
             trace: Vec::new(),
             route_log: Vec::new(),
@@ -355,14 +373,35 @@ impl StreamingExperts {
     /// Lookahead: apply the routers of layers layer+1..layer+D to the stored hidden state of
     /// `layer` and queue prefetches for predicted experts that are not resident.
     fn issue_prefetch(&self, layer: usize) {
+        self.prefetch_after(Some(layer));
+    }
+
+    /// Before a forward's first layer: prefetch from a draft's hidden states.
+    fn issue_prefetch_from_start(&self) {
+        self.prefetch_after(None);
+    }
+
+    /// Queue prefetches for the layers after `layer` (`None`: from layer 0).
+    fn prefetch_after(&self, after: Option<usize>) {
         let sh = &self.sh;
-        let h = self.hidden.lock().unwrap().clone();
-        if h.is_empty() {
-            return;
-        }
+        let h = if after.is_some() { self.hidden.lock().unwrap().clone() } else { Vec::new() };
+        let layer = after.unwrap_or(0);
+        let first = after.map_or(0, |l| l + 1);
         let n_layers = self.routers.len();
         let mut plans = Vec::new();
+        // Experts routed from a draft's hidden states (speculative verification), nearest first.
+        {
+            let g = sh.inner.lock().unwrap();
+            for l2 in first..(first + sh.cfg.draft_depth).min(n_layers) {
+                if !g.draft_hints[l2].is_empty() {
+                    plans.push((l2, l2 + 1 - first, g.draft_hints[l2].clone(), false));
+                }
+            }
+        }
         for d in 1..=sh.cfg.depth {
+            if h.is_empty() {
+                break;
+            }
             let l2 = layer + d;
             if l2 >= n_layers {
                 break;
@@ -373,23 +412,28 @@ impl StreamingExperts {
                 }
                 _ => h.clone(),
             };
-            plans.push((l2, d, self.predict(l2, &hp)));
+            plans.push((l2, d, self.predict(l2, &hp), true));
+        }
+        if plans.is_empty() {
+            return;
         }
         let holder = self.holder.read().unwrap().clone();
         let mut g = sh.inner.lock().unwrap();
         let mut protect: HashSet<(usize, usize)> = HashSet::new();
-        for (l2, _, p) in &plans {
+        for (l2, _, p, _) in &plans {
             protect.extend(p.iter().map(|&e| (*l2, e)));
         }
         // Without I/O threads (wasm32) a prefetch could only run on this thread, before the
         // compute it should overlap: give the byte source a hint instead (the browser store
         // starts an asynchronous range fetch) and keep the slots for demand loads.
         let mut hints: Vec<(usize, usize)> = Vec::new();
-        for (l2, d, mut p) in plans {
-            g.predictions[l2][d - 1] = p.clone();
+        for (l2, d, mut p, cross_layer) in plans {
+            if cross_layer {
+                g.predictions[l2][d - 1] = p.clone();
+            }
             // Load order: the router's top-k, then the previous token's experts, then the extra
             // candidates (most likely first).
-            if sh.cfg.temporal {
+            if cross_layer && sh.cfg.temporal {
                 let extras = p.split_off(self.n_used.min(p.len()));
                 for e in g.last_route[l2].clone().into_iter().chain(extras) {
                     if !p.contains(&e) {
@@ -759,6 +803,37 @@ impl ExpertSource for StreamingExperts {
         self.with_experts_except(layer, ids, &|_| false, f)
     }
 
+    fn on_draft_hidden(&self, rows: &[Vec<f32>]) {
+        if !self.sh.cfg.prefetch || self.sh.cfg.draft_depth == 0 {
+            return;
+        }
+        // Each row through layer l's own norm and router: the union of its top-k per layer.
+        let n_layers = self.routers.len();
+        let mut hints = vec![Vec::new(); n_layers];
+        for (l, r) in rows.iter().enumerate().take(n_layers) {
+            let e = self.routers[l].len() / self.n_expert.max(1);
+            if e == 0 || r.len() % e != 0 {
+                continue;
+            }
+            for x in r.chunks(e) {
+                let ss = x.iter().map(|v| v * v).sum::<f32>() / e as f32;
+                let s = 1.0 / (ss + 1e-6).sqrt();
+                let h: Vec<f32> = match self.ffn_norms.get(l) {
+                    Some(w) if w.len() == e => x.iter().zip(w).map(|(v, w)| v * s * w).collect(),
+                    _ => x.iter().map(|v| v * s).collect(),
+                };
+                for ex in self.predict(l, &h).into_iter().take(self.n_used) {
+                    if !hints[l].contains(&ex) {
+                        hints[l].push(ex);
+                    }
+                }
+            }
+        }
+        self.sh.inner.lock().unwrap().draft_hints = hints;
+        // The first layers' experts now; later ones as the forward reaches them.
+        self.issue_prefetch_from_start();
+    }
+
     fn set_holder(&self, holder: Arc<dyn super::ExpertHolder>) {
         *self.holder.write().unwrap() = Some(holder);
     }
@@ -813,6 +888,12 @@ impl ExpertSource for StreamingExperts {
                 ls.pred_tp[d] += tp;
                 ls.pred_made[d] += p.len() as u64;
                 ls.pred_routed[d] += keys.len() as u64;
+            }
+            let hint = std::mem::take(&mut g.draft_hints[layer]);
+            if !hint.is_empty() {
+                g.stats.draft_pred_tp += keys.iter().filter(|k| hint.contains(&k.1)).count() as u64;
+                g.stats.draft_pred_made += hint.len() as u64;
+                g.stats.draft_pred_routed += keys.len() as u64;
             }
             g.last_route[layer] = keys.iter().map(|k| k.1).collect();
             g.route_log.extend(keys.iter().map(|k| (k.0 as u32, k.1 as u32)));

@@ -89,6 +89,10 @@ pub struct Model {
     pub expert_tensors: Vec<GgufExpertTensors>,
     /// Bytes of dense (non-expert) weights held in memory.
     pub dense_bytes: usize,
+    /// When set, each forward appends the last row of every layer's FFN input (the residual
+    /// stream before `ffn_norm`) to `capture[layer]` (a draft's hidden states, used by a
+    /// streamed target as a lookahead signal).
+    capture: Option<std::sync::Mutex<Vec<Vec<f32>>>>,
 }
 
 fn load_weight(src: &dyn ByteSource, g: &GgufFile, name: &str, want: &[usize]) -> Result<Weight, ModelError> {
@@ -195,11 +199,29 @@ impl Model {
             (true, ExpertMode::External(s)) => Some(s),
         };
         let dense_bytes = g.tensors.iter().filter(|t| !t.name.contains("_exps.")).map(|t| t.size as usize).sum();
-        Ok(Self { cfg, tok_embd, output_norm, output, layers, experts, expert_tensors, dense_bytes })
+        Ok(Self { cfg, tok_embd, output_norm, output, layers, experts, expert_tensors, dense_bytes, capture: None })
     }
 
     pub fn new_kv(&self, n_ctx: usize) -> KvCache {
         KvCache::new(self.cfg.n_layer, n_ctx, self.cfg.n_head_kv, self.cfg.head_dim)
+    }
+
+    /// Start (or stop) recording each forward's last-row FFN inputs per layer.
+    pub fn set_capture(&mut self, on: bool) {
+        self.capture = on.then(|| std::sync::Mutex::new(vec![Vec::new(); self.layers.len()]));
+    }
+    /// The recorded FFN inputs per layer (`rows × n_embd`, one row per forward since the last
+    /// call), emptying the record.
+    pub fn take_captured(&self) -> Vec<Vec<f32>> {
+        match &self.capture {
+            Some(c) => {
+                let mut g = c.lock().unwrap();
+                let out = g.clone();
+                g.iter_mut().for_each(|r| r.clear());
+                out
+            }
+            None => Vec::new(),
+        }
     }
 
     pub fn experts(&self) -> Option<&Arc<dyn ExpertSource>> {
@@ -308,6 +330,11 @@ impl Model {
                 *xi += ci;
             }
             dump("ffn_inp", il, &x);
+            if let Some(c) = &self.capture {
+                if let Some(rows) = c.lock().unwrap().get_mut(il) {
+                    rows.extend_from_slice(&x[(n_rows - 1) * e..n_rows * e]);
+                }
+            }
             // FFN.
             for t in 0..n_rows {
                 ops::rms_norm(&x[t * e..(t + 1) * e], &l.ffn_norm, c.rms_eps, &mut cur[t * e..(t + 1) * e]);
