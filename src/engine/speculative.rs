@@ -78,6 +78,10 @@ pub trait Draft {
     fn hidden(&mut self) -> Option<(usize, Vec<Vec<f32>>)> {
         None
     }
+    /// A streamed target's expert source: a draft with hidden states of the target's shape
+    /// passes them on after each of its forwards ([`ExpertSource::on_draft_hidden`]), so the
+    /// verification's experts load while the draft still computes.
+    fn set_lookahead(&mut self, _target: Option<std::sync::Arc<dyn crate::expert::ExpertSource>>, _n_embd: usize, _n_layer: usize) {}
 }
 
 /// A dense (or any) model sharing the target's tokenizer, with its own KV cache.
@@ -92,6 +96,10 @@ pub struct DraftModel {
     pub bytes: u64,
     /// Tokens in the last proposal (rows of [`Draft::hidden`]).
     last_proposed: usize,
+    /// The target's expert source, when it shares this model's shape.
+    lookahead: Option<std::sync::Arc<dyn crate::expert::ExpertSource>>,
+    /// Per-layer FFN inputs of the current proposal's forwards (one row per forward).
+    rows: Vec<Vec<f32>>,
 }
 
 /// First difference between two vocabularies, or `None` when identical.
@@ -111,6 +119,25 @@ pub fn vocab_difference(target: &Tokenizer, draft: &Tokenizer) -> Option<String>
 }
 
 impl DraftModel {
+    /// Keep the last captured row per layer of the forward just run (the `n`-th row of this
+    /// proposal) and pass the rows so far to the target's expert source.
+    fn pass_on(&mut self, n: usize) {
+        let e = self.model.cfg.n_embd;
+        let cap = self.model.take_captured();
+        if self.rows.len() != cap.len() {
+            self.rows = vec![Vec::new(); cap.len()];
+        }
+        for (r, c) in self.rows.iter_mut().zip(&cap) {
+            if c.len() >= e {
+                r.extend_from_slice(&c[c.len() - e..]);
+            }
+            r.truncate(n * e);
+        }
+        if let Some(t) = &self.lookahead {
+            t.on_draft_hidden(&self.rows);
+        }
+    }
+
     /// Load a draft model (all weights resident) for `target`; the vocabularies must be identical.
     pub fn load(src: &dyn ByteSource, target: &Tokenizer, n_ctx: usize) -> Result<Self, SpecError> {
         let g = GgufFile::read(src).map_err(EngineError::from)?;
@@ -126,7 +153,7 @@ impl DraftModel {
         let bytes = g.tensors.iter().map(|t| t.size).sum();
         let mut model = model;
         model.set_capture(true);
-        Ok(Self { model, kv, kv_tokens: Vec::new(), sampler: Sampler::new(SamplerConfig::greedy()), forwards: 0, bytes, last_proposed: 0 })
+        Ok(Self { model, kv, kv_tokens: Vec::new(), sampler: Sampler::new(SamplerConfig::greedy()), forwards: 0, bytes, last_proposed: 0, lookahead: None, rows: Vec::new() })
     }
 
     /// Feed `toks` (positions `kv.len ..`), returning the last position's logits.
@@ -178,7 +205,9 @@ impl Draft for DraftModel {
         self.kv.truncate(common);
         self.kv_tokens.truncate(common);
         self.model.take_captured();
+        self.rows.clear();
         let mut logits = self.feed(&ctx[common..])?;
+        self.pass_on(1);
         // Sampler history: the committed tokens the repetition penalty looks at, then the drafts.
         self.sampler.truncate_history(0);
         for &t in &ctx[ctx.len().saturating_sub(self.sampler.cfg.repeat_last_n.max(1))..] {
@@ -199,6 +228,7 @@ impl Draft for DraftModel {
             self.sampler.accept(d);
             if i + 1 < max {
                 logits = self.feed(&[d])?;
+                self.pass_on(i + 2);
             }
         }
         self.last_proposed = p.tokens.len();
@@ -210,13 +240,15 @@ impl Draft for DraftModel {
     }
 
     fn hidden(&mut self) -> Option<(usize, Vec<Vec<f32>>)> {
-        // One row per forward: the catch-up feed's last row (the `last` token), then one per
-        // proposed token but the last; the first chunks of a long catch-up feed come first.
-        let e = self.model.cfg.n_embd;
-        let rows = self.model.take_captured();
-        let n = rows.first().map(|r| r.len() / e.max(1)).unwrap_or(0);
-        let want = self.last_proposed.min(n);
-        (want > 0).then(|| (e, rows.into_iter().map(|r| r[(n - want) * e..].to_vec()).collect()))
+        // `rows`: the catch-up feed's last row (the `last` token), then one per proposed token
+        // but the last.
+        self.model.take_captured();
+        (self.last_proposed > 0 && !self.rows.is_empty()).then(|| (self.model.cfg.n_embd, self.rows.clone()))
+    }
+
+    fn set_lookahead(&mut self, target: Option<std::sync::Arc<dyn crate::expert::ExpertSource>>, n_embd: usize, n_layer: usize) {
+        // Only a draft of the target's shape shares its hidden space.
+        self.lookahead = target.filter(|_| n_embd == self.model.cfg.n_embd && n_layer == self.model.cfg.n_layer);
     }
 }
 
@@ -373,12 +405,11 @@ pub struct SpecOptions<'a> {
     pub verify_first: bool,
 }
 
-/// Like [`Session::generate`], with drafts from `draft` (`None`: plain decoding, one target
-/// forward per token, through the same loop).
+/// The body of [`generate`].
 #[allow(clippy::too_many_arguments)]
-pub fn generate(
+fn generate_inner<'d>(
     sess: &mut Session,
-    mut draft: Option<&mut dyn Draft>,
+    mut draft: Option<&mut (dyn Draft + 'd)>,
     opts: &SpecOptions<'_>,
     prompt: &[u32],
     n: usize,
@@ -525,6 +556,32 @@ pub fn generate(
         spec.bytes_read = Some(b1 - b0);
     }
     Ok((out, stats, spec))
+}
+
+/// Like [`Session::generate`], with drafts from `draft` (`None`: plain decoding, one target
+/// forward per token, through the same loop).
+#[allow(clippy::too_many_arguments)]
+pub fn generate(
+    sess: &mut Session,
+    mut draft: Option<&mut dyn Draft>,
+    opts: &SpecOptions<'_>,
+    prompt: &[u32],
+    n: usize,
+    sampler: &SamplerConfig,
+    ignore_eos: bool,
+    on_token: &mut dyn FnMut(u32, &str) -> bool,
+) -> Result<(Vec<u32>, GenStats, SpecStats), SpecError> {
+    // A draft with hidden states of the target's shape feeds the target's expert scheduler
+    // while it proposes (for this generation only).
+    let (ex, e, l) = (sess.model.experts().cloned(), sess.model.cfg.n_embd, sess.model.cfg.n_layer);
+    if let Some(d) = draft.as_mut() {
+        d.set_lookahead(ex, e, l);
+    }
+    let r = generate_inner(sess, draft.as_deref_mut(), opts, prompt, n, sampler, ignore_eos, on_token);
+    if let Some(d) = draft.as_mut() {
+        d.set_lookahead(None, e, l);
+    }
+    r
 }
 
 #[cfg(test)]
