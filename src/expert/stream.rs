@@ -1091,7 +1091,87 @@ pub fn belady_misses(seq: &[(u32, u32)], capacity: usize) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use super::belady_misses;
+    use super::*;
+    use crate::expert::ExpertLayout;
+    use crate::quant::GgmlType;
+
+    /// Experts of `bytes` per matrix whose byte i is `(layer·7 + expert·3 + i) mod 251`; every
+    /// range read sleeps `delay` (a slow device).
+    struct SlowStore {
+        layout: ExpertLayout,
+        n_layers: usize,
+        delay: std::time::Duration,
+    }
+
+    impl SlowStore {
+        fn byte(layer: usize, expert: usize, i: usize) -> u8 {
+            ((layer * 7 + expert * 3 + i) % 251) as u8
+        }
+    }
+
+    impl ExpertStore for SlowStore {
+        fn n_layers(&self) -> usize {
+            self.n_layers
+        }
+        fn layout(&self, _layer: usize) -> &ExpertLayout {
+            &self.layout
+        }
+        fn ranges(&self, layer: usize, expert: usize) -> Result<Vec<(u64, usize)>, ExpertError> {
+            // Offsets encode (layer, expert) so read_range can fill the right bytes.
+            let base = ((layer * 64 + expert) as u64) << 32;
+            let b = self.layout.gate_bytes;
+            Ok((0..3).map(|m| (base + (m * b) as u64, b)).collect())
+        }
+        fn read_range(&self, _l: usize, _e: usize, off: u64, buf: &mut [u8]) -> Result<(), ExpertError> {
+            std::thread::sleep(self.delay);
+            let (key, at) = ((off >> 32) as usize, (off & 0xffff_ffff) as usize);
+            for (i, v) in buf.iter_mut().enumerate() {
+                *v = Self::byte(key / 64, key % 64, at + i);
+            }
+            Ok(())
+        }
+        fn reads_per_expert(&self) -> usize {
+            3
+        }
+        fn name(&self) -> &'static str {
+            "slow test store"
+        }
+    }
+
+    /// A prefetch in flight yields to a demand read between its chunks and resumes later, and the
+    /// expert it finally hands over has exactly the store's bytes.
+    #[test]
+    fn chunked_prefetch_yields_to_a_demand_read_and_resumes() {
+        let (n_embd, n_expert) = (4, 4);
+        let bytes = 16 << 10;
+        let layout = ExpertLayout { n_embd, n_ff: 1, gate_ty: GgmlType::F32, up_ty: GgmlType::F32, down_ty: GgmlType::F32, gate_bytes: bytes, up_bytes: bytes, down_bytes: bytes };
+        let store = Arc::new(SlowStore { layout, n_layers: 3, delay: std::time::Duration::from_millis(2) });
+        // Router rows are unit vectors: a hidden state along axis k routes to expert k.
+        let router: Vec<f32> = (0..n_expert * n_embd).map(|i| if i / n_embd == i % n_embd { 1.0 } else { 0.0 }).collect();
+        let cfg = StreamConfig { slots: 8, prefetch: true, depth: 2, temporal: false, io_threads: 3, max_prefetch_inflight: 1, prefetch_chunk: 2048, ..Default::default() };
+        let ex = StreamingExperts::new(store, vec![router; 3], n_expert, 1, cfg);
+        // Layer 0 decides expert 0; its hidden state predicts expert 2 for layers 1 and 2.
+        ex.on_hidden(0, &[0.0, 0.0, 1.0, 0.0], 1);
+        ex.with_experts(0, &[0], &mut |_, _| {}).unwrap();
+        // Let the layer-1 prefetch finish (24 chunks × 2 ms) and the layer-2 one start.
+        std::thread::sleep(std::time::Duration::from_millis(70));
+        // Layer 1 needs expert 2 (prefetched) and expert 3 (a demand read): the layer-2
+        // prefetch in flight must pause for it.
+        let mut seen = Vec::new();
+        ex.with_experts(1, &[2, 3], &mut |i, b| seen.push((i, b.data.clone()))).unwrap();
+        let s = ex.stats();
+        assert!(s.prefetch_yields > 0, "the layer-2 prefetch did not yield: {s:?}");
+        let mut got = None;
+        ex.with_experts(2, &[2], &mut |_, b| got = Some(b.data.clone())).unwrap();
+        let want: Vec<u8> = (0..3 * bytes).map(|i| SlowStore::byte(2, 2, i)).collect();
+        assert_eq!(got.unwrap(), want, "a resumed prefetch must hold exactly the store's bytes");
+        for (i, data) in seen {
+            let e = [2, 3][i];
+            let want: Vec<u8> = (0..3 * bytes).map(|j| SlowStore::byte(1, e, j)).collect();
+            assert_eq!(data, want);
+        }
+        assert_eq!(ex.stats().load_failures, 0);
+    }
 
     #[test]
     fn belady_textbook_example() {
