@@ -209,9 +209,12 @@ pub fn run(model: &str, bundle: &str, opts: &StreamOptions, prompts: &[String], 
         o.cache.policy = policy;
         evict(path);
         let mut st = open_streaming(path, &o)?;
-        rep.slots = st.experts.config().slots;
-        expert_bytes_max = st.plan.expert_bytes_max;
-        rep.slot_fraction = (rep.slots as u64 * st.plan.expert_bytes_max) as f64 / st.plan.total_expert_bytes.max(1) as f64;
+        if name == "on-demand" {
+            // The header's cache size: the original model's (a mixed bundle's experts are smaller).
+            rep.slots = st.experts.config().slots;
+            expert_bytes_max = st.plan.expert_bytes_max;
+            rep.slot_fraction = (rep.slots as u64 * st.plan.expert_bytes_max) as f64 / st.plan.total_expert_bytes.max(1) as f64;
+        }
         st.experts.reset_stats();
         let (t, ms, loads, bytes) = decode_all(&mut st.session, prompts, n, Some(&st.experts))?;
         let s = st.experts.stats();
