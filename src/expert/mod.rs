@@ -153,6 +153,9 @@ pub trait ExpertSource: Send + Sync {
     /// Lookahead hook: the input of layer `layer`'s FFN (after its norm) is known. Schedulers use
     /// it to predict and prefetch later layers' experts; the default does nothing.
     fn on_hidden(&self, _layer: usize, _h: &[f32], _n_tok: usize) {}
+    /// Lookahead hook: layer `layer`'s output (the residual stream after its FFN), last row
+    /// only, `n_tok` rows in the forward. The default does nothing.
+    fn on_residual(&self, _layer: usize, _x: &[f32], _n_tok: usize) {}
     /// Lookahead from another model (a speculative draft): `rows[l]` holds the residual stream
     /// entering layer `l`'s FFN (before its norm), `n_rows × n_embd`, for the tokens the next
     /// forward will process. Schedulers may route these rows with the target's own routers to

@@ -349,6 +349,9 @@ impl Model {
                 *xi += o;
             }
             dump("l_out", il, &x);
+            if let Some(ex) = &self.experts {
+                ex.on_residual(il, &x[(n_rows - 1) * e..n_rows * e], n_rows);
+            }
         }
         kv.len = pos0 + t_n;
         // Output head.
