@@ -113,7 +113,7 @@ fn lossless_rand_olmoe() {
     lossless("rand-olmoe.gguf", &FRACTIONS, &POLICIES, 8, true);
 }
 
-/// Prefetches read in 4 KiB chunks from a slow modelled device: they pause for demand reads and
+/// Prefetches (both lookahead stages) read in 4 KiB chunks from a slow modelled device: they pause for demand reads and
 /// are cancelled mid-read when stale, and the logits still equal the resident run's.
 #[test]
 fn lossless_chunked_prefetch_on_a_slow_device() {
@@ -129,7 +129,7 @@ fn lossless_chunked_prefetch_on_a_slow_device() {
             n_ctx: 256,
             direct: false,
             profile: Some(profile),
-            cache: StreamConfig { policy, prefetch: true, depth: 2, extra: 2, io_threads: 3, prefetch_chunk: 4096, ..Default::default() },
+            cache: StreamConfig { policy, prefetch: true, depth: 2, extra: 2, io_threads: 3, prefetch_chunk: 4096, residual_stage: true, ..Default::default() },
             slots: Some(c.n_layer * c.n_expert * 3 / 10),
         };
         let mut st = open_streaming(path.to_str().unwrap(), &opts).unwrap();

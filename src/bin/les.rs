@@ -161,10 +161,10 @@ struct StreamArgs {
     /// I/O threads (reads in flight).
     #[arg(long, default_value_t = 4)]
     io_threads: usize,
-    /// Lookahead from each layer's FFN input only (without the second stage, which re-predicts
-    /// layer l+1 and predicts l+2 from layer l's output).
+    /// Two-stage lookahead: after each layer's FFN, its output re-predicts layer l+1 and predicts
+    /// l+2 (recall 80% vs 56%, but slower in the measured ladders: see BENCHMARKS.md).
     #[arg(long)]
-    one_stage: bool,
+    two_stage: bool,
     /// Prefetch reads in flight at once (prefetches run only while no demand read is waiting).
     #[arg(long, default_value_t = 1)]
     prefetch_inflight: usize,
@@ -206,7 +206,7 @@ impl StreamArgs {
                 temporal: !self.no_temporal,
                 io_threads: self.io_threads.max(1),
                 max_prefetch_inflight: self.prefetch_inflight.max(1),
-                residual_stage: !self.one_stage,
+                residual_stage: self.two_stage,
                 prefetch_chunk: les::engine::stream::parse_bytes(&self.prefetch_chunk).map_err(|e| format!("--prefetch-chunk: {e}"))? as usize,
                 trace: self.trace.is_some(),
                 ..Default::default()

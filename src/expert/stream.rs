@@ -80,6 +80,7 @@ pub struct StreamConfig {
     /// prefetching uses only I/O time the store would otherwise leave idle.
     pub prefetch_chunk: usize,
     /// Second lookahead stage: re-predict layer l+1 and predict l+2 from layer l's output.
+    /// Off by default: higher recall (80% vs 56%) but measured slower (BENCHMARKS.md).
     pub residual_stage: bool,
     /// Layers ahead prefetched from a draft's hidden states ([`ExpertSource::on_draft_hidden`]).
     pub draft_depth: usize,
@@ -91,7 +92,7 @@ pub struct StreamConfig {
 
 impl Default for StreamConfig {
     fn default() -> Self {
-        Self { slots: 64, policy: Policy::NextUse, prefetch: true, depth: 2, extra: 0, temporal: true, io_threads: 4, max_prefetch_inflight: 1, prefetch_chunk: 1 << 20, residual_stage: true, draft_depth: 4, pinned: vec![], trace: false }
+        Self { slots: 64, policy: Policy::NextUse, prefetch: true, depth: 2, extra: 0, temporal: true, io_threads: 4, max_prefetch_inflight: 1, prefetch_chunk: 1 << 20, residual_stage: false, draft_depth: 4, pinned: vec![], trace: false }
     }
 }
 
