@@ -71,16 +71,11 @@ pub trait Draft {
     fn forwards(&self) -> u64 {
         0
     }
-    /// After `propose`: the draft's per-layer FFN inputs (residual stream before `ffn_norm`,
-    /// `rows × n_embd`) for the verification batch's rows `[last, d1..dγ-1]`, if the draft has
-    /// hidden states, with their width (the draft's `n_embd`). A streamed target routes them to
-    /// prefetch the verification's experts.
-    fn hidden(&mut self) -> Option<(usize, Vec<Vec<f32>>)> {
-        None
-    }
     /// A streamed target's expert source: a draft with hidden states of the target's shape
-    /// passes them on after each of its forwards ([`ExpertSource::on_draft_hidden`]), so the
-    /// verification's experts load while the draft still computes.
+    /// passes its per-layer FFN inputs (residual stream before `ffn_norm`) for the coming
+    /// verification's rows `[last, d1..dγ-1]` on after each of its forwards
+    /// ([`ExpertSource::on_draft_hidden`]), so the verification's experts load while the draft
+    /// still computes.
     fn set_lookahead(&mut self, _target: Option<std::sync::Arc<dyn crate::expert::ExpertSource>>, _n_embd: usize, _n_layer: usize) {}
 }
 
@@ -94,8 +89,6 @@ pub struct DraftModel {
     forwards: u64,
     /// Weight bytes (for memory accounting against a budget).
     pub bytes: u64,
-    /// Tokens in the last proposal (rows of [`Draft::hidden`]).
-    last_proposed: usize,
     /// The target's expert source, when it shares this model's shape.
     lookahead: Option<std::sync::Arc<dyn crate::expert::ExpertSource>>,
     /// Per-layer FFN inputs of the current proposal's forwards (one row per forward).
@@ -122,6 +115,7 @@ impl DraftModel {
     /// Keep the last captured row per layer of the forward just run (the `n`-th row of this
     /// proposal) and pass the rows so far to the target's expert source.
     fn pass_on(&mut self, n: usize) {
+        let Some(target) = self.lookahead.clone() else { return };
         let e = self.model.cfg.n_embd;
         let cap = self.model.take_captured();
         if self.rows.len() != cap.len() {
@@ -133,9 +127,7 @@ impl DraftModel {
             }
             r.truncate(n * e);
         }
-        if let Some(t) = &self.lookahead {
-            t.on_draft_hidden(&self.rows);
-        }
+        target.on_draft_hidden(&self.rows);
     }
 
     /// Load a draft model (all weights resident) for `target`; the vocabularies must be identical.
@@ -151,9 +143,7 @@ impl DraftModel {
         }
         let kv = model.new_kv(n_ctx.min(model.cfg.n_ctx_train.max(1)));
         let bytes = g.tensors.iter().map(|t| t.size).sum();
-        let mut model = model;
-        model.set_capture(true);
-        Ok(Self { model, kv, kv_tokens: Vec::new(), sampler: Sampler::new(SamplerConfig::greedy()), forwards: 0, bytes, last_proposed: 0, lookahead: None, rows: Vec::new() })
+        Ok(Self { model, kv, kv_tokens: Vec::new(), sampler: Sampler::new(SamplerConfig::greedy()), forwards: 0, bytes, lookahead: None, rows: Vec::new() })
     }
 
     /// Feed `toks` (positions `kv.len ..`), returning the last position's logits.
@@ -231,7 +221,6 @@ impl Draft for DraftModel {
                 self.pass_on(i + 2);
             }
         }
-        self.last_proposed = p.tokens.len();
         Ok(p)
     }
 
@@ -239,16 +228,11 @@ impl Draft for DraftModel {
         self.forwards
     }
 
-    fn hidden(&mut self) -> Option<(usize, Vec<Vec<f32>>)> {
-        // `rows`: the catch-up feed's last row (the `last` token), then one per proposed token
-        // but the last.
-        self.model.take_captured();
-        (self.last_proposed > 0 && !self.rows.is_empty()).then(|| (self.model.cfg.n_embd, self.rows.clone()))
-    }
-
     fn set_lookahead(&mut self, target: Option<std::sync::Arc<dyn crate::expert::ExpertSource>>, n_embd: usize, n_layer: usize) {
         // Only a draft of the target's shape shares its hidden space.
         self.lookahead = target.filter(|_| n_embd == self.model.cfg.n_embd && n_layer == self.model.cfg.n_layer);
+        // Record hidden states only while someone uses them.
+        self.model.set_capture(self.lookahead.is_some());
     }
 }
 
@@ -477,15 +461,6 @@ fn generate_inner<'d>(
         batch.push(*toks.last().unwrap());
         batch.extend_from_slice(d);
         let base = sess.kv.len;
-        // The draft's hidden states of these rows: a lookahead signal for a streamed target.
-        if let (Some(dr), Some(ex)) = (draft.as_mut(), sess.model.experts().cloned()) {
-            if let Some((width, rows)) = dr.hidden() {
-                // Only a draft of the target's shape (same width and depth) shares its space.
-                if width == sess.model.cfg.n_embd && rows.len() == sess.model.cfg.n_layer {
-                    ex.on_draft_hidden(&rows);
-                }
-            }
-        }
         let logits = sess.forward_per_row(&batch, Logits::All)?;
         spec.target_forwards += 1;
         spec.drafted += d.len() as u64;

@@ -375,16 +375,8 @@ impl StreamingExperts {
 
     /// Lookahead: apply the routers of layers layer+1..layer+D to the stored hidden state of
     /// `layer` and queue prefetches for predicted experts that are not resident.
-    fn issue_prefetch(&self, layer: usize) {
-        self.prefetch_after(Some(layer));
-    }
-
-    /// Before a forward's first layer: prefetch from a draft's hidden states.
-    fn issue_prefetch_from_start(&self) {
-        self.prefetch_after(None);
-    }
-
-    /// Queue prefetches for the layers after `layer` (`None`: from layer 0).
+    /// Queue prefetches for the layers after `layer` (`None`: from layer 0, before a forward,
+    /// from a draft's hidden states).
     fn prefetch_after(&self, after: Option<usize>) {
         let sh = &self.sh;
         let h = if after.is_some() { self.hidden.lock().unwrap().clone() } else { Vec::new() };
@@ -429,34 +421,16 @@ impl StreamingExperts {
         let sh = &self.sh;
         let n_layers = self.routers.len();
         let mut plans = Vec::new();
+        let s = rms_scale(x);
         for (l2, d) in [(layer + 1, 0), (layer + 2, 1)] {
             if l2 >= n_layers {
                 continue;
             }
-            let e = x.len();
-            let ss = x.iter().map(|v| v * v).sum::<f32>() / e.max(1) as f32;
-            let s = 1.0 / (ss + 1e-6).sqrt();
-            let h: Vec<f32> = match self.ffn_norms.get(l2) {
-                Some(w) if w.len() == e => x.iter().zip(w).map(|(v, w)| v * s * w).collect(),
-                _ => x.iter().map(|v| v * s).collect(),
-            };
-            let p = self.predict(l2, &h);
+            let p = self.predict(l2, &self.ffn_normed(l2, x, s));
             if d == 0 {
                 // Drop queued (not started) prefetches of l+1 this stage does not confirm.
                 let mut g = sh.inner.lock().unwrap();
-                let queue = std::mem::take(&mut g.queue);
-                for r in queue {
-                    if !r.demand && r.done == 0 && r.key.0 == l2 && !p.contains(&r.key.1) && g.slots[r.slot].pins == 0 {
-                        let sl = &mut g.slots[r.slot];
-                        sl.state = State::Empty;
-                        sl.key = None;
-                        sl.prefetched_unused = false;
-                        g.map.remove(&r.key);
-                        g.stats.prefetch_cancelled += 1;
-                    } else {
-                        g.queue.push(r);
-                    }
-                }
+                g.drop_queued(|r, slot| r.done == 0 && r.key.0 == l2 && !p.contains(&r.key.1) && slot.pins == 0);
                 // Recall@1 counts what the two stages predicted together.
                 let mut all = g.predictions[l2][0].clone();
                 all.extend(p.iter().copied().filter(|e| !g.predictions[l2][0].contains(e)));
@@ -529,6 +503,15 @@ impl StreamingExperts {
         g.slots.iter().filter(|s| s.state == State::Ready).filter_map(|s| s.key).collect()
     }
 
+    /// `x · scale`, times layer `l`'s `ffn_norm` weights when known: a residual-stream row as
+    /// layer `l`'s router sees it (up to the norm's epsilon, which cannot change the top-k).
+    fn ffn_normed(&self, l: usize, x: &[f32], scale: f32) -> Vec<f32> {
+        match self.ffn_norms.get(l) {
+            Some(w) if w.len() == x.len() => x.iter().zip(w).map(|(v, w)| v * scale * w).collect(),
+            _ => x.iter().map(|v| v * scale).collect(),
+        }
+    }
+
     fn predict(&self, layer: usize, h: &[f32]) -> Vec<usize> {
         let r = &self.routers[layer];
         let n_embd = h.len();
@@ -554,6 +537,12 @@ impl Drop for StreamingExperts {
             let _ = w.join();
         }
     }
+}
+
+/// 1 / RMS(x): RMSNorm's scale.
+fn rms_scale(x: &[f32]) -> f32 {
+    let ss = x.iter().map(|v| v * v).sum::<f32>() / x.len().max(1) as f32;
+    1.0 / (ss + 1e-6).sqrt()
 }
 
 fn now_us(sh: &Shared) -> f64 {
@@ -685,13 +674,8 @@ fn run_request(sh: &Shared, mut req: Req, w: usize) {
         }
         if slot.cancel {
             // Stale: the router of its layer has decided without it.
-            slot.cancel = false;
-            slot.state = State::Empty;
-            slot.key = None;
-            slot.prefetched_unused = false;
-            g.map.remove(&req.key);
+            g.drop_prefetch(req.slot);
             g.inflight_prefetch -= 1;
-            g.stats.prefetch_cancelled += 1;
             drop(g);
             sh.io_cv.notify_all();
             return;
@@ -798,6 +782,30 @@ impl Inner {
         best.map(|b| b.0)
     }
 
+    /// Forget a prefetch that will not be used (queued, or stopped between chunks): its slot
+    /// becomes empty.
+    fn drop_prefetch(&mut self, slot: usize) {
+        let s = &mut self.slots[slot];
+        if let Some(k) = s.key.take() {
+            self.map.remove(&k);
+        }
+        s.state = State::Empty;
+        s.prefetched_unused = false;
+        s.cancel = false;
+        self.stats.prefetch_cancelled += 1;
+    }
+
+    /// Drop the queued prefetches (never demand reads) that `stale` picks.
+    fn drop_queued(&mut self, stale: impl Fn(&Req, &Slot) -> bool) {
+        for r in std::mem::take(&mut self.queue) {
+            if !r.demand && stale(&r, &self.slots[r.slot]) {
+                self.drop_prefetch(r.slot);
+            } else {
+                self.queue.push(r);
+            }
+        }
+    }
+
     fn assign(&mut self, slot: usize, key: (usize, usize), demand: bool, dist: usize) {
         if let Some(old) = self.slots[slot].key.take() {
             if self.slots[slot].prefetched_unused && self.slots[slot].state == State::Ready {
@@ -878,13 +886,7 @@ impl ExpertSource for StreamingExperts {
                 continue;
             }
             for x in r.chunks(e) {
-                let ss = x.iter().map(|v| v * v).sum::<f32>() / e as f32;
-                let s = 1.0 / (ss + 1e-6).sqrt();
-                let h: Vec<f32> = match self.ffn_norms.get(l) {
-                    Some(w) if w.len() == e => x.iter().zip(w).map(|(v, w)| v * s * w).collect(),
-                    _ => x.iter().map(|v| v * s).collect(),
-                };
-                for ex in self.predict(l, &h).into_iter().take(self.n_used) {
+                for ex in self.predict(l, &self.ffn_normed(l, x, rms_scale(x))).into_iter().take(self.n_used) {
                     if !hints[l].contains(&ex) {
                         hints[l].push(ex);
                     }
@@ -893,7 +895,7 @@ impl ExpertSource for StreamingExperts {
         }
         self.sh.inner.lock().unwrap().draft_hints = hints;
         // The first layers' experts now; later ones as the forward reaches them.
-        self.issue_prefetch_from_start();
+        self.prefetch_after(None);
     }
 
     fn set_holder(&self, holder: Arc<dyn super::ExpertHolder>) {
@@ -915,21 +917,7 @@ impl ExpertSource for StreamingExperts {
         {
             let mut g = sh.inner.lock().unwrap();
             // Cancel queued prefetches for this layer and earlier ones that the router did not pick.
-            let mut cancelled = 0;
-            let queue = std::mem::take(&mut g.queue);
-            for r in queue {
-                if !r.demand && r.key.0 <= layer && !needed.contains(&r.key) {
-                    let s = &mut g.slots[r.slot];
-                    s.state = State::Empty;
-                    s.key = None;
-                    s.prefetched_unused = false;
-                    g.map.remove(&r.key);
-                    cancelled += 1;
-                } else {
-                    g.queue.push(r);
-                }
-            }
-            g.stats.prefetch_cancelled += cancelled;
+            g.drop_queued(|r, _| r.key.0 <= layer && !needed.contains(&r.key));
             // In-flight ones: their workers drop them at the next chunk.
             for sl in g.slots.iter_mut() {
                 if let (State::Loading, true, Some(k), 0) = (sl.state, sl.prefetched_unused, sl.key, sl.pins) {
@@ -1001,7 +989,7 @@ impl ExpertSource for StreamingExperts {
             });
         }
         sh.io_cv.notify_all();
-        self.issue_prefetch(layer);
+        self.prefetch_after(Some(layer));
         let unpin = |slot: usize| {
             let mut g = sh.inner.lock().unwrap();
             g.touch(slot);
