@@ -113,7 +113,7 @@ fn lossless_rand_olmoe() {
     lossless("rand-olmoe.gguf", &FRACTIONS, &POLICIES, 8, true);
 }
 
-/// Prefetches (both lookahead stages) read in 4 KiB chunks from a slow modelled device: they pause for demand reads and
+/// Prefetches (every lookahead stage: first, refinement, second) read in 4 KiB chunks from a slow modelled device: they pause for demand reads and
 /// are cancelled mid-read when stale, and the logits still equal the resident run's.
 #[test]
 fn lossless_chunked_prefetch_on_a_slow_device() {
@@ -129,7 +129,7 @@ fn lossless_chunked_prefetch_on_a_slow_device() {
             n_ctx: 256,
             direct: false,
             profile: Some(profile),
-            cache: StreamConfig { policy, prefetch: true, depth: 2, extra: 2, io_threads: 3, prefetch_chunk: 4096, residual_stage: true, ..Default::default() },
+            cache: StreamConfig { policy, prefetch: true, depth: 2, extra: 2, io_threads: 3, prefetch_chunk: 4096, residual_stage: true, refine: true, ..Default::default() },
             slots: Some(c.n_layer * c.n_expert * 3 / 10),
         };
         let mut st = open_streaming(path.to_str().unwrap(), &opts).unwrap();
@@ -141,6 +141,7 @@ fn lossless_chunked_prefetch_on_a_slow_device() {
         }
         let s = st.experts.stats();
         assert!(s.prefetch_loads + s.prefetch_cancelled + s.prefetch_yields > 0, "no prefetch was issued");
+        assert!(s.refine_pred_made > 0, "the refinement stage never fired");
         // Every expert is larger than one chunk: a prefetch takes several reads.
         let loads = s.demand_loads + s.prefetch_loads;
         assert!(s.reads > loads * 3, "prefetches were not chunked: {} reads for {loads} loads", s.reads);

@@ -156,6 +156,10 @@ pub trait ExpertSource: Send + Sync {
     /// Lookahead hook: layer `layer`'s output (the residual stream after its FFN), last row
     /// only, `n_tok` rows in the forward. The default does nothing.
     fn on_residual(&self, _layer: usize, _x: &[f32], _n_tok: usize) {}
+    /// Lookahead hook (single-row forwards): layer `layer`'s output so far — the residual
+    /// stream entering its FFN plus the weighted outputs of the experts handed over until now,
+    /// called after the first of several. The default does nothing.
+    fn on_partial(&self, _layer: usize, _x: &[f32]) {}
     /// Lookahead from another model (a speculative draft): `rows[l]` holds the residual stream
     /// entering layer `l`'s FFN (before its norm), `n_rows × n_embd`, for the tokens the next
     /// forward will process. Schedulers may route these rows with the target's own routers to

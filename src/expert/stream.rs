@@ -82,6 +82,12 @@ pub struct StreamConfig {
     /// Second lookahead stage: re-predict layer l+1 and predict l+2 from layer l's output.
     /// Off by default: higher recall (80% vs 56%) but measured slower (BENCHMARKS.md).
     pub residual_stage: bool,
+    /// Refinement: as soon as layer l's first expert has been computed, route the residual plus
+    /// that expert's output with router l+1 and put its picks ahead of the first stage's
+    /// (queued prefetches of l+1 it does not confirm are dropped). Offline on SmolMoE-32x2
+    /// (`tools/predictor_recall.py --partial`): recall 68-71% vs 56%, available before the
+    /// layer's misses have arrived.
+    pub refine: bool,
     /// Layers ahead prefetched from a draft's hidden states ([`ExpertSource::on_draft_hidden`]).
     pub draft_depth: usize,
     /// Experts never evicted (layer, expert), e.g. from a recorded routing trace.
@@ -92,7 +98,7 @@ pub struct StreamConfig {
 
 impl Default for StreamConfig {
     fn default() -> Self {
-        Self { slots: 64, policy: Policy::NextUse, prefetch: true, depth: 2, extra: 0, temporal: true, io_threads: 4, max_prefetch_inflight: 1, prefetch_chunk: 1 << 20, residual_stage: false, draft_depth: 4, pinned: vec![], trace: false }
+        Self { slots: 64, policy: Policy::NextUse, prefetch: true, depth: 2, extra: 0, temporal: true, io_threads: 4, max_prefetch_inflight: 1, prefetch_chunk: 1 << 20, residual_stage: false, refine: false, draft_depth: 4, pinned: vec![], trace: false }
     }
 }
 
@@ -164,6 +170,11 @@ pub struct StreamStats {
     pub draft_pred_tp: u64,
     pub draft_pred_made: u64,
     pub draft_pred_routed: u64,
+    /// Refined predictions of layer l+1 (from layer l's partial output): true positives, made,
+    /// routed experts of layers that had one.
+    pub refine_pred_tp: u64,
+    pub refine_pred_made: u64,
+    pub refine_pred_routed: u64,
     pub load_failures: u64,
     pub stall_ms: f64,
     /// Sum over workers of time spent reading.
@@ -198,6 +209,10 @@ impl StreamStats {
     }
     pub fn draft_precision(&self) -> Option<f64> {
         (self.draft_pred_made > 0).then(|| self.draft_pred_tp as f64 / self.draft_pred_made as f64)
+    }
+    /// Recall of the refined l+1 predictions (None: refinement off or never fired).
+    pub fn refine_recall(&self) -> Option<f64> {
+        (self.refine_pred_routed > 0).then(|| self.refine_pred_tp as f64 / self.refine_pred_routed as f64)
     }
     pub fn bytes_per_token(&self) -> f64 {
         self.bytes_read as f64 / self.tokens.max(1) as f64
@@ -241,6 +256,8 @@ struct Inner {
     last_route: Vec<Vec<usize>>,
     /// Per layer: the union of experts a draft's hidden states route to for the coming forward.
     draft_hints: Vec<Vec<usize>>,
+    /// Per layer: the refined prediction made from the previous layer's partial output.
+    refined: Vec<Vec<usize>>,
     stats: StreamStats,
     trace: Vec<TraceEvent>,
     /// Every routed (layer, expert) in order (for oracle bounds).
@@ -305,6 +322,7 @@ impl StreamingExperts {
             predictions: vec![vec![Vec::new(); d]; n_layers],
             last_route: vec![Vec::new(); n_layers],
             draft_hints: vec![Vec::new(); n_layers],
+            refined: vec![Vec::new(); n_layers],
             stats,
             trace: Vec::new(),
             route_log: Vec::new(),
@@ -417,13 +435,16 @@ impl StreamingExperts {
     /// `tools/predictor_recall.py`) with less time left, and layer l+2 about as well as the
     /// first stage routed l+1, with more. Queued prefetches of l+1 that the second stage does not
     /// confirm are dropped; its picks go first.
-    fn prefetch_from_residual(&self, layer: usize, x: &[f32]) {
+    ///
+    /// `partial`: `x` holds only some of layer l's experts (refinement, [`StreamConfig::refine`]):
+    /// re-predict l+1 only, and count its recall on its own.
+    fn prefetch_from_residual(&self, layer: usize, x: &[f32], partial: bool) {
         let sh = &self.sh;
         let n_layers = self.routers.len();
         let mut plans = Vec::new();
         let s = rms_scale(x);
         for (l2, d) in [(layer + 1, 0), (layer + 2, 1)] {
-            if l2 >= n_layers {
+            if l2 >= n_layers || (partial && d > 0) {
                 continue;
             }
             let p = self.predict(l2, &self.ffn_normed(l2, x, s));
@@ -431,10 +452,14 @@ impl StreamingExperts {
                 // Drop queued (not started) prefetches of l+1 this stage does not confirm.
                 let mut g = sh.inner.lock().unwrap();
                 g.drop_queued(|r, slot| r.done == 0 && r.key.0 == l2 && !p.contains(&r.key.1) && slot.pins == 0);
-                // Recall@1 counts what the two stages predicted together.
-                let mut all = g.predictions[l2][0].clone();
-                all.extend(p.iter().copied().filter(|e| !g.predictions[l2][0].contains(e)));
-                g.predictions[l2][0] = all;
+                if partial {
+                    g.refined[l2] = p.clone();
+                } else {
+                    // Recall@1 counts what the two stages predicted together.
+                    let mut all = g.predictions[l2][0].clone();
+                    all.extend(p.iter().copied().filter(|e| !g.predictions[l2][0].contains(e)));
+                    g.predictions[l2][0] = all;
+                }
             }
             plans.push((l2, d, p, false));
         }
@@ -869,7 +894,13 @@ impl ExpertSource for StreamingExperts {
 
     fn on_residual(&self, layer: usize, x: &[f32], n_tok: usize) {
         if self.sh.cfg.prefetch && self.sh.cfg.residual_stage && n_tok == 1 && layer < self.routers.len() {
-            self.prefetch_from_residual(layer, x);
+            self.prefetch_from_residual(layer, x, false);
+        }
+    }
+
+    fn on_partial(&self, layer: usize, x: &[f32]) {
+        if self.sh.cfg.prefetch && self.sh.cfg.refine && layer + 1 < self.routers.len() {
+            self.prefetch_from_residual(layer, x, true);
         }
     }
 
@@ -938,6 +969,12 @@ impl ExpertSource for StreamingExperts {
                 ls.pred_tp[d] += tp;
                 ls.pred_made[d] += p.len() as u64;
                 ls.pred_routed[d] += keys.len() as u64;
+            }
+            let refined = std::mem::take(&mut g.refined[layer]);
+            if !refined.is_empty() {
+                g.stats.refine_pred_tp += keys.iter().filter(|k| refined.contains(&k.1)).count() as u64;
+                g.stats.refine_pred_made += refined.len() as u64;
+                g.stats.refine_pred_routed += keys.len() as u64;
             }
             let hint = std::mem::take(&mut g.draft_hints[layer]);
             if !hint.is_empty() {
@@ -1221,6 +1258,37 @@ mod tests {
             assert_eq!(data, want);
         }
         assert_eq!(ex.stats().load_failures, 0);
+    }
+
+    /// Refinement: a partial layer output that routes layer 1 elsewhere replaces the first
+    /// stage's queued (not started) prefetch, and its pick is what layer 1 finds resident.
+    #[test]
+    fn refinement_replaces_a_queued_prefetch() {
+        let (n_embd, n_expert) = (4, 4);
+        let bytes = 4 << 10;
+        let layout = ExpertLayout { n_embd, n_ff: 1, gate_ty: GgmlType::F32, up_ty: GgmlType::F32, down_ty: GgmlType::F32, gate_bytes: bytes, up_bytes: bytes, down_bytes: bytes };
+        let store = Arc::new(SlowStore { layout, n_layers: 2, delay: std::time::Duration::from_millis(20) });
+        let router: Vec<f32> = (0..n_expert * n_embd).map(|i| if i / n_embd == i % n_embd { 1.0 } else { 0.0 }).collect();
+        let cfg = StreamConfig { slots: 8, prefetch: true, depth: 1, temporal: false, io_threads: 3, refine: true, ..Default::default() };
+        let ex = Arc::new(StreamingExperts::new(store, vec![router; 2], n_expert, 1, cfg));
+        // Layer 0's FFN input predicts expert 2 for layer 1; its own expert 0 is a demand read
+        // (3 × 20 ms), so the prefetch waits in the queue.
+        ex.on_hidden(0, &[0.0, 0.0, 1.0, 0.0], 1);
+        let ex2 = ex.clone();
+        let h = std::thread::spawn(move || ex2.with_experts(0, &[0], &mut |_, _| {}));
+        std::thread::sleep(std::time::Duration::from_millis(15));
+        // The partial output routes layer 1 to expert 3.
+        ex.on_partial(0, &[0.0, 0.0, 0.0, 1.0]);
+        h.join().unwrap().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(150));
+        let resident = ex.resident();
+        assert!(resident.contains(&(1, 3)), "refined pick not loaded: {resident:?}");
+        assert!(!resident.contains(&(1, 2)), "the dropped first-stage prefetch was loaded: {resident:?}");
+        ex.with_experts(1, &[3], &mut |_, _| {}).unwrap();
+        let s = ex.stats();
+        assert_eq!((s.refine_pred_tp, s.refine_pred_made, s.refine_pred_routed), (1, 1, 1));
+        assert_eq!((s.layers[1].hits, s.layers[1].misses), (1, 0));
+        assert_eq!(s.recall(1), 0.0, "the first stage's own recall stays separate");
     }
 
     #[test]

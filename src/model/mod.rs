@@ -342,7 +342,7 @@ impl Model {
             dump("ffn_norm", il, &cur);
             let out = match &l.ffn {
                 Ffn::Dense { gate, up, down } => swiglu_ffn(gate, up, down, &cur, e, mode(false)),
-                Ffn::Moe { router, shared } => self.moe(il, router, shared.as_ref(), &cur, per_row)?,
+                Ffn::Moe { router, shared } => self.moe(il, router, shared.as_ref(), &cur, &x[(n_rows - 1) * e..n_rows * e], per_row)?,
             };
             dump("ffn_out", il, &out);
             for (xi, &o) in x.iter_mut().zip(&out) {
@@ -388,7 +388,9 @@ impl Model {
         });
     }
 
-    fn moe(&self, il: usize, router: &Weight, shared: Option<&SharedExpert>, cur: &[f32], per_row: bool) -> Result<Vec<f32>, ModelError> {
+    /// `resid`: the residual stream entering this FFN (last row), for the scheduler's refinement.
+    #[allow(clippy::too_many_arguments)]
+    fn moe(&self, il: usize, router: &Weight, shared: Option<&SharedExpert>, cur: &[f32], resid: &[f32], per_row: bool) -> Result<Vec<f32>, ModelError> {
         let (dense_mode, expert_mode) = if per_row { (RowMode::PerRow, RowMode::PerRow) } else { (RowMode::Batch, RowMode::Experts) };
         let c = &self.cfg;
         let e = c.n_embd;
@@ -414,6 +416,7 @@ impl Model {
         // Per (token, rank) expert outputs, each already multiplied by its weight.
         let mut per = vec![0f32; t_n * k * e];
         let mut err = None;
+        let mut handed = 0;
         experts.with_experts(il, &union, &mut |ui, blk| {
             let ex = union[ui];
             let slots: Vec<usize> = (0..t_n * k).filter(|&s| sel[s] == ex).collect();
@@ -433,6 +436,12 @@ impl Model {
                 for (o, &yy) in per[s * e..(s + 1) * e].iter_mut().zip(&y[j * e..(j + 1) * e]) {
                     *o = yy * w;
                 }
+            }
+            handed += 1;
+            if t_n == 1 && handed == 1 && union.len() > 1 {
+                // One token: its layer output so far predicts the next layer's experts.
+                let partial: Vec<f32> = resid.iter().zip(&per[slots[0] * e..(slots[0] + 1) * e]).map(|(r, p)| r + p).collect();
+                experts.on_partial(il, &partial);
             }
         })?;
         if let Some(er) = err {
