@@ -6,8 +6,9 @@
 # cache : llama-bench -p 0 -n 32 -r $REPS (default 7) on $MODELS (default: SmolLM2 (dense), SmolMoE-32x2,
 #         SmolMoE-64x4), each file read into the page cache first. Prints median and best of the
 #         repetitions (the machine is shared: the best is the least disturbed run).
-# cgroup: SmolMoE-32x2 inside a memory cgroup (v1) of CGROUP_MIB (default 400) MiB, the file evicted
-#         from the page cache first (posix_fadvise DONTNEED); llama-bench -p 0 -n 16 -r 1. Page
+# cgroup: $CG_MODELS (default SmolMoE-32x2 and -64x4) inside a memory cgroup (v1) of CGROUP_MIB (default
+#         400) MiB, each file evicted from the page cache first (posix_fadvise DONTNEED);
+#         llama-bench -p 0 -n $CG_N (default 16) -r 1. Page
 #         cache counts against the limit, so llama.cpp's mmap thrashes. Needs root and cgroup v1.
 # Output: markdown on stdout; raw logs in target/bench/.
 set -euo pipefail
@@ -57,24 +58,28 @@ if [ "$what" = cache ] || [ "$what" = all ]; then
 fi
 
 if [ "$what" = cgroup ] || [ "$what" = all ]; then
-  f=models/smolmoe-32x2.gguf
   cg=/sys/fs/cgroup/memory/les-bench-$$
   [ -d /sys/fs/cgroup/memory ] || { echo "no cgroup v1 memory controller" >&2; exit 1; }
   mkdir "$cg"
   trap 'rmdir "$cg" 2>/dev/null || true' EXIT
   echo $((MIB * 1024 * 1024)) > "$cg/memory.limit_in_bytes"
-  evict "$f"
+  N=${CG_N:-16}
   echo
-  echo "### memory cgroup ${MIB} MiB (v1, page cache counted), file evicted first: llama-bench -m $f -t 2 -p 0 -n 16 -r 1 -o json"
+  echo "### memory cgroup ${MIB} MiB (v1, page cache counted), file evicted first: llama-bench -m M -t 2 -p 0 -n $N -r 1 -o json"
   echo
   echo "| model | file bytes | test | t/s | - | - |"
   echo "|---|---|---|---|---|---|"
-  bash -c 'echo $$ > '"$cg"'/cgroup.procs && exec "$0" "$@"' \
-    /usr/bin/time -o target/bench/smolmoe-32x2.cgroup.time \
-      -f "%e s wall, %U s user, %S s sys, %F major faults, %I fs input blocks of 512 B, max RSS %M KB" \
-    "$BENCH" -m "$f" -t 2 -p 0 -n 16 -r 1 -o json 2>target/bench/smolmoe-32x2.cgroup.log > target/bench/smolmoe-32x2.cgroup.json
-  summ smolmoe-32x2 "$f" target/bench/smolmoe-32x2.cgroup.json
-  echo
-  echo "whole llama-bench run (load + warmup token + 16 tokens): $(cat target/bench/smolmoe-32x2.cgroup.time);" \
-       "cgroup max usage $(( $(cat "$cg/memory.max_usage_in_bytes") / 1048576 )) MiB"
+  for m in ${CG_MODELS:-smolmoe-32x2 smolmoe-64x4}; do
+    f=models/$m.gguf
+    [ -f "$f" ] || { echo "| $m | missing | | | | |"; continue; }
+    evict "$f"
+    echo 0 > "$cg/memory.max_usage_in_bytes" 2>/dev/null || true
+    bash -c 'echo $$ > '"$cg"'/cgroup.procs && exec "$0" "$@"' \
+      /usr/bin/time -o target/bench/$m.cgroup.time \
+        -f "%e s wall, %U s user, %S s sys, %F major faults, %I fs input blocks of 512 B, max RSS %M KB" \
+      "$BENCH" -m "$f" -t 2 -p 0 -n "$N" -r 1 -o json 2>target/bench/$m.cgroup.log > target/bench/$m.cgroup.json
+    summ "$m" "$f" target/bench/$m.cgroup.json
+    echo "  whole llama-bench run of $m (load + warmup token + $N tokens): $(cat target/bench/$m.cgroup.time);" \
+         "cgroup max usage $(( $(cat "$cg/memory.max_usage_in_bytes") / 1048576 )) MiB"
+  done
 fi

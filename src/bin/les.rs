@@ -165,10 +165,10 @@ struct StreamArgs {
     /// l+2 (recall 80% vs 56%, but slower in the measured ladders: see BENCHMARKS.md).
     #[arg(long)]
     two_stage: bool,
-    /// Refine the lookahead: as soon as layer l's first expert is computed, its partial output
-    /// re-predicts layer l+1 (recall 68-71% vs 56% offline on SmolMoE-32x2).
+    /// Turn off the refinement stage (on by default: as soon as layer l's first expert is
+    /// computed, its partial output re-predicts layer l+1; recall 69% vs 56% on SmolMoE-32x2).
     #[arg(long)]
-    refine: bool,
+    no_refine: bool,
     /// Prefetch reads in flight at once (prefetches run only while no demand read is waiting).
     #[arg(long, default_value_t = 1)]
     prefetch_inflight: usize,
@@ -211,7 +211,7 @@ impl StreamArgs {
                 io_threads: self.io_threads.max(1),
                 max_prefetch_inflight: self.prefetch_inflight.max(1),
                 residual_stage: self.two_stage,
-                refine: self.refine,
+                refine: !self.no_refine,
                 prefetch_chunk: les::engine::stream::parse_bytes(&self.prefetch_chunk).map_err(|e| format!("--prefetch-chunk: {e}"))? as usize,
                 trace: self.trace.is_some(),
                 ..Default::default()

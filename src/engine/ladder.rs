@@ -35,6 +35,8 @@ pub struct Rung {
     /// accepted): experts loaded (demand + prefetch) and MB read. Streamed rungs.
     pub experts_per_token: Option<f64>,
     pub mb_per_accepted_token: Option<f64>,
+    /// Recall of the refined layer l+1 predictions (from layer l's partial output), when made.
+    pub refine_recall: Option<f64>,
 }
 
 /// The speculative rung's draft source.
@@ -99,6 +101,10 @@ impl LadderReport {
                 100.0 * r.io_busy
             );
         }
+        let refined: Vec<String> = self.rungs.iter().filter_map(|r| r.refine_recall.map(|x| format!("{} {:.1}%", r.name, 100.0 * x))).collect();
+        if !refined.is_empty() {
+            s += &format!("recall of the refined l+1 predictions (after layer l's first expert): {}\n", refined.join(", "));
+        }
         s += &format!("decode only, per output (accepted) token:\n{:<20} {:>8} {:>14} {:>12}\n", "rung", "accept %", "experts/token", "MB/token");
         for r in self.rungs.iter().filter(|r| r.experts_per_token.is_some()) {
             let acc = r.acceptance_rate.map(|a| format!("{:.1}", 100.0 * a)).unwrap_or_else(|| "-".into());
@@ -136,6 +142,7 @@ fn streamed_rung(name: &str, t: usize, ms: f64, s: &crate::expert::stream::Strea
         tokens: t,
         experts_per_token: Some(loads as f64 / t.max(1) as f64),
         mb_per_accepted_token: Some(bytes as f64 / 1e6 / t.max(1) as f64),
+        refine_recall: s.refine_recall(),
         ..Default::default()
     }
 }
