@@ -151,7 +151,7 @@ fn lossless_chunked_prefetch_on_a_slow_device() {
 
 #[test]
 fn lossless_smolmoe_32x2() {
-    lossless("smolmoe-32x2.gguf", &FRACTIONS, &[Policy::Lru], 4, true);
+    lossless("smolmoe-32x2.gguf", &FRACTIONS, &POLICIES, 4, true);
 }
 
 /// A model whose experts come through a fault-injecting source.

@@ -94,7 +94,8 @@ pub struct StreamOptions {
     pub n_ctx: usize,
     /// Read experts with O_DIRECT (bypass the page cache).
     pub direct: bool,
-    /// Throttle expert reads to a device profile.
+    /// Throttle expert reads to a device profile. `open_streaming` first reads the file once
+    /// through the page cache, so the modelled device, not the real disk, sets read times.
     #[cfg(not(target_arch = "wasm32"))]
     pub profile: Option<DeviceProfile>,
     /// Cache and scheduler settings (`slots` is replaced by the budget plan's).
@@ -148,7 +149,13 @@ pub fn tensor_f32(g: &GgufFile, src: &dyn ByteSource, name: &str) -> Result<Vec<
 pub fn open_streaming(path: &str, opts: &StreamOptions) -> Result<Streaming, OpenError> {
     let raw: Arc<dyn ByteSource> = Arc::new(if opts.direct { FileSource::open_direct(path)? } else { FileSource::open(path)? });
     let expert_src: Arc<dyn ByteSource> = match opts.profile {
-        Some(p) => Arc::new(Throttled::new(raw.clone(), p)),
+        Some(p) => {
+            // The profile alone must set the timing: its reads come from the page cache.
+            if !opts.direct {
+                FileSource::open(path)?.warm_page_cache()?;
+            }
+            Arc::new(Throttled::new(raw.clone(), p))
+        }
         None => raw.clone(),
     };
     // Dense weights are read once at load, without throttling.

@@ -45,6 +45,21 @@ impl FileSource {
         &self.path
     }
 
+    /// Read the whole file once through the page cache (1 MiB at a time), so later reads are
+    /// memory copies. A device profile ([`crate::store::throttle`]) wraps reads of a warm file:
+    /// otherwise the real disk's first reads, slower than the modelled flash, would leak into
+    /// the modelled timings.
+    pub fn warm_page_cache(&self) -> Result<(), StoreError> {
+        let mut buf = vec![0u8; 1 << 20];
+        let mut off = 0u64;
+        while off < self.size {
+            let n = ((self.size - off) as usize).min(buf.len());
+            self.read_at(off, &mut buf[..n])?;
+            off += n as u64;
+        }
+        Ok(())
+    }
+
     /// Ask the kernel to drop this file's pages from the page cache (cold-run benchmarks).
     pub fn evict_page_cache(&self) {
         #[cfg(target_os = "linux")]

@@ -4,6 +4,10 @@
 //! (a read's transfer time is computed at the device's full rate and the device is a single
 //! server of total throughput `bandwidth`).
 //!
+//! The wrapped reads must be faster than the model (a file in the page cache, memory): the
+//! inner read is not hidden, so a cold file on a slower disk would add its own time
+//! (`open_streaming` warms the file first).
+//!
 //! Figures: `phone-1.5GBps` ≈ iPhone 15 Pro flash sequential read (about 1.45 GB/s measured
 //! publicly); `phone-4GBps` ≈ recent flagship UFS 4.0 phones; `laptop-nvme` ≈ PCIe 4 NVMe.
 
