@@ -239,14 +239,14 @@ impl Model {
     /// Run `tokens` at positions `kv.len ..`, appending to the KV cache. Returns logits
     /// (`n_vocab` values for `Logits::Last`, `tokens.len() * n_vocab` for `Logits::All`).
     pub fn forward(&self, tokens: &[u32], kv: &mut KvCache, want: Logits) -> Result<Vec<f32>, ModelError> {
-        self.forward_with(tokens, kv, want, false)
+        par::in_pool(|| self.forward_with(tokens, kv, want, false))
     }
 
     /// [`Model::forward`] with every row computed exactly as a single-token forward computes it
     /// (`per_row`), instead of with llama.cpp's batch kernels: speculative verification needs the
     /// logits of a batch to be the bits of feeding its tokens one at a time.
     pub fn forward_per_row(&self, tokens: &[u32], kv: &mut KvCache, want: Logits) -> Result<Vec<f32>, ModelError> {
-        self.forward_with(tokens, kv, want, true)
+        par::in_pool(|| self.forward_with(tokens, kv, want, true))
     }
 
     fn forward_with(&self, tokens: &[u32], kv: &mut KvCache, want: Logits, per_row: bool) -> Result<Vec<f32>, ModelError> {

@@ -10,11 +10,39 @@ where
     #[cfg(not(target_arch = "wasm32"))]
     {
         use rayon::prelude::*;
-        y.par_chunks_mut(chunk).enumerate().for_each(|(i, c)| f(i, c));
+        if rayon::current_num_threads() <= 1 {
+            // One thread: run here. Handing each op to the pool's only worker costs two thread
+            // wake-ups per op (the caller blocks meanwhile), and after every wait for an expert
+            // read the worker has gone to sleep.
+            y.chunks_mut(chunk).enumerate().for_each(|(i, c)| f(i, c));
+        } else {
+            y.par_chunks_mut(chunk).enumerate().for_each(|(i, c)| f(i, c));
+        }
     }
     #[cfg(target_arch = "wasm32")]
     {
         y.chunks_mut(chunk).enumerate().for_each(|(i, c)| f(i, c));
+    }
+}
+
+/// Run `f` on a worker of the thread pool (natively; as is on wasm32). A parallel op started
+/// from outside the pool hands its work to the workers and sleeps until they finish: two thread
+/// wake-ups per op, hundreds per token. Started on a worker, the op splits its work with the
+/// other workers while the caller computes its share. Measured on SmolMoE-32x2, 2 threads,
+/// `les run -n 64`: 74-77 → 121-125 tokens/s. Results do not change (each chunk is computed
+/// the same way, on whichever thread).
+pub fn in_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        if rayon::current_thread_index().is_some() || rayon::current_num_threads() <= 1 {
+            f()
+        } else {
+            rayon::join(f, || ()).0
+        }
+    }
+    #[cfg(target_arch = "wasm32")]
+    {
+        f()
     }
 }
 
