@@ -495,8 +495,8 @@ fn cmd_run(a: RunArgs) -> Res {
             100.0 * st.recall(1),
             100.0 * st.io_busy_fraction(ex.config().io_threads)
         );
-        if let Some(r) = st.refine_recall() {
-            eprintln!("les: refined l+1 predictions (from layer l's partial output): recall {:.1}%, precision {:.1}%", 100.0 * r, 100.0 * st.refine_pred_tp as f64 / st.refine_pred_made.max(1) as f64);
+        if let (Some(r), Some(p)) = (st.refine_recall(), st.refine_precision()) {
+            eprintln!("les: refined l+1 predictions (from layer l's partial output): recall {:.1}%, precision {:.1}%", 100.0 * r, 100.0 * p);
         }
         if let (Some(r), Some(p)) = (st.draft_recall(), st.draft_precision()) {
             eprintln!("les: experts predicted from the draft's hidden states: recall {:.1}%, precision {:.1}%", 100.0 * r, 100.0 * p);

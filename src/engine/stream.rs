@@ -147,15 +147,14 @@ pub fn tensor_f32(g: &GgufFile, src: &dyn ByteSource, name: &str) -> Result<Vec<
 /// Open `path` (a GGUF or a `.les` bundle) for streaming under `opts.budget`.
 #[cfg(not(target_arch = "wasm32"))]
 pub fn open_streaming(path: &str, opts: &StreamOptions) -> Result<Streaming, OpenError> {
-    let raw: Arc<dyn ByteSource> = Arc::new(if opts.direct { FileSource::open_direct(path)? } else { FileSource::open(path)? });
+    let file = if opts.direct { FileSource::open_direct(path)? } else { FileSource::open(path)? };
+    if opts.profile.is_some() && !opts.direct {
+        // The profile alone must set the timing: its reads come from the page cache.
+        file.warm_page_cache()?;
+    }
+    let raw: Arc<dyn ByteSource> = Arc::new(file);
     let expert_src: Arc<dyn ByteSource> = match opts.profile {
-        Some(p) => {
-            // The profile alone must set the timing: its reads come from the page cache.
-            if !opts.direct {
-                FileSource::open(path)?.warm_page_cache()?;
-            }
-            Arc::new(Throttled::new(raw.clone(), p))
-        }
+        Some(p) => Arc::new(Throttled::new(raw.clone(), p)),
         None => raw.clone(),
     };
     // Dense weights are read once at load, without throttling.

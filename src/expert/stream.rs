@@ -214,6 +214,9 @@ impl StreamStats {
     pub fn refine_recall(&self) -> Option<f64> {
         (self.refine_pred_routed > 0).then(|| self.refine_pred_tp as f64 / self.refine_pred_routed as f64)
     }
+    pub fn refine_precision(&self) -> Option<f64> {
+        (self.refine_pred_made > 0).then(|| self.refine_pred_tp as f64 / self.refine_pred_made as f64)
+    }
     pub fn bytes_per_token(&self) -> f64 {
         self.bytes_read as f64 / self.tokens.max(1) as f64
     }
@@ -577,6 +580,17 @@ fn dot8(a: &[f32], b: &[f32]) -> f32 {
         }
     }
     acc.iter().sum::<f32>() + tail
+}
+
+/// Score a prediction (experts of one layer) against the routed `keys`: add its true positives,
+/// its size and the routed count to `(tp, made, routed)`. An empty prediction counts nothing.
+fn tally(pred: &[usize], keys: &[(usize, usize)], (tp, made, routed): (&mut u64, &mut u64, &mut u64)) {
+    if pred.is_empty() {
+        return;
+    }
+    *tp += keys.iter().filter(|k| pred.contains(&k.1)).count() as u64;
+    *made += pred.len() as u64;
+    *routed += keys.len() as u64;
 }
 
 /// 1 / RMS(x): RMSNorm's scale.
@@ -979,24 +993,15 @@ impl ExpertSource for StreamingExperts {
                 if p.is_empty() {
                     continue;
                 }
-                let tp = keys.iter().filter(|k| p.contains(&k.1)).count() as u64;
                 let ls = &mut g.stats.layers[layer];
-                ls.pred_tp[d] += tp;
-                ls.pred_made[d] += p.len() as u64;
-                ls.pred_routed[d] += keys.len() as u64;
+                tally(&p, &keys, (&mut ls.pred_tp[d], &mut ls.pred_made[d], &mut ls.pred_routed[d]));
             }
             let refined = std::mem::take(&mut g.refined[layer]);
-            if !refined.is_empty() {
-                g.stats.refine_pred_tp += keys.iter().filter(|k| refined.contains(&k.1)).count() as u64;
-                g.stats.refine_pred_made += refined.len() as u64;
-                g.stats.refine_pred_routed += keys.len() as u64;
-            }
+            let st = &mut g.stats;
+            tally(&refined, &keys, (&mut st.refine_pred_tp, &mut st.refine_pred_made, &mut st.refine_pred_routed));
             let hint = std::mem::take(&mut g.draft_hints[layer]);
-            if !hint.is_empty() {
-                g.stats.draft_pred_tp += keys.iter().filter(|k| hint.contains(&k.1)).count() as u64;
-                g.stats.draft_pred_made += hint.len() as u64;
-                g.stats.draft_pred_routed += keys.len() as u64;
-            }
+            let st = &mut g.stats;
+            tally(&hint, &keys, (&mut st.draft_pred_tp, &mut st.draft_pred_made, &mut st.draft_pred_routed));
             g.last_route[layer] = keys.iter().map(|k| k.1).collect();
             g.route_log.extend(keys.iter().map(|k| (k.0 as u32, k.1 as u32)));
             for (i, &key) in keys.iter().enumerate() {
@@ -1240,16 +1245,22 @@ mod tests {
         }
     }
 
+    /// A [`SlowStore`] of `n_layers` layers of 4 experts (4-wide, F32, `bytes` per matrix) and a
+    /// router whose rows are unit vectors: a hidden state along axis k routes to expert k.
+    fn unit_router_store(bytes: usize, n_layers: usize, delay_ms: u64) -> (Arc<SlowStore>, Vec<f32>, usize) {
+        let (n_embd, n_expert) = (4, 4);
+        let layout = ExpertLayout { n_embd, n_ff: 1, gate_ty: GgmlType::F32, up_ty: GgmlType::F32, down_ty: GgmlType::F32, gate_bytes: bytes, up_bytes: bytes, down_bytes: bytes };
+        let store = Arc::new(SlowStore { layout, n_layers, delay: std::time::Duration::from_millis(delay_ms) });
+        let router = (0..n_expert * n_embd).map(|i| if i / n_embd == i % n_embd { 1.0 } else { 0.0 }).collect();
+        (store, router, n_expert)
+    }
+
     /// A prefetch in flight yields to a demand read between its chunks and resumes later, and the
     /// expert it finally hands over has exactly the store's bytes.
     #[test]
     fn chunked_prefetch_yields_to_a_demand_read_and_resumes() {
-        let (n_embd, n_expert) = (4, 4);
         let bytes = 16 << 10;
-        let layout = ExpertLayout { n_embd, n_ff: 1, gate_ty: GgmlType::F32, up_ty: GgmlType::F32, down_ty: GgmlType::F32, gate_bytes: bytes, up_bytes: bytes, down_bytes: bytes };
-        let store = Arc::new(SlowStore { layout, n_layers: 3, delay: std::time::Duration::from_millis(2) });
-        // Router rows are unit vectors: a hidden state along axis k routes to expert k.
-        let router: Vec<f32> = (0..n_expert * n_embd).map(|i| if i / n_embd == i % n_embd { 1.0 } else { 0.0 }).collect();
+        let (store, router, n_expert) = unit_router_store(bytes, 3, 2);
         let cfg = StreamConfig { slots: 8, prefetch: true, depth: 2, temporal: false, io_threads: 3, max_prefetch_inflight: 1, prefetch_chunk: 2048, ..Default::default() };
         let ex = StreamingExperts::new(store, vec![router; 3], n_expert, 1, cfg);
         // Layer 0 decides expert 0; its hidden state predicts expert 2 for layers 1 and 2.
@@ -1279,11 +1290,7 @@ mod tests {
     /// stage's queued (not started) prefetch, and its pick is what layer 1 finds resident.
     #[test]
     fn refinement_replaces_a_queued_prefetch() {
-        let (n_embd, n_expert) = (4, 4);
-        let bytes = 4 << 10;
-        let layout = ExpertLayout { n_embd, n_ff: 1, gate_ty: GgmlType::F32, up_ty: GgmlType::F32, down_ty: GgmlType::F32, gate_bytes: bytes, up_bytes: bytes, down_bytes: bytes };
-        let store = Arc::new(SlowStore { layout, n_layers: 2, delay: std::time::Duration::from_millis(20) });
-        let router: Vec<f32> = (0..n_expert * n_embd).map(|i| if i / n_embd == i % n_embd { 1.0 } else { 0.0 }).collect();
+        let (store, router, n_expert) = unit_router_store(4 << 10, 2, 20);
         let cfg = StreamConfig { slots: 8, prefetch: true, depth: 1, temporal: false, io_threads: 3, refine: true, ..Default::default() };
         let ex = Arc::new(StreamingExperts::new(store, vec![router; 2], n_expert, 1, cfg));
         // Layer 0's FFN input predicts expert 2 for layer 1; its own expert 0 is a demand read
