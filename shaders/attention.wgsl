@@ -3,8 +3,10 @@
 // so no pass needs a barrier per key position:
 //   scores:    one thread per (token, head, position): s = dot_f16(k, f16(q)) * scale, summed in
 //              the CPU's order (4 x 16 fma lanes per 64 values, then the same pairwise tree)
-//   softmax_v: one workgroup per (token, head), threads over pairs of dimensions: online softmax
-//              with V accumulated in f16 (VKQ16) with fma, output acc / sum.
+//   factors:   one thread per (token, head): the online softmax's rescale / weight per position
+//              (glibc's expf, emulated in exact.wgsl), written over the scores
+//   softmax_v: one workgroup per (token, head), threads over pairs of dimensions: V accumulated
+//              in f16 (VKQ16) with fma, output acc * (1 / sum).
 //
 // KV layout (u32 = two f16): K[((layer * n_head_kv + kvh) * n_ctx + pos) * head_dim / 2 + p].
 // Scores: S[(t * n_head + h) * n_kv_max + j] with n_kv_max = pos0 + n_tok.
@@ -20,7 +22,7 @@ struct Params {
     scale: f32,
     q_off: u32,
     o_off: u32,
-    _p0: u32,
+    zero: u32,
     _p1: u32,
 }
 
@@ -58,21 +60,51 @@ fn scores(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
     for (var l = 0u; l < 64u; l++) { acc[l] = 0.0; }
     for (var c = 0u; c < np; c += 64u) {
         for (var l = 0u; l < 64u; l++) {
-            acc[l] = fma(k_at(base, j, c + l), f16_round(Q[qb + c + l]), acc[l]);
+            // f16 x f16 is exact in f32, so the CPU's fma is this product then one rounded add.
+            acc[l] = keep(acc[l] + keep(k_at(base, j, c + l) * f16_round(Q[qb + c + l])));
         }
     }
     // acc[16 * r + l] is the CPU's acc[r][l].
     var v: array<f32, 16>;
-    for (var l = 0u; l < 16u; l++) { v[l] = (acc[l] + acc[32u + l]) + (acc[16u + l] + acc[48u + l]); }
+    for (var l = 0u; l < 16u; l++) { v[l] = keep(keep(acc[l] + acc[32u + l]) + keep(acc[16u + l] + acc[48u + l])); }
     var t3: array<f32, 8>;
-    for (var l = 0u; l < 8u; l++) { t3[l] = v[l + 8u] + v[l]; }
+    for (var l = 0u; l < 8u; l++) { t3[l] = keep(v[l + 8u] + v[l]); }
     var t6: array<f32, 4>;
-    for (var l = 0u; l < 4u; l++) { t6[l] = t3[l + 4u] + t3[l]; }
-    var s = (t6[0] + t6[2]) + (t6[1] + t6[3]);
+    for (var l = 0u; l < 4u; l++) { t6[l] = keep(t3[l + 4u] + t3[l]); }
+    var s = keep(keep(t6[0] + t6[2]) + keep(t6[1] + t6[3]));
+    // The CPU adds a tail beyond a multiple of 64 in f64; head sizes here are multiples of 64.
     for (var d = np; d < P.head_dim; d++) {
-        s += k_at(base, j, d) * f16_round(Q[qb + d]);
+        s = keep(s + keep(k_at(base, j, d) * f16_round(Q[qb + d])));
     }
     S[th * n_kv_max + j] = s * P.scale;
+}
+
+// One thread per (token, head): the online softmax's sequence of factors, in the CPU's order
+// with glibc's expf (exact.wgsl). Each score S[j] is replaced by its factor: at a new maximum
+// the rescale ms = expf(m_old - m) (the first: 0) with the sign bit set as a flag (vs is then 1);
+// otherwise vs = expf(s - m) (sign clear).
+@compute @workgroup_size(64)
+fn factors(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let th = gid.x;
+    if (th >= P.n_tok * P.n_head) { return; }
+    let t = th / P.n_head;
+    let n_kv_max = P.pos0 + P.n_tok;
+    let n_kv = P.pos0 + t + 1u;
+    let sb = th * n_kv_max;
+    var m = 0.0;
+    var first = true;
+    for (var j = 0u; j < n_kv; j++) {
+        let sc = S[sb + j];
+        if (first || sc > m) {
+            var ms = 0.0;
+            if (!first) { ms = expf_glibc(m - sc); }
+            m = sc;
+            first = false;
+            S[sb + j] = bitcast<f32>(bitcast<u32>(ms) | 0x80000000u);
+        } else {
+            S[sb + j] = expf_glibc(sc - m);
+        }
+    }
 }
 
 @compute @workgroup_size(64)
@@ -87,34 +119,30 @@ fn softmax_v(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
     // Each thread owns pairs p = lid, lid + 64, ... (head_dim <= 512).
     var acc: array<vec2<f32>, 4>;
     for (var i = 0u; i < 4u; i++) { acc[i] = vec2<f32>(0.0); }
-    var m = 0.0;
-    var first = true;
     var s_sum = 0.0;
     for (var j = 0u; j < n_kv; j++) {
-        let sc = S[sb + j];
+        let f = bitcast<u32>(S[sb + j]);
         var ms = 1.0;
         var vs = 1.0;
-        if (first || sc > m) {
-            if (first) { ms = 0.0; } else { ms = exp(m - sc); }
-            m = sc;
-            first = false;
+        if ((f & 0x80000000u) != 0u) {
+            ms = bitcast<f32>(f & 0x7fffffffu);
             for (var i = 0u; i < 4u; i++) {
                 acc[i] = vec2<f32>(f16_round(acc[i].x * ms), f16_round(acc[i].y * ms));
             }
         } else {
-            vs = exp(sc - m);
+            vs = bitcast<f32>(f);
         }
         for (var i = 0u; i < 4u; i++) {
             let p = lid + 64u * i;
             if (p < hp) {
                 let v = unpack2x16float(V[base + j * hp + p]);
-                acc[i] = vec2<f32>(f16_round(fma(v.x, vs, acc[i].x)), f16_round(fma(v.y, vs, acc[i].y)));
+                acc[i] = vec2<f32>(f16_round(fma_rn(v.x, vs, acc[i].x)), f16_round(fma_rn(v.y, vs, acc[i].y)));
             }
         }
-        s_sum = fma(s_sum, ms, vs);
+        s_sum = fma_rn(s_sum, ms, vs);
     }
     var inv = 0.0;
-    if (s_sum != 0.0) { inv = 1.0 / s_sum; }
+    if (s_sum != 0.0) { inv = div_rn(1.0, s_sum); }
     let ob = P.o_off + (t * P.n_head + h) * P.head_dim;
     for (var i = 0u; i < 4u; i++) {
         let p = lid + 64u * i;

@@ -6,6 +6,7 @@
 //   scatter:  Y[IDX[r]] = X[r] * WS[r]                      (expert outputs times router weights)
 //   combine:  Y[t] = sum over ranks r in order of X[t*k + r] (fixed top-k order: lossless)
 //   gate_add: Y[t] += X[t] * sigmoid(G[t])                  (qwen2moe shared expert)
+// Products are rounded before any add and divisions round to nearest (exact.wgsl), as on the CPU.
 
 struct Params {
     n: u32,        // values per row
@@ -15,7 +16,7 @@ struct Params {
     x2_off: u32,
     k: u32,        // combine: ranks per token; add: bias period (0 = none)
     idx_off: u32,  // gather/scatter: offset of the index (and weight) list in IDX (u32s)
-    _p0: u32,
+    zero: u32,     // always 0 (exact.wgsl)
 }
 
 @group(0) @binding(0) var<storage, read> X: array<f32>;
@@ -28,25 +29,25 @@ var<private> P_INF_BITS: u32 = 0x7f800000u;
 
 // ggml_v_expf / ggml_expf (ggml-cpu/vec.h, scalar form): exact port, so silu matches the CPU bit for bit.
 fn ggml_expf(x: f32) -> f32 {
-    // ggml adds and subtracts 0x1.8p23 to round x*log2(e) to an integer; shader compilers may
-    // fold that pair away, so round() (ties to even, as the magic-number trick) is used instead.
-    let n = round(x * bitcast<f32>(0x3fb8aa3bu));
-    var b = fma(-n, bitcast<f32>(0x3f317200u), x);
-    b = fma(-n, bitcast<f32>(0x35bfbe8eu), b);
+    // ggml adds and subtracts 0x1.8p23 to round x*log2(e) to an integer (the fma rounds the exact
+    // product); keep() stops the compiler from folding the pair away.
+    let n = keep(fma_rn(x, bitcast<f32>(0x3fb8aa3bu), bitcast<f32>(0x4b400000u))) - bitcast<f32>(0x4b400000u);
+    var b = fma_rn(-n, bitcast<f32>(0x3f317200u), x);
+    b = fma_rn(-n, bitcast<f32>(0x35bfbe8eu), b);
     if (abs(n) > 192.0) {
         if (n <= 0.0) { return 0.0; }
         // +inf from a runtime value: WGSL rejects a constant expression that evaluates to inf.
         return bitcast<f32>(P_INF_BITS);
     }
-    let u = b * b;
-    let p = fma(bitcast<f32>(0x3c072010u), b, bitcast<f32>(0x3d2b9f17u));
-    let q = fma(bitcast<f32>(0x3e2aaf33u), b, bitcast<f32>(0x3efffedbu));
-    let lin = fma(bitcast<f32>(0x3f7ffff6u), b, 1.0);
-    let j = fma(fma(p, u, q), u, lin);
+    let u = keep(b * b);
+    let p = fma_rn(bitcast<f32>(0x3c072010u), b, bitcast<f32>(0x3d2b9f17u));
+    let q = fma_rn(bitcast<f32>(0x3e2aaf33u), b, bitcast<f32>(0x3efffedbu));
+    let lin = fma_rn(bitcast<f32>(0x3f7ffff6u), b, 1.0);
+    let j = fma_rn(fma_rn(p, u, q), u, lin);
     let ni = i32(n);
     let a = ni / 2;
     let c = ni - ni / 2;
-    return j * bitcast<f32>(u32(clamp(a + 127, 1, 254)) << 23u) * bitcast<f32>(u32(clamp(c + 127, 1, 254)) << 23u);
+    return keep(j * bitcast<f32>(u32(clamp(a + 127, 1, 254)) << 23u)) * bitcast<f32>(u32(clamp(c + 127, 1, 254)) << 23u);
 }
 
 @compute @workgroup_size(64)
@@ -63,7 +64,7 @@ fn swiglu(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
     let i = gid.x + gid.y * nw.x * 64u;
     if (i >= P.n * P.rows) { return; }
     let g = X[P.x_off + i];
-    Y[P.y_off + i] = (g / (1.0 + ggml_expf(-g))) * X2[P.x2_off + i];
+    Y[P.y_off + i] = div_rn(g, keep(1.0 + ggml_expf(-g))) * X2[P.x2_off + i];
 }
 
 @compute @workgroup_size(64)
@@ -93,7 +94,7 @@ fn combine(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroup
     let c = i % P.n;
     var o = X[P.x_off + (t * P.k) * P.n + c];
     for (var r = 1u; r < P.k; r++) {
-        o += X[P.x_off + (t * P.k + r) * P.n + c];
+        o = keep(o + X[P.x_off + (t * P.k + r) * P.n + c]);
     }
     Y[P.y_off + i] = o;
 }
@@ -103,6 +104,16 @@ fn gate_add(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
     let i = gid.x + gid.y * nw.x * 64u;
     if (i >= P.n * P.rows) { return; }
     let t = i / P.n;
-    let g = 1.0 / (1.0 + exp(-X2[P.x2_off + t]));
-    Y[P.y_off + i] = Y[P.y_off + i] + X[P.x_off + i] * g;
+    // ops::sigmoid: silu(x) / x with glibc's expf, as llama.cpp's graph computes the gate.
+    let x = X2[P.x2_off + t];
+    let g = div_rn(div_rn(x, keep(1.0 + expf_glibc(-x))), x);
+    Y[P.y_off + i] = Y[P.y_off + i] + keep(X[P.x_off + i] * g);
+}
+
+// expf: Y[i] = e^X[i] as glibc's expf (exact.wgsl), tested against the CPU's cmath::expf.
+@compute @workgroup_size(64)
+fn expf(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
+    let i = gid.x + gid.y * nw.x * 64u;
+    if (i >= P.n * P.rows) { return; }
+    Y[P.y_off + i] = expf_glibc(X[P.x_off + i]);
 }

@@ -27,7 +27,7 @@ struct Params {
     grid_x: u32,
     n_tok: u32,
     tpr: u32,
-    _p1: u32,
+    zero: u32,
 }
 
 @group(0) @binding(0) var<storage, read> W: array<u32>;

@@ -16,7 +16,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         let wbase = P.w_off + row * P.w_row_bytes;
         let abase = P.a_off + t * P.a_row_bytes;
         for (var b = lid; b < P.n_blocks; b = b + WG) {
-            acc = acc + block_dot(wbase + b * WB, abase + b * AB);
+            acc = keep(acc + keep(block_dot(wbase + b * WB, abase + b * AB)));
         }
     }
     let s = subgroupAdd(acc);

@@ -1,6 +1,8 @@
 // RMSNorm (llama.cpp `ggml_rms_norm` then `ggml_mul` by the weight): for each row of n values,
-// y = (x * (1 / sqrt(mean(x^2) + eps))) * w. The CPU reference sums squares in f64 (ggml_float);
-// here they are summed in f32 (64 strided partial sums, then a tree).
+// y = (x * (1 / sqrt(mean(x^2) + eps))) * w. The CPU reference sums the f32 squares in f64
+// (ggml_float) and rounds the mean to f32; here they are summed in double-f32 (exact.wgsl: 64
+// strided partial sums, then a tree), which rounds to the same f32 mean except within about
+// 2^-46 of a rounding boundary.
 // Rows are `n_groups` groups of n values per token (n_groups > 1: per-head Q/K norms).
 
 struct Params {
@@ -9,7 +11,7 @@ struct Params {
     x_off: u32,
     y_off: u32,
     eps: f32,
-    _p0: u32,
+    zero: u32,
     _p1: u32,
     _p2: u32,
 }
@@ -19,22 +21,23 @@ struct Params {
 @group(0) @binding(2) var<storage, read_write> Y: array<f32>;
 @group(0) @binding(3) var<uniform> P: Params;
 
-var<workgroup> partial: array<f32, 64>;
+var<workgroup> partial: array<vec2<f32>, 64>;
 
 // 1 / rms of row x (all 64 threads call it; the result is the same for each).
 fn row_scale(x: u32, lid: u32) -> f32 {
-    var acc = 0.0;
+    var acc = vec2<f32>(0.0, 0.0);
     for (var i = lid; i < P.n; i += 64u) {
         let v = X[x + i];
-        acc += v * v;
+        acc = df_add_f(acc, keep(v * v));
     }
     partial[lid] = acc;
     workgroupBarrier();
     for (var s = 32u; s > 0u; s = s >> 1u) {
-        if (lid < s) { partial[lid] += partial[lid + s]; }
+        if (lid < s) { partial[lid] = df_add(partial[lid], partial[lid + s]); }
         workgroupBarrier();
     }
-    let scale = 1.0 / sqrt(partial[0] / f32(P.n) + P.eps);
+    let mean = df_div_f32(partial[0], f32(P.n));
+    let scale = div_rn(1.0, sqrt_rn(keep(mean + P.eps)));
     workgroupBarrier();
     return scale;
 }
@@ -45,7 +48,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let scale = row_scale(x, lid);
     let y = P.y_off + wid.x * P.n;
     for (var i = lid; i < P.n; i += 64u) {
-        Y[y + i] = (X[x + i] * scale) * Wt[i];
+        Y[y + i] = keep(X[x + i] * scale) * Wt[i];
     }
 }
 
@@ -55,6 +58,6 @@ fn inplace(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_inde
     let x = P.x_off + wid.x * P.n;
     let scale = row_scale(x, lid);
     for (var i = lid; i < P.n; i += 64u) {
-        X[x + i] = (X[x + i] * scale) * Wt[i];
+        X[x + i] = keep(X[x + i] * scale) * Wt[i];
     }
 }

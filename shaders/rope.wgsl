@@ -10,7 +10,7 @@ struct Params {
     neox: u32,
     x_off: u32,
     n_tok: u32,
-    _p0: u32,
+    zero: u32,
     _p1: u32,
 }
 
@@ -33,7 +33,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         if (P.neox != 0u) { a = base + i; b = base + i + half; } else { a = base + 2u * i; b = base + 2u * i + 1u; }
         let x0 = X[a];
         let x1 = X[b];
-        X[a] = x0 * c - x1 * s;
-        X[b] = x0 * s + x1 * c;
+        // As the CPU (ops::rope, GCC's contraction of ggml's rotate_pairs): fma(x0, c, -(x1 s)),
+        // fma(x0, s, x1 c).
+        X[a] = fma_rn(x0, c, -keep(x1 * s));
+        X[b] = fma_rn(x0, s, keep(x1 * c));
     }
 }

@@ -27,7 +27,10 @@ fn gpu() -> Option<&'static Gpu> {
     G.get_or_init(|| match GpuContext::new() {
         Ok(ctx) => {
             eprintln!("{}", ctx.describe());
-            let k = Kernels::new(&ctx);
+            let mut k = Kernels::new(&ctx);
+            // The exact path: one thread per row, summing blocks in the CPU's order.
+            k.max_tpr = 1;
+            k.use_subgroups = false;
             Some(Gpu { ctx, k })
         }
         Err(e) => {
@@ -74,6 +77,7 @@ fn read_bytes(g: &Gpu, rec: &mut Recorder<'_>, b: &wgpu::Buffer, n: usize) -> Ve
 /// against the CPU's `quant::vec_dot` on the same converted activations. Returns max |Δ| relative
 /// to the row's sum of |w·x| terms.
 fn check_matvec(g: &Gpu, arena: &wgpu::Buffer, what: &str, ty: GgmlType, w: &[u8], cols: usize, rows: usize, x: &[f32], n_tok: usize) -> f64 {
+    let exact = g.k.max_tpr == 1;
     let vty = quant::vec_dot_type(ty);
     let rb = ty.row_bytes(cols as u64).unwrap() as usize;
     let ab = vty.row_bytes(cols as u64).unwrap() as usize;
@@ -92,7 +96,10 @@ fn check_matvec(g: &Gpu, arena: &wgpu::Buffer, what: &str, ty: GgmlType, w: &[u8
     let mut worst = 0f64;
     for t in 0..n_tok {
         for r in 0..rows {
-            let want = quant::vec_dot(ty, cols, &w[r * rb..(r + 1) * rb], &acts[t * ab..(t + 1) * ab]);
+            let want = quant::vec_dot_with(quant::Simd::Scalar, ty, cols, &w[r * rb..(r + 1) * rb], &acts[t * ab..(t + 1) * ab]);
+            if exact {
+                assert_eq!(got[t * rows + r].to_bits(), want.to_bits(), "{what} {ty:?} row {r} token {t}: gpu {} cpu {want}", got[t * rows + r]);
+            }
             quant::dequantize_row(ty, &w[r * rb..(r + 1) * rb], &mut wrow).unwrap();
             let scale: f64 = wrow.iter().zip(&x[t * cols..]).map(|(a, b)| (a * b).abs() as f64).sum::<f64>().max(1e-6);
             let d = (got[t * rows + r] - want).abs() as f64 / scale;
@@ -227,13 +234,13 @@ fn rms_norm_matches_cpu() {
     for r in 0..rows {
         ops::rms_norm(&x[r * n..(r + 1) * n], &w, 1e-5, &mut want);
         for i in 0..n {
-            assert!((got[r * n + i] - want[i]).abs() <= 2e-6 * want[i].abs().max(1e-3), "row {r} [{i}]: {} vs {}", got[r * n + i], want[i]);
+            assert_eq!(got[r * n + i].to_bits(), want[i].to_bits(), "row {r} [{i}]: {} vs {}", got[r * n + i], want[i]);
         }
     }
     let mut grp = x[..n * rows].to_vec();
     ops::rms_norm_groups(&mut grp, &w[..64], 1e-6);
     for (i, (a, b)) in got_in.iter().zip(&grp).enumerate() {
-        assert!((a - b).abs() <= 2e-6 * b.abs().max(1e-3), "group norm [{i}]: {a} vs {b}");
+        assert_eq!(a.to_bits(), b.to_bits(), "group norm [{i}]: {a} vs {b}");
     }
 }
 
@@ -261,7 +268,7 @@ fn rope_matches_cpu_both_modes() {
             let mut want = x[t * n..(t + 1) * n].to_vec();
             ops::rope(&mut want, hd, n_rot, kind, &cs[t * n_rot..(t + 1) * n_rot]);
             for i in 0..n {
-                assert!((got[t * n + i] - want[i]).abs() <= 1e-6 * want[i].abs().max(1.0), "{kind:?} t{t} [{i}]: {} vs {}", got[t * n + i], want[i]);
+                assert_eq!(got[t * n + i].to_bits(), want[i].to_bits(), "{kind:?} t{t} [{i}]: {} vs {}", got[t * n + i], want[i]);
             }
         }
     }
@@ -322,7 +329,7 @@ fn kv_store_and_attention_match_cpu() {
                 let d = (got[(t * n_head + h) * hd + i] - want[i]).abs();
                 worst = worst.max(d);
                 // f16 accumulation: one f16 ulp of the running sum either way.
-                assert!(d <= 2e-3 * want[i].abs().max(0.25), "t{t} h{h} [{i}]: {} vs {}", got[(t * n_head + h) * hd + i], want[i]);
+                assert_eq!(got[(t * n_head + h) * hd + i].to_bits(), want[i].to_bits(), "t{t} h{h} [{i}]: {} vs {}", got[(t * n_head + h) * hd + i], want[i]);
             }
         }
     }
@@ -346,7 +353,7 @@ fn elementwise_kernels_match_cpu() {
     let mut want = vec![0f32; n];
     ops::swiglu(a, b, &mut want);
     let ulps = got.iter().zip(&want).map(|(p, q)| if p == q { 0 } else { (p.to_bits() as i64 - q.to_bits() as i64).abs() }).max().unwrap();
-    assert!(ulps <= 4, "swiglu differs from the CPU by {ulps} ulp");
+    assert_eq!(ulps, 0, "swiglu differs from the CPU by {ulps} ulp");
     // add (with a period: a bias over 4 rows).
     let yb = upf(g, &x[..4 * n]);
     g.k.add(&mut rec, &bb, 0, &yb, 0, 4 * n, n);
@@ -386,7 +393,30 @@ fn elementwise_kernels_match_cpu() {
         let s = ops::sigmoid([0.3f32, -1.7][t]);
         for i in 0..n {
             let want = x[t * n + i] + x[t * n + i] * s;
-            assert!((got[t * n + i] - want).abs() <= 1e-6 * want.abs().max(1.0), "gate_add t{t} [{i}]");
+            assert_eq!(got[t * n + i].to_bits(), want.to_bits(), "gate_add t{t} [{i}]: {} vs {want}", got[t * n + i]);
         }
     }
+}
+
+/// glibc's expf emulated in double-f32 (exact.wgsl; attention's softmax and the qwen2moe gate use
+/// it) against the CPU's port of glibc (`cmath::expf`, itself checked against the C library):
+/// 1M inputs spread over the whole range where e^x is neither 0 nor inf, plus the edges.
+#[test]
+fn expf_matches_glibc() {
+    let Some(g) = gpu() else { return };
+    let arena = Recorder::arena_buffer(&g.ctx);
+    let n = 1 << 20;
+    let mut x: Vec<f32> = (0..n).map(|i| -104.0 + 193.0 * (i as f32 / n as f32)).collect();
+    // Small and attention-like arguments (s - m <= 0), and the edges of the range.
+    for (i, v) in x.iter_mut().enumerate().take(n / 4) {
+        *v = -(i as f32) * 3.1e-5;
+    }
+    x.extend_from_slice(&[0.0, -0.0, 1e-30, -1e-30, 88.72283, 88.72284, -103.97207, -103.97208, -87.33654, -87.3366]);
+    let xb = upf(g, &x);
+    let y = g.ctx.scratch("y", 4 * x.len()).unwrap();
+    let mut rec = Recorder::new(&g.ctx, &arena);
+    g.k.expf(&mut rec, &xb, &y, x.len());
+    let got = read(g, &mut rec, &y, x.len());
+    let bad: Vec<(f32, f32, f32)> = x.iter().zip(&got).filter(|(v, e)| e.to_bits() != les::backend::cpu::cmath::expf(**v).to_bits()).map(|(v, e)| (*v, *e, les::backend::cpu::cmath::expf(*v))).collect();
+    assert!(bad.is_empty(), "{} of {} differ, e.g. {:?}", bad.len(), x.len(), &bad[..bad.len().min(5)]);
 }

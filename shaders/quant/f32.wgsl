@@ -6,3 +6,7 @@ fn block_dot(w: u32, a: u32) -> f32 {
     let y = vec4<f32>(bitcast<f32>(A[a >> 2u]), bitcast<f32>(A[(a >> 2u) + 1u]), bitcast<f32>(A[(a >> 2u) + 2u]), bitcast<f32>(A[(a >> 2u) + 3u]));
     return dot(x, y);
 }
+// Elements for the exact path (matvec_float_seq.wgsl): ES bytes each, at byte offset o.
+const ES: u32 = 4u;
+fn w_el(o: u32) -> f32 { return bitcast<f32>(W[o >> 2u]); }
+fn a_el(o: u32) -> f32 { return bitcast<f32>(A[o >> 2u]); }

@@ -24,5 +24,5 @@ fn k45_dot(w: u32, a: u32, qs: u32, five: bool) -> f32 {
         isum += i32(k4_scale(w + 4u, j)) * dj;
         summ += i32(k4_min(w + 4u, j)) * (ai16(a + 260u + 4u * j) + ai16(a + 262u + 4u * j));
     }
-    return (wf16(w) * yd) * f32(isum) - (wf16(w + 2u) * yd) * f32(summ);
+    return keep((wf16(w) * yd) * f32(isum)) - keep((wf16(w + 2u) * yd) * f32(summ));
 }

@@ -20,5 +20,5 @@ fn block_dot(w: u32, a: u32) -> f32 {
         isum += i32(sc & 15u) * dg;
         summs += i32(sc >> 4u) * ai16(a + 260u + 2u * g);
     }
-    return (yd * wf16(w + 80u)) * f32(isum) - (yd * wf16(w + 82u)) * f32(summs);
+    return keep((yd * wf16(w + 80u)) * f32(isum)) - keep((yd * wf16(w + 82u)) * f32(summs));
 }

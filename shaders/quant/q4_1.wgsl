@@ -8,5 +8,5 @@ fn block_dot(w: u32, a: u32) -> f32 {
         let q = ww(w + 4u + j);
         s += dot4I8Packed(q & 0x0f0f0f0fu, aw(a + 4u + j)) + dot4I8Packed((q >> 4u) & 0x0f0f0f0fu, aw(a + 20u + j));
     }
-    return (wf16(w) * af16(a)) * f32(s) + wf16(w + 2u) * af16(a + 2u);
+    return keep((wf16(w) * af16(a)) * f32(s)) + keep(wf16(w + 2u) * af16(a + 2u));
 }

@@ -116,6 +116,12 @@ struct ModelArgs {
     /// every expert up to 1 GiB).
     #[arg(long)]
     gpu_expert_slots: Option<usize>,
+    /// wgpu: the exact path (on) or the parallel matvec reduction (off). Exact: every kernel
+    /// gives the CPU's portable-kernel results bit for bit (`LES_NO_SIMD=1` on x86; the CPU
+    /// backend on wasm32 and aarch64). Default: exact on software adapters (lavapipe), parallel
+    /// on hardware GPUs.
+    #[arg(long)]
+    gpu_exact: Option<bool>,
 }
 
 impl ModelArgs {
@@ -126,7 +132,7 @@ impl ModelArgs {
     }
 
     fn apply_backend_with(&self, s: &mut Session, budget_slots: Option<usize>) -> Res {
-        let line = s.set_backend(self.backend, &les::backend::wgpu::model::GpuOptions { expert_slots: self.gpu_expert_slots.or(budget_slots) })?;
+        let line = s.set_backend(self.backend, &les::backend::wgpu::model::GpuOptions { expert_slots: self.gpu_expert_slots.or(budget_slots), exact: self.gpu_exact })?;
         eprintln!("les: {line}");
         Ok(())
     }

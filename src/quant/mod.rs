@@ -409,6 +409,23 @@ impl Simd {
         }
     }
 
+    /// Use `level` for every kernel call from now on in this process (when this CPU has it; the
+    /// same as `LES_NO_SIMD=1` for [`Simd::Scalar`]). The portable level is the arithmetic the
+    /// CPU backend computes on every platform without AVX2 (wasm32, aarch64) and what the wgpu
+    /// backend's exact path reproduces bit for bit; AVX2 follows llama.cpp's x86 kernels.
+    pub fn force(level: Simd) {
+        if level.is_available() {
+            SIMD_LEVEL.store(
+                match level {
+                    Simd::Scalar => 1,
+                    Simd::Avx2 => 2,
+                    Simd::Simd128 => 3,
+                },
+                Ordering::Relaxed,
+            );
+        }
+    }
+
     /// Whether this CPU can run the level.
     pub fn is_available(self) -> bool {
         match self {

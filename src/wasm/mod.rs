@@ -185,7 +185,7 @@ impl Engine {
             let line = if what.is_empty() { "webgpu".to_string() } else { format!("webgpu ({what})") };
             let mut g = inner.try_borrow_mut().map_err(|_| JsValue::from(err("engine busy")))?;
             let slots = expert_slots.map(|n| n as usize).or(g.plan.as_ref().map(|p| p.slots));
-            let opts = crate::backend::wgpu::model::GpuOptions { expert_slots: slots };
+            let opts = crate::backend::wgpu::model::GpuOptions { expert_slots: slots, ..Default::default() };
             g.session.use_gpu(ctx, &opts).map_err(|e| JsValue::from(err(e)))?;
             g.backend = line.clone();
             Ok(JsValue::from_str(&line))

@@ -12,6 +12,8 @@ const COMMON: &str = include_str!("../../../shaders/common.wgsl");
 const MATVEC: &str = include_str!("../../../shaders/matvec.wgsl");
 const MATVEC_TREE: &str = include_str!("../../../shaders/matvec_tree.wgsl");
 const MATVEC_SUBGROUP: &str = include_str!("../../../shaders/matvec_subgroup.wgsl");
+const MATVEC_FLOAT_SEQ: &str = include_str!("../../../shaders/matvec_float_seq.wgsl");
+const EXACT: &str = include_str!("../../../shaders/exact.wgsl");
 const K4: &str = include_str!("../../../shaders/quant/k4.wgsl");
 const LUT: &str = include_str!("../../../shaders/quant/lut.wgsl");
 const ACT_QUANT: &str = include_str!("../../../shaders/act_quant.wgsl");
@@ -117,7 +119,7 @@ pub type Buf<'a> = &'a wgpu::Buffer;
 /// All pipelines of the backend. Matvec pipelines are compiled on first use per weight type.
 pub struct Kernels {
     matvec_layout: wgpu::BindGroupLayout,
-    matvec: Mutex<HashMap<(GgmlType, bool), std::sync::Arc<wgpu::ComputePipeline>>>,
+    matvec: Mutex<HashMap<(GgmlType, Reduce), std::sync::Arc<wgpu::ComputePipeline>>>,
     act: Kernel,
     norm: Kernel,
     rope: Kernel,
@@ -132,6 +134,19 @@ pub struct Kernels {
     /// Reduce rows with subgroupAdd when a row has the whole workgroup (the device has the
     /// `subgroups` feature and subgroups of at most 64 lanes).
     pub use_subgroups: bool,
+}
+
+/// How a matvec sums a row's block contributions (the entry-point file appended to matvec.wgsl).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+enum Reduce {
+    /// Per-thread partial sums, then a shared-memory tree (matvec_tree.wgsl). With one thread per
+    /// row this is the CPU's order.
+    Tree,
+    /// Per-thread partial sums, then subgroupAdd (matvec_subgroup.wgsl).
+    Subgroup,
+    /// F32/F16/BF16 weights, one thread per row, in the CPU's eight-accumulator order
+    /// (matvec_float_seq.wgsl).
+    FloatSeq,
 }
 
 fn bytes_of(words: &[u32]) -> Vec<u8> {
@@ -156,11 +171,11 @@ impl Kernels {
     pub fn new(ctx: &GpuContext) -> Self {
         use Bind::*;
         let act = Kernel::new(ctx, "act_quant", ACT_QUANT, &[Read, ReadWrite, Uniform], &["quant_q8_0", "quant_q8_1", "quant_q8_k", "quant_f16", "quant_bf16"]);
-        let norm = Kernel::new(ctx, "rms_norm", RMS_NORM, &[ReadWrite, Read, ReadWrite, Uniform], &["main", "inplace"]);
-        let rope = Kernel::new(ctx, "rope", ROPE, &[ReadWrite, Read, Uniform], &["main"]);
+        let norm = Kernel::new(ctx, "rms_norm", &format!("{EXACT}\n{RMS_NORM}"), &[ReadWrite, Read, ReadWrite, Uniform], &["main", "inplace"]);
+        let rope = Kernel::new(ctx, "rope", &format!("{EXACT}\n{ROPE}"), &[ReadWrite, Read, Uniform], &["main"]);
         let kv = Kernel::new(ctx, "kv_store", KV_STORE, &[Read, Read, ReadWrite, ReadWrite, Uniform], &["main"]);
-        let attn = Kernel::new(ctx, "attention", ATTENTION, &[Read, Read, Read, ReadWrite, ReadWrite, Uniform], &["scores", "softmax_v"]);
-        let ew = Kernel::new(ctx, "elementwise", ELEMENTWISE, &[Read, Read, ReadWrite, Read, Uniform], &["add", "swiglu", "gather", "scatter", "combine", "gate_add"]);
+        let attn = Kernel::new(ctx, "attention", &format!("{EXACT}\n{ATTENTION}"), &[Read, Read, Read, ReadWrite, ReadWrite, Uniform], &["scores", "factors", "softmax_v"]);
+        let ew = Kernel::new(ctx, "elementwise", &format!("{EXACT}\n{ELEMENTWISE}"), &[Read, Read, ReadWrite, Read, Uniform], &["add", "swiglu", "gather", "scatter", "combine", "gate_add", "expf"]);
         let matvec_layout = bind_layout(ctx, "matvec", &[Read, Read, ReadWrite, Uniform]);
         let mk = |l| ctx.device.create_buffer(&wgpu::BufferDescriptor { label: Some(l), size: 256, usage: wgpu::BufferUsages::STORAGE, mapped_at_creation: false });
         Self { matvec_layout, matvec: Mutex::new(HashMap::new()), act, norm, rope, kv, attn, ew, dummy: mk("dummy"), dummy2: mk("dummy2"), max_tpr: Self::default_tpr(ctx), use_subgroups: ctx.device.features().contains(wgpu::Features::SUBGROUP) && ctx.info.subgroup_min_size >= 1 && ctx.info.subgroup_max_size <= 64 }
@@ -180,13 +195,18 @@ impl Kernels {
         }
     }
 
-    fn matvec_pipeline(&self, ctx: &GpuContext, ty: GgmlType, subgroup: bool) -> Result<std::sync::Arc<wgpu::ComputePipeline>, GpuError> {
+    fn matvec_pipeline(&self, ctx: &GpuContext, ty: GgmlType, reduce: Reduce) -> Result<std::sync::Arc<wgpu::ComputePipeline>, GpuError> {
         let mut m = self.matvec.lock().unwrap();
-        if let Some(p) = m.get(&(ty, subgroup)) {
+        if let Some(p) = m.get(&(ty, reduce)) {
             return Ok(p.clone());
         }
         let q = quant_source(ty).ok_or(GpuError::Unsupported(ty.name()))?;
-        let src = if subgroup { format!("{COMMON}\n{MATVEC}\n{MATVEC_SUBGROUP}\n{q}") } else { format!("{COMMON}\n{MATVEC}\n{MATVEC_TREE}\n{q}") };
+        let entry = match reduce {
+            Reduce::Tree => MATVEC_TREE,
+            Reduce::Subgroup => MATVEC_SUBGROUP,
+            Reduce::FloatSeq => MATVEC_FLOAT_SEQ,
+        };
+        let src = format!("{COMMON}\n{EXACT}\n{MATVEC}\n{entry}\n{q}");
         let module = ctx.device.create_shader_module(wgpu::ShaderModuleDescriptor { label: Some("matvec"), source: wgpu::ShaderSource::Wgsl(src.into()) });
         let pl = ctx.device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor { label: Some("matvec"), bind_group_layouts: &[Some(&self.matvec_layout)], immediate_size: 0 });
         let p = std::sync::Arc::new(ctx.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
@@ -197,7 +217,7 @@ impl Kernels {
             compilation_options: Default::default(),
             cache: None,
         }));
-        m.insert((ty, subgroup), p.clone());
+        m.insert((ty, reduce), p.clone());
         Ok(p)
     }
 
@@ -219,7 +239,14 @@ impl Kernels {
         let n_blocks = if float { cols / 4 } else { cols / ty.block_size() };
         let tpr = n_blocks.next_power_of_two().clamp(1, self.max_tpr);
         let groups = rows.div_ceil(64 / tpr);
-        let p = self.matvec_pipeline(rec.ctx, ty, self.use_subgroups && tpr == 64)?;
+        let reduce = if float && tpr == 1 {
+            Reduce::FloatSeq
+        } else if self.use_subgroups && tpr == 64 {
+            Reduce::Subgroup
+        } else {
+            Reduce::Tree
+        };
+        let p = self.matvec_pipeline(rec.ctx, ty, reduce)?;
         let w_row = ty.row_bytes(cols as u64).unwrap_or(0) as u32;
         let a_row = vec_dot_type(ty).row_bytes(cols as u64).unwrap_or(0) as u32;
         let grid_x = groups.min(65535);
@@ -286,6 +313,7 @@ impl Kernels {
         let prm = rec.push(&bytes_of(&[n_head as u32, n_head_kv as u32, head_dim as u32, n_ctx as u32, layer as u32, pos0 as u32, n_tok as u32, scale.to_bits(), 0, 0, 0, 0]));
         let bg = self.bind(rec, &self.attn.layout, vec![entire(q), entire(kc), entire(vc), entire(o), entire(scores), rec.arena_binding(prm)]);
         rec.dispatch(&self.attn.pipelines["scores"], &bg, groups_1d(n_tok * n_head * (pos0 + n_tok)));
+        rec.dispatch(&self.attn.pipelines["factors"], &bg, groups_1d(n_tok * n_head));
         rec.dispatch(&self.attn.pipelines["softmax_v"], &bg, (n_tok as u32, n_head as u32, 1));
     }
 
@@ -313,6 +341,12 @@ impl Kernels {
     /// `y[y_off + i] += x[x_off + (i % period or i)]` for `n` values (period 0: none).
     pub fn add(&self, rec: &mut Recorder<'_>, x: Buf, x_off: usize, y: Buf, y_off: usize, n: usize, period: usize) {
         self.ew(rec, "add", x, &self.dummy, y, [n as u32, 1, x_off as u32, y_off as u32, 0, period as u32, 0, 0], &[], n);
+    }
+
+    /// `y[i] = e^x[i]` for `n` values, as the CPU's `cmath::expf` (glibc) computes it: the
+    /// emulation attention and the qwen2moe gate use, on its own for tests.
+    pub fn expf(&self, rec: &mut Recorder<'_>, x: Buf, y: Buf, n: usize) {
+        self.ew(rec, "expf", x, &self.dummy, y, [n as u32, 1, 0, 0, 0, 0, 0, 0], &[], n);
     }
 
     /// `y[i] = silu(g[i]) * u[i]` for `n` values.

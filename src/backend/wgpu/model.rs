@@ -122,6 +122,13 @@ struct Scratch {
 pub struct GpuOptions {
     /// Expert slots on the GPU (default: every expert, at most 1 GiB of slots).
     pub expert_slots: Option<usize>,
+    /// The exact path: every kernel computes the CPU backend's portable kernels' f32 results bit
+    /// for bit (one thread per matvec row, sums in the CPU's order; see shaders/exact.wgsl), so
+    /// logits equal the CPU's with `LES_NO_SIMD=1` (and on wasm32 and aarch64, where the portable
+    /// kernels are the CPU backend). `None`: exact on CPU-type adapters (lavapipe, SwiftShader),
+    /// where one thread per row is also the fastest; up to 64 threads per row (another summation
+    /// order) on hardware GPUs.
+    pub exact: Option<bool>,
 }
 
 /// Counters of the GPU forward (readbacks are the GPU→CPU synchronisations).
@@ -170,7 +177,12 @@ impl GpuModel {
     pub fn new(ctx: Arc<GpuContext>, m: &Model, n_ctx: usize, opts: &GpuOptions) -> Result<Self, GpuError> {
         let c = m.cfg.clone();
         let g = &*ctx;
-        let k = Kernels::new(g);
+        let mut k = Kernels::new(g);
+        match opts.exact {
+            Some(true) => k.max_tpr = 1,
+            Some(false) if k.max_tpr == 1 => k.max_tpr = 64,
+            _ => {}
+        }
         let mut layers = Vec::with_capacity(c.n_layer);
         for (il, l) in m.layers.iter().enumerate() {
             let n = |s: &str| format!("blk.{il}.{s}");
