@@ -71,12 +71,13 @@ fn scores(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
     for (var l = 0u; l < 8u; l++) { t3[l] = keep(v[l + 8u] + v[l]); }
     var t6: array<f32, 4>;
     for (var l = 0u; l < 4u; l++) { t6[l] = keep(t3[l + 4u] + t3[l]); }
-    var s = keep(keep(t6[0] + t6[2]) + keep(t6[1] + t6[3]));
-    // The CPU adds a tail beyond a multiple of 64 in f64; head sizes here are multiples of 64.
+    // The CPU adds the tail beyond a multiple of 64 in f64 (every product is exact), then rounds
+    // to f32: a double-f32 sum here (exact.wgsl).
+    var s = vec2<f32>(keep(keep(t6[0] + t6[2]) + keep(t6[1] + t6[3])), 0.0);
     for (var d = np; d < P.head_dim; d++) {
-        s = keep(s + keep(k_at(base, j, d) * f16_round(Q[qb + d])));
+        s = df_add_f(s, keep(k_at(base, j, d) * f16_round(Q[qb + d])));
     }
-    S[th * n_kv_max + j] = s * P.scale;
+    S[th * n_kv_max + j] = df_to_f32(s) * P.scale;
 }
 
 // One thread per (token, head): the online softmax's sequence of factors, in the CPU's order

@@ -279,8 +279,15 @@ fn kv_store_and_attention_match_cpu() {
     let Some(g) = gpu() else { return };
     // Each test records with its own parameter arena (tests run in parallel on one device).
     let arena = Recorder::arena_buffer(&g.ctx);
-    let x = f32s("act_x.f32");
-    let (n_head, n_head_kv, hd, n_ctx, n_layer) = (6, 2, 64, 16, 2);
+    // Head sizes: a multiple of 64 (f32 lanes), 32 (all in the CPU's f64 tail), 96 (both).
+    for hd in [64, 32, 96] {
+        attention_case(g, &arena, hd);
+    }
+}
+
+fn attention_case(g: &Gpu, arena: &wgpu::Buffer, hd: usize) {
+    let x: Vec<f32> = f32s("act_x.f32").iter().cycle().take(8192).copied().collect();
+    let (n_head, n_head_kv, n_ctx, n_layer) = (6, 2, 16, 2);
     let nkv = n_head_kv * hd;
     let layer = 1;
     // 12 positions of keys/values, written in two batches (8 then 4), then 4 queries at 8..12.
@@ -289,7 +296,7 @@ fn kv_store_and_attention_match_cpu() {
     let words = n_layer * n_head_kv * n_ctx * hd / 2;
     let kc = g.ctx.scratch("kc", 4 * words).unwrap();
     let vc = g.ctx.scratch("vc", 4 * words).unwrap();
-    let mut rec = Recorder::new(&g.ctx, &arena);
+    let mut rec = Recorder::new(&g.ctx, arena);
     for (p0, n) in [(0usize, 8usize), (8, 4)] {
         let kb = upf(g, &kvals[p0 * nkv..(p0 + n) * nkv]);
         let vb = upf(g, &vvals[p0 * nkv..(p0 + n) * nkv]);
@@ -329,11 +336,11 @@ fn kv_store_and_attention_match_cpu() {
                 let d = (got[(t * n_head + h) * hd + i] - want[i]).abs();
                 worst = worst.max(d);
                 // f16 accumulation: one f16 ulp of the running sum either way.
-                assert_eq!(got[(t * n_head + h) * hd + i].to_bits(), want[i].to_bits(), "t{t} h{h} [{i}]: {} vs {}", got[(t * n_head + h) * hd + i], want[i]);
+                assert_eq!(got[(t * n_head + h) * hd + i].to_bits(), want[i].to_bits(), "head_dim {hd} t{t} h{h} [{i}]: {} vs {}", got[(t * n_head + h) * hd + i], want[i]);
             }
         }
     }
-    eprintln!("attention max |gpu - cpu| = {worst:e}");
+    eprintln!("attention (head_dim {hd}) max |gpu - cpu| = {worst:e}");
 }
 
 #[test]
