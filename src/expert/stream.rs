@@ -1259,15 +1259,25 @@ mod tests {
     /// expert it finally hands over has exactly the store's bytes.
     #[test]
     fn chunked_prefetch_yields_to_a_demand_read_and_resumes() {
-        let bytes = 16 << 10;
+        let bytes = 64 << 10;
         let (store, router, n_expert) = unit_router_store(bytes, 3, 2);
         let cfg = StreamConfig { slots: 8, prefetch: true, depth: 2, temporal: false, io_threads: 3, max_prefetch_inflight: 1, prefetch_chunk: 2048, ..Default::default() };
         let ex = StreamingExperts::new(store, vec![router; 3], n_expert, 1, cfg);
         // Layer 0 decides expert 0; its hidden state predicts expert 2 for layers 1 and 2.
         ex.on_hidden(0, &[0.0, 0.0, 1.0, 0.0], 1);
         ex.with_experts(0, &[0], &mut |_, _| {}).unwrap();
-        // Let the layer-1 prefetch finish (24 chunks × 2 ms) and the layer-2 one start.
-        std::thread::sleep(std::time::Duration::from_millis(70));
+        // Wait until the layer-1 prefetch is done (96 chunks × 2 ms) and the layer-2 one has read
+        // a chunk (it then needs about 190 ms more): polled, not slept, so a loaded machine
+        // cannot reorder the steps.
+        let t0 = std::time::Instant::now();
+        loop {
+            let s = ex.stats();
+            if s.prefetch_loads >= 1 && s.bytes_read > 6 * bytes as u64 {
+                break;
+            }
+            assert!(t0.elapsed().as_secs() < 20, "prefetches did not progress: {s:?}");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
         // Layer 1 needs expert 2 (prefetched) and expert 3 (a demand read): the layer-2
         // prefetch in flight must pause for it.
         let mut seen = Vec::new();
