@@ -22,27 +22,43 @@ struct Gpu {
     k: Kernels,
 }
 
-fn gpu() -> Option<&'static Gpu> {
-    static G: OnceLock<Option<Gpu>> = OnceLock::new();
-    G.get_or_init(|| match GpuContext::new() {
-        Ok(ctx) => {
-            eprintln!("{}", ctx.describe());
-            let mut k = Kernels::new(&ctx);
-            // The exact path: one thread per row, summing blocks in the CPU's order.
-            k.max_tpr = 1;
-            k.use_subgroups = false;
-            Some(Gpu { ctx, k })
-        }
-        Err(e) => {
-            if std::env::var_os("LES_NO_GPU").is_some() {
-                eprintln!("skipping GPU kernel tests: {e}");
-                None
-            } else {
-                panic!("{e} (set LES_NO_GPU=1 to skip on a machine without a GPU adapter)");
+/// The kernels on the exact path (one thread per matvec row, blocks summed in the CPU's order),
+/// in each f16 variant the adapter has: integer-emulated conversions always, native f16 where
+/// the device has `shader-f16` (lavapipe does). Every test runs on each.
+fn variants() -> &'static [Gpu] {
+    static G: OnceLock<Vec<Gpu>> = OnceLock::new();
+    G.get_or_init(|| {
+        let mut out = Vec::new();
+        for f16 in [false, true] {
+            match GpuContext::new() {
+                Ok(ctx) => {
+                    if f16 && !ctx.device.features().contains(wgpu::Features::SHADER_F16) {
+                        eprintln!("adapter without shader-f16: the f16 variant is not tested");
+                        continue;
+                    }
+                    if !f16 {
+                        eprintln!("{}", ctx.describe());
+                    }
+                    let mut k = Kernels::with_f16(&ctx, f16);
+                    k.max_tpr = 1;
+                    k.use_subgroups = false;
+                    out.push(Gpu { ctx, k });
+                }
+                Err(e) => {
+                    if std::env::var_os("LES_NO_GPU").is_some() {
+                        eprintln!("skipping GPU kernel tests: {e}");
+                        return Vec::new();
+                    }
+                    panic!("{e} (set LES_NO_GPU=1 to skip on a machine without a GPU adapter)");
+                }
             }
         }
+        out
     })
-    .as_ref()
+}
+
+fn gpu() -> Option<&'static Gpu> {
+    variants().first()
 }
 
 fn f32s(name: &str) -> Vec<f32> {
@@ -112,36 +128,38 @@ fn check_matvec(g: &Gpu, arena: &wgpu::Buffer, what: &str, ty: GgmlType, w: &[u8
 
 #[test]
 fn matvec_every_type_matches_cpu() {
-    let Some(g) = gpu() else { return };
-    // Each test records with its own parameter arena (tests run in parallel on one device).
-    let arena = Recorder::arena_buffer(&g.ctx);
-    let x = f32s("act_x.f32");
-    let mut done = Vec::new();
-    for ty in [
-        GgmlType::F32,
-        GgmlType::F16,
-        GgmlType::BF16,
-        GgmlType::Q4_0,
-        GgmlType::Q4_1,
-        GgmlType::Q5_0,
-        GgmlType::Q5_1,
-        GgmlType::Q8_0,
-        GgmlType::Q2K,
-        GgmlType::Q3K,
-        GgmlType::Q4K,
-        GgmlType::Q5K,
-        GgmlType::Q6K,
-        GgmlType::IQ4NL,
-        GgmlType::IQ4XS,
-        GgmlType::MXFP4,
-    ] {
-        let w = fixture(&format!("weights_{}.bin", ty.name()));
-        // 1024 elements: as 2 rows of 512 (two K-quant super-blocks or 16 small blocks per row),
-        // times 4 activation rows.
-        let worst = check_matvec(g, &arena, "synthetic", ty, &w, 512, 2, &x, 4);
-        done.push(format!("{}: {worst:.1e}", ty.name()));
+    for g in variants() {
+        eprintln!("f16 variant: {}", g.k.uses_f16());
+        // Each test records with its own parameter arena (tests run in parallel on one device).
+        let arena = Recorder::arena_buffer(&g.ctx);
+        let x = f32s("act_x.f32");
+        let mut done = Vec::new();
+        for ty in [
+            GgmlType::F32,
+            GgmlType::F16,
+            GgmlType::BF16,
+            GgmlType::Q4_0,
+            GgmlType::Q4_1,
+            GgmlType::Q5_0,
+            GgmlType::Q5_1,
+            GgmlType::Q8_0,
+            GgmlType::Q2K,
+            GgmlType::Q3K,
+            GgmlType::Q4K,
+            GgmlType::Q5K,
+            GgmlType::Q6K,
+            GgmlType::IQ4NL,
+            GgmlType::IQ4XS,
+            GgmlType::MXFP4,
+        ] {
+            let w = fixture(&format!("weights_{}.bin", ty.name()));
+            // 1024 elements: as 2 rows of 512 (two K-quant super-blocks or 16 small blocks per row),
+            // times 4 activation rows.
+            let worst = check_matvec(g, &arena, "synthetic", ty, &w, 512, 2, &x, 4);
+            done.push(format!("{}: {worst:.1e}", ty.name()));
+        }
+        eprintln!("max relative |gpu - cpu| per type: {}", done.join(", "));
     }
-    eprintln!("max relative |gpu - cpu| per type: {}", done.join(", "));
 }
 
 /// The matvec reductions real GPUs use (several threads per row: shared-memory tree, and
@@ -171,104 +189,112 @@ fn matvec_reduction_variants_match_cpu() {
 
 #[test]
 fn matvec_real_smollm2_tensors_match_cpu() {
-    let Some(g) = gpu() else { return };
-    // Each test records with its own parameter arena (tests run in parallel on one device).
-    let arena = Recorder::arena_buffer(&g.ctx);
-    let path = root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    let src = les::store::FileSource::open(&path).unwrap_or_else(|e| panic!("{}: {e} (run tools/fetch_models.sh)", path.display()));
-    let gg = les::gguf::GgufFile::read(&src).unwrap();
-    let x = f32s("act_x.f32");
-    for (name, rows) in [("blk.0.ffn_down.weight", 576), ("blk.0.attn_q.weight", 576), ("token_embd.weight", 256)] {
-        let t = gg.tensor(name).unwrap();
-        let cols = t.dims[0] as usize;
-        let rb = t.ty.row_bytes(cols as u64).unwrap() as usize;
-        let data = les::store::ByteSource::read_vec(&src, t.offset, rows * rb).unwrap();
-        let xs: Vec<f32> = x.iter().cycle().take(cols * 2).copied().collect();
-        let worst = check_matvec(g, &arena, name, t.ty, &data, cols, rows, &xs, 2);
-        eprintln!("{name} ({:?}, {rows} x {cols}): max relative |gpu - cpu| {worst:.1e}", t.ty);
+    for g in variants() {
+        eprintln!("f16 variant: {}", g.k.uses_f16());
+        // Each test records with its own parameter arena (tests run in parallel on one device).
+        let arena = Recorder::arena_buffer(&g.ctx);
+        let path = root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+        let src = les::store::FileSource::open(&path).unwrap_or_else(|e| panic!("{}: {e} (run tools/fetch_models.sh)", path.display()));
+        let gg = les::gguf::GgufFile::read(&src).unwrap();
+        let x = f32s("act_x.f32");
+        for (name, rows) in [("blk.0.ffn_down.weight", 576), ("blk.0.attn_q.weight", 576), ("token_embd.weight", 256)] {
+            let t = gg.tensor(name).unwrap();
+            let cols = t.dims[0] as usize;
+            let rb = t.ty.row_bytes(cols as u64).unwrap() as usize;
+            let data = les::store::ByteSource::read_vec(&src, t.offset, rows * rb).unwrap();
+            let xs: Vec<f32> = x.iter().cycle().take(cols * 2).copied().collect();
+            let worst = check_matvec(g, &arena, name, t.ty, &data, cols, rows, &xs, 2);
+            eprintln!("{name} ({:?}, {rows} x {cols}): max relative |gpu - cpu| {worst:.1e}", t.ty);
+        }
     }
 }
 
 #[test]
 fn activation_quantization_is_byte_exact() {
-    let Some(g) = gpu() else { return };
-    // Each test records with its own parameter arena (tests run in parallel on one device).
-    let arena = Recorder::arena_buffer(&g.ctx);
-    let x = f32s("act_x.f32");
-    let (cols, n_tok) = (512, 4);
-    let xb = upf(g, &x[..cols * n_tok]);
-    for ty in [GgmlType::Q8_0, GgmlType::Q8_1, GgmlType::Q8K, GgmlType::F16, GgmlType::BF16] {
-        let row = ty.row_bytes(cols as u64).unwrap() as usize;
-        let mut want = Vec::new();
-        let mut tmp = Vec::new();
-        for t in 0..n_tok {
-            quant::quantize_activation(ty, &x[t * cols..(t + 1) * cols], &mut tmp).unwrap();
-            want.extend_from_slice(&tmp);
+    for g in variants() {
+        eprintln!("f16 variant: {}", g.k.uses_f16());
+        // Each test records with its own parameter arena (tests run in parallel on one device).
+        let arena = Recorder::arena_buffer(&g.ctx);
+        let x = f32s("act_x.f32");
+        let (cols, n_tok) = (512, 4);
+        let xb = upf(g, &x[..cols * n_tok]);
+        for ty in [GgmlType::Q8_0, GgmlType::Q8_1, GgmlType::Q8K, GgmlType::F16, GgmlType::BF16] {
+            let row = ty.row_bytes(cols as u64).unwrap() as usize;
+            let mut want = Vec::new();
+            let mut tmp = Vec::new();
+            for t in 0..n_tok {
+                quant::quantize_activation(ty, &x[t * cols..(t + 1) * cols], &mut tmp).unwrap();
+                want.extend_from_slice(&tmp);
+            }
+            let o = g.ctx.scratch("o", row * n_tok).unwrap();
+            let mut rec = Recorder::new(&g.ctx, &arena);
+            g.k.quant_act(&mut rec, ty, &xb, 0, cols, n_tok, &o, 0).unwrap();
+            let got = read_bytes(g, &mut rec, &o, row * n_tok);
+            let diff = got.iter().zip(&want).filter(|(a, b)| a != b).count();
+            assert_eq!(diff, 0, "{ty:?}: {diff} of {} bytes differ from the CPU's quantize_activation", want.len());
         }
-        let o = g.ctx.scratch("o", row * n_tok).unwrap();
-        let mut rec = Recorder::new(&g.ctx, &arena);
-        g.k.quant_act(&mut rec, ty, &xb, 0, cols, n_tok, &o, 0).unwrap();
-        let got = read_bytes(g, &mut rec, &o, row * n_tok);
-        let diff = got.iter().zip(&want).filter(|(a, b)| a != b).count();
-        assert_eq!(diff, 0, "{ty:?}: {diff} of {} bytes differ from the CPU's quantize_activation", want.len());
     }
 }
 
 #[test]
 fn rms_norm_matches_cpu() {
-    let Some(g) = gpu() else { return };
-    // Each test records with its own parameter arena (tests run in parallel on one device).
-    let arena = Recorder::arena_buffer(&g.ctx);
-    let x = f32s("act_x.f32");
-    let (n, rows) = (576, 3);
-    let w: Vec<f32> = (0..n).map(|i| 0.5 + (i % 7) as f32 * 0.25).collect();
-    let (xb, wb) = (upf(g, &x[..n * rows]), upf(g, &w));
-    let y = g.ctx.scratch("y", 4 * n * rows).unwrap();
-    let mut rec = Recorder::new(&g.ctx, &arena);
-    g.k.rms_norm(&mut rec, &xb, 0, &wb, n, rows, 1e-5, Some((&y, 0)));
-    let got = read(g, &mut rec, &y, n * rows);
-    // In place over groups (Q/K norm): 64-value groups.
-    g.k.rms_norm(&mut rec, &xb, 0, &wb, 64, n * rows / 64, 1e-6, None);
-    let got_in = read(g, &mut rec, &xb, n * rows);
-    let mut want = vec![0f32; n];
-    for r in 0..rows {
-        ops::rms_norm(&x[r * n..(r + 1) * n], &w, 1e-5, &mut want);
-        for i in 0..n {
-            assert_eq!(got[r * n + i].to_bits(), want[i].to_bits(), "row {r} [{i}]: {} vs {}", got[r * n + i], want[i]);
+    for g in variants() {
+        eprintln!("f16 variant: {}", g.k.uses_f16());
+        // Each test records with its own parameter arena (tests run in parallel on one device).
+        let arena = Recorder::arena_buffer(&g.ctx);
+        let x = f32s("act_x.f32");
+        let (n, rows) = (576, 3);
+        let w: Vec<f32> = (0..n).map(|i| 0.5 + (i % 7) as f32 * 0.25).collect();
+        let (xb, wb) = (upf(g, &x[..n * rows]), upf(g, &w));
+        let y = g.ctx.scratch("y", 4 * n * rows).unwrap();
+        let mut rec = Recorder::new(&g.ctx, &arena);
+        g.k.rms_norm(&mut rec, &xb, 0, &wb, n, rows, 1e-5, Some((&y, 0)));
+        let got = read(g, &mut rec, &y, n * rows);
+        // In place over groups (Q/K norm): 64-value groups.
+        g.k.rms_norm(&mut rec, &xb, 0, &wb, 64, n * rows / 64, 1e-6, None);
+        let got_in = read(g, &mut rec, &xb, n * rows);
+        let mut want = vec![0f32; n];
+        for r in 0..rows {
+            ops::rms_norm(&x[r * n..(r + 1) * n], &w, 1e-5, &mut want);
+            for i in 0..n {
+                assert_eq!(got[r * n + i].to_bits(), want[i].to_bits(), "row {r} [{i}]: {} vs {}", got[r * n + i], want[i]);
+            }
         }
-    }
-    let mut grp = x[..n * rows].to_vec();
-    ops::rms_norm_groups(&mut grp, &w[..64], 1e-6);
-    for (i, (a, b)) in got_in.iter().zip(&grp).enumerate() {
-        assert_eq!(a.to_bits(), b.to_bits(), "group norm [{i}]: {a} vs {b}");
+        let mut grp = x[..n * rows].to_vec();
+        ops::rms_norm_groups(&mut grp, &w[..64], 1e-6);
+        for (i, (a, b)) in got_in.iter().zip(&grp).enumerate() {
+            assert_eq!(a.to_bits(), b.to_bits(), "group norm [{i}]: {a} vs {b}");
+        }
     }
 }
 
 #[test]
 fn rope_matches_cpu_both_modes() {
-    let Some(g) = gpu() else { return };
-    // Each test records with its own parameter arena (tests run in parallel on one device).
-    let arena = Recorder::arena_buffer(&g.ctx);
-    let x = f32s("act_x.f32");
-    let (n_head, hd, n_rot, n_tok, pos0) = (4, 64, 64, 3, 1000);
-    let n = n_head * hd;
-    let mut cs = Vec::new();
-    let mut one = Vec::new();
-    for t in 0..n_tok {
-        ops::rope_cache(pos0 + t, n_rot, 10000.0, &mut one);
-        cs.extend_from_slice(&one);
-    }
-    let csb = upf(g, &cs);
-    for kind in [ops::RopeKind::Norm, ops::RopeKind::Neox] {
-        let xb = upf(g, &x[..n * n_tok]);
-        let mut rec = Recorder::new(&g.ctx, &arena);
-        g.k.rope(&mut rec, &xb, 0, &csb, n_head, hd, n_rot, kind == ops::RopeKind::Neox, n_tok);
-        let got = read(g, &mut rec, &xb, n * n_tok);
+    for g in variants() {
+        eprintln!("f16 variant: {}", g.k.uses_f16());
+        // Each test records with its own parameter arena (tests run in parallel on one device).
+        let arena = Recorder::arena_buffer(&g.ctx);
+        let x = f32s("act_x.f32");
+        let (n_head, hd, n_rot, n_tok, pos0) = (4, 64, 64, 3, 1000);
+        let n = n_head * hd;
+        let mut cs = Vec::new();
+        let mut one = Vec::new();
         for t in 0..n_tok {
-            let mut want = x[t * n..(t + 1) * n].to_vec();
-            ops::rope(&mut want, hd, n_rot, kind, &cs[t * n_rot..(t + 1) * n_rot]);
-            for i in 0..n {
-                assert_eq!(got[t * n + i].to_bits(), want[i].to_bits(), "{kind:?} t{t} [{i}]: {} vs {}", got[t * n + i], want[i]);
+            ops::rope_cache(pos0 + t, n_rot, 10000.0, &mut one);
+            cs.extend_from_slice(&one);
+        }
+        let csb = upf(g, &cs);
+        for kind in [ops::RopeKind::Norm, ops::RopeKind::Neox] {
+            let xb = upf(g, &x[..n * n_tok]);
+            let mut rec = Recorder::new(&g.ctx, &arena);
+            g.k.rope(&mut rec, &xb, 0, &csb, n_head, hd, n_rot, kind == ops::RopeKind::Neox, n_tok);
+            let got = read(g, &mut rec, &xb, n * n_tok);
+            for t in 0..n_tok {
+                let mut want = x[t * n..(t + 1) * n].to_vec();
+                ops::rope(&mut want, hd, n_rot, kind, &cs[t * n_rot..(t + 1) * n_rot]);
+                for i in 0..n {
+                    assert_eq!(got[t * n + i].to_bits(), want[i].to_bits(), "{kind:?} t{t} [{i}]: {} vs {}", got[t * n + i], want[i]);
+                }
             }
         }
     }
@@ -276,12 +302,14 @@ fn rope_matches_cpu_both_modes() {
 
 #[test]
 fn kv_store_and_attention_match_cpu() {
-    let Some(g) = gpu() else { return };
-    // Each test records with its own parameter arena (tests run in parallel on one device).
-    let arena = Recorder::arena_buffer(&g.ctx);
-    // Head sizes: a multiple of 64 (f32 lanes), 32 (all in the CPU's f64 tail), 96 (both).
-    for hd in [64, 32, 96] {
-        attention_case(g, &arena, hd);
+    for g in variants() {
+        eprintln!("f16 variant: {}", g.k.uses_f16());
+        // Each test records with its own parameter arena (tests run in parallel on one device).
+        let arena = Recorder::arena_buffer(&g.ctx);
+        // Head sizes: a multiple of 64 (f32 lanes), 32 (all in the CPU's f64 tail), 96 (both).
+        for hd in [64, 32, 96] {
+            attention_case(g, &arena, hd);
+        }
     }
 }
 
@@ -345,62 +373,64 @@ fn attention_case(g: &Gpu, arena: &wgpu::Buffer, hd: usize) {
 
 #[test]
 fn elementwise_kernels_match_cpu() {
-    let Some(g) = gpu() else { return };
-    // Each test records with its own parameter arena (tests run in parallel on one device).
-    let arena = Recorder::arena_buffer(&g.ctx);
-    let x = f32s("act_x.f32");
-    let n = 256;
-    let (a, b) = (&x[..n], &x[n..2 * n]);
-    let (ab, bb) = (upf(g, a), upf(g, b));
-    let y = g.ctx.scratch("y", 4 * 4 * n).unwrap();
-    let mut rec = Recorder::new(&g.ctx, &arena);
-    // swiglu: ggml_expf is ported op for op; WGSL allows division 2.5 ulp from exact, so a few ulp.
-    g.k.swiglu(&mut rec, &ab, &bb, &y, n);
-    let got = read(g, &mut rec, &y, n);
-    let mut want = vec![0f32; n];
-    ops::swiglu(a, b, &mut want);
-    let ulps = got.iter().zip(&want).map(|(p, q)| if p == q { 0 } else { (p.to_bits() as i64 - q.to_bits() as i64).abs() }).max().unwrap();
-    assert_eq!(ulps, 0, "swiglu differs from the CPU by {ulps} ulp");
-    // add (with a period: a bias over 4 rows).
-    let yb = upf(g, &x[..4 * n]);
-    g.k.add(&mut rec, &bb, 0, &yb, 0, 4 * n, n);
-    let got = read(g, &mut rec, &yb, 4 * n);
-    for i in 0..4 * n {
-        assert_eq!(got[i], x[i] + b[i % n], "add [{i}]");
-    }
-    // gather rows 3, 0 of a 4-row matrix; scatter them back weighted into rows 1, 2.
-    let m = upf(g, &x[..4 * n]);
-    let gy = g.ctx.scratch("gy", 4 * 2 * n).unwrap();
-    g.k.gather(&mut rec, &m, &gy, n, &[3, 0]);
-    let sy = g.ctx.scratch("sy", 4 * 4 * n).unwrap();
-    g.k.scatter(&mut rec, &gy, &sy, n, &[1, 2], &[0.25, -2.0]);
-    let got = read(g, &mut rec, &sy, 4 * n);
-    for i in 0..n {
-        assert_eq!(got[i], 0.0);
-        assert_eq!(got[n + i], x[3 * n + i] * 0.25);
-        assert_eq!(got[2 * n + i], x[i] * -2.0);
-    }
-    // combine: 2 tokens x 3 ranks, summed in rank order.
-    let per = upf(g, &x[..6 * n]);
-    let cy = g.ctx.scratch("cy", 4 * 2 * n).unwrap();
-    g.k.combine(&mut rec, &per, &cy, n, 2, 3);
-    let got = read(g, &mut rec, &cy, 2 * n);
-    for t in 0..2 {
-        for i in 0..n {
-            let want = (x[(3 * t) * n + i] + x[(3 * t + 1) * n + i]) + x[(3 * t + 2) * n + i];
-            assert_eq!(got[t * n + i], want, "combine t{t} [{i}]");
+    for g in variants() {
+        eprintln!("f16 variant: {}", g.k.uses_f16());
+        // Each test records with its own parameter arena (tests run in parallel on one device).
+        let arena = Recorder::arena_buffer(&g.ctx);
+        let x = f32s("act_x.f32");
+        let n = 256;
+        let (a, b) = (&x[..n], &x[n..2 * n]);
+        let (ab, bb) = (upf(g, a), upf(g, b));
+        let y = g.ctx.scratch("y", 4 * 4 * n).unwrap();
+        let mut rec = Recorder::new(&g.ctx, &arena);
+        // swiglu: ggml_expf is ported op for op; WGSL allows division 2.5 ulp from exact, so a few ulp.
+        g.k.swiglu(&mut rec, &ab, &bb, &y, n);
+        let got = read(g, &mut rec, &y, n);
+        let mut want = vec![0f32; n];
+        ops::swiglu(a, b, &mut want);
+        let ulps = got.iter().zip(&want).map(|(p, q)| if p == q { 0 } else { (p.to_bits() as i64 - q.to_bits() as i64).abs() }).max().unwrap();
+        assert_eq!(ulps, 0, "swiglu differs from the CPU by {ulps} ulp");
+        // add (with a period: a bias over 4 rows).
+        let yb = upf(g, &x[..4 * n]);
+        g.k.add(&mut rec, &bb, 0, &yb, 0, 4 * n, n);
+        let got = read(g, &mut rec, &yb, 4 * n);
+        for i in 0..4 * n {
+            assert_eq!(got[i], x[i] + b[i % n], "add [{i}]");
         }
-    }
-    // gate_add: y += x * sigmoid(g) per token.
-    let gb = upf(g, &[0.3, -1.7]);
-    let yy = upf(g, &x[..2 * n]);
-    g.k.gate_add(&mut rec, &per, &gb, &yy, n, 2);
-    let got = read(g, &mut rec, &yy, 2 * n);
-    for t in 0..2 {
-        let s = ops::sigmoid([0.3f32, -1.7][t]);
+        // gather rows 3, 0 of a 4-row matrix; scatter them back weighted into rows 1, 2.
+        let m = upf(g, &x[..4 * n]);
+        let gy = g.ctx.scratch("gy", 4 * 2 * n).unwrap();
+        g.k.gather(&mut rec, &m, &gy, n, &[3, 0]);
+        let sy = g.ctx.scratch("sy", 4 * 4 * n).unwrap();
+        g.k.scatter(&mut rec, &gy, &sy, n, &[1, 2], &[0.25, -2.0]);
+        let got = read(g, &mut rec, &sy, 4 * n);
         for i in 0..n {
-            let want = x[t * n + i] + x[t * n + i] * s;
-            assert_eq!(got[t * n + i].to_bits(), want.to_bits(), "gate_add t{t} [{i}]: {} vs {want}", got[t * n + i]);
+            assert_eq!(got[i], 0.0);
+            assert_eq!(got[n + i], x[3 * n + i] * 0.25);
+            assert_eq!(got[2 * n + i], x[i] * -2.0);
+        }
+        // combine: 2 tokens x 3 ranks, summed in rank order.
+        let per = upf(g, &x[..6 * n]);
+        let cy = g.ctx.scratch("cy", 4 * 2 * n).unwrap();
+        g.k.combine(&mut rec, &per, &cy, n, 2, 3);
+        let got = read(g, &mut rec, &cy, 2 * n);
+        for t in 0..2 {
+            for i in 0..n {
+                let want = (x[(3 * t) * n + i] + x[(3 * t + 1) * n + i]) + x[(3 * t + 2) * n + i];
+                assert_eq!(got[t * n + i], want, "combine t{t} [{i}]");
+            }
+        }
+        // gate_add: y += x * sigmoid(g) per token.
+        let gb = upf(g, &[0.3, -1.7]);
+        let yy = upf(g, &x[..2 * n]);
+        g.k.gate_add(&mut rec, &per, &gb, &yy, n, 2);
+        let got = read(g, &mut rec, &yy, 2 * n);
+        for t in 0..2 {
+            let s = ops::sigmoid([0.3f32, -1.7][t]);
+            for i in 0..n {
+                let want = x[t * n + i] + x[t * n + i] * s;
+                assert_eq!(got[t * n + i].to_bits(), want.to_bits(), "gate_add t{t} [{i}]: {} vs {want}", got[t * n + i]);
+            }
         }
     }
 }
@@ -410,20 +440,58 @@ fn elementwise_kernels_match_cpu() {
 /// 1M inputs spread over the whole range where e^x is neither 0 nor inf, plus the edges.
 #[test]
 fn expf_matches_glibc() {
-    let Some(g) = gpu() else { return };
-    let arena = Recorder::arena_buffer(&g.ctx);
-    let n = 1 << 20;
-    let mut x: Vec<f32> = (0..n).map(|i| -104.0 + 193.0 * (i as f32 / n as f32)).collect();
-    // Small and attention-like arguments (s - m <= 0), and the edges of the range.
-    for (i, v) in x.iter_mut().enumerate().take(n / 4) {
-        *v = -(i as f32) * 3.1e-5;
+    for g in variants() {
+        eprintln!("f16 variant: {}", g.k.uses_f16());
+        let arena = Recorder::arena_buffer(&g.ctx);
+        let n = 1 << 20;
+        let mut x: Vec<f32> = (0..n).map(|i| -104.0 + 193.0 * (i as f32 / n as f32)).collect();
+        // Small and attention-like arguments (s - m <= 0), and the edges of the range.
+        for (i, v) in x.iter_mut().enumerate().take(n / 4) {
+            *v = -(i as f32) * 3.1e-5;
+        }
+        x.extend_from_slice(&[0.0, -0.0, 1e-30, -1e-30, 88.72283, 88.72284, -103.97207, -103.97208, -87.33654, -87.3366]);
+        let xb = upf(g, &x);
+        let y = g.ctx.scratch("y", 4 * x.len()).unwrap();
+        let mut rec = Recorder::new(&g.ctx, &arena);
+        g.k.expf(&mut rec, &xb, &y, x.len());
+        let got = read(g, &mut rec, &y, x.len());
+        let bad: Vec<(f32, f32, f32)> = x.iter().zip(&got).filter(|(v, e)| e.to_bits() != les::backend::cpu::cmath::expf(**v).to_bits()).map(|(v, e)| (*v, *e, les::backend::cpu::cmath::expf(*v))).collect();
+        assert!(bad.is_empty(), "{} of {} differ, e.g. {:?}", bad.len(), x.len(), &bad[..bad.len().min(5)]);
     }
-    x.extend_from_slice(&[0.0, -0.0, 1e-30, -1e-30, 88.72283, 88.72284, -103.97207, -103.97208, -87.33654, -87.3366]);
-    let xb = upf(g, &x);
-    let y = g.ctx.scratch("y", 4 * x.len()).unwrap();
-    let mut rec = Recorder::new(&g.ctx, &arena);
-    g.k.expf(&mut rec, &xb, &y, x.len());
-    let got = read(g, &mut rec, &y, x.len());
-    let bad: Vec<(f32, f32, f32)> = x.iter().zip(&got).filter(|(v, e)| e.to_bits() != les::backend::cpu::cmath::expf(**v).to_bits()).map(|(v, e)| (*v, *e, les::backend::cpu::cmath::expf(*v))).collect();
-    assert!(bad.is_empty(), "{} of {} differ, e.g. {:?}", bad.len(), x.len(), &bad[..bad.len().min(5)]);
+}
+
+/// f32 -> f16 conversion in both variants (integer emulation; the hardware's f16 type) against the
+/// CPU's `half::f16::from_f32`: every finite half, the ties between neighbours (to even), just
+/// above and below each tie, and values past the largest half (to infinity), through the F16
+/// activation conversion.
+#[test]
+fn f16_conversion_rounds_to_nearest_even() {
+    for g in variants() {
+        let arena = Recorder::arena_buffer(&g.ctx);
+        let mut x = Vec::new();
+        for h in 0u16..0x7c00 {
+            for sign in [1.0f32, -1.0] {
+                let a = half::f16::from_bits(h).to_f32();
+                let b = half::f16::from_bits(h + 1).to_f32();
+                let mid = (a + b) / 2.0; // exact in f32
+                x.extend_from_slice(&[sign * a, sign * mid, sign * f32::from_bits(mid.to_bits() + 1), sign * f32::from_bits(mid.to_bits() - 1)]);
+            }
+        }
+        x.extend_from_slice(&[65504.0, 65519.99, 65520.0, 1e6, -65520.0, -1e30, 0.0, -0.0]);
+        let cols = 1024;
+        x.resize(x.len().div_ceil(cols) * cols, 0.0);
+        let n_tok = x.len() / cols;
+        let xb = upf(g, &x);
+        let o = g.ctx.scratch("o", 2 * x.len()).unwrap();
+        let mut rec = Recorder::new(&g.ctx, &arena);
+        g.k.quant_act(&mut rec, GgmlType::F16, &xb, 0, cols, n_tok, &o, 0).unwrap();
+        let got = read_bytes(g, &mut rec, &o, 2 * x.len());
+        let bad: Vec<(f32, u16, u16)> = x
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| (v, u16::from_le_bytes([got[2 * i], got[2 * i + 1]]), half::f16::from_f32(v).to_bits()))
+            .filter(|(_, a, b)| a != b)
+            .collect();
+        assert!(bad.is_empty(), "f16 variant {}: {} of {} conversions differ, e.g. {:?}", g.k.uses_f16(), bad.len(), x.len(), &bad[..bad.len().min(5)]);
+    }
 }

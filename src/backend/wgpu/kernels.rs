@@ -9,6 +9,8 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 const COMMON: &str = include_str!("../../../shaders/common.wgsl");
+const F16_EMUL: &str = include_str!("../../../shaders/f16_emul.wgsl");
+const F16_NATIVE: &str = include_str!("../../../shaders/f16_native.wgsl");
 const MATVEC: &str = include_str!("../../../shaders/matvec.wgsl");
 const MATVEC_TREE: &str = include_str!("../../../shaders/matvec_tree.wgsl");
 const MATVEC_SUBGROUP: &str = include_str!("../../../shaders/matvec_subgroup.wgsl");
@@ -66,11 +68,11 @@ struct Kernel {
 }
 
 impl Kernel {
-    fn new(ctx: &GpuContext, name: &str, src: &str, binds: &[Bind], entries: &[&'static str]) -> Self {
+    fn new(ctx: &GpuContext, prelude: &str, name: &str, src: &str, binds: &[Bind], entries: &[&'static str]) -> Self {
         let layout = bind_layout(ctx, name, binds);
         let module = ctx.device.create_shader_module(wgpu::ShaderModuleDescriptor {
             label: Some(name),
-            source: wgpu::ShaderSource::Wgsl(format!("{COMMON}\n{src}").into()),
+            source: wgpu::ShaderSource::Wgsl(format!("{prelude}\n{src}").into()),
         });
         let pl = ctx.device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor { label: Some(name), bind_group_layouts: &[Some(&layout)], immediate_size: 0 });
         let pipelines = entries
@@ -134,6 +136,10 @@ pub struct Kernels {
     /// Reduce rows with subgroupAdd when a row has the whole workgroup (the device has the
     /// `subgroups` feature and subgroups of at most 64 lanes).
     pub use_subgroups: bool,
+    /// The f16 variant is in use (see [`Self::with_f16`]).
+    f16: bool,
+    /// What every shader starts with (the f16 conversions and common.wgsl).
+    prelude: String,
 }
 
 /// How a matvec sums a row's block contributions (the entry-point file appended to matvec.wgsl).
@@ -168,17 +174,49 @@ fn groups_1d(n: usize) -> (u32, u32, u32) {
 }
 
 impl Kernels {
+    /// Every pipeline, with native f16 conversions where the device has `shader-f16` (unless
+    /// `LES_NO_F16` is set).
     pub fn new(ctx: &GpuContext) -> Self {
+        let f16 = ctx.device.features().contains(wgpu::Features::SHADER_F16) && std::env::var_os("LES_NO_F16").is_none();
+        Self::with_f16(ctx, f16)
+    }
+
+    /// Every pipeline; `f16`: the f16 variant (shaders/f16_native.wgsl: the hardware's f16 type
+    /// for f32 <-> f16 conversions, needs `shader-f16`) instead of integer emulation
+    /// (f16_emul.wgsl). Both give the same bits where the hardware rounds to nearest even.
+    pub fn with_f16(ctx: &GpuContext, f16: bool) -> Self {
         use Bind::*;
-        let act = Kernel::new(ctx, "act_quant", ACT_QUANT, &[Read, ReadWrite, Uniform], &["quant_q8_0", "quant_q8_1", "quant_q8_k", "quant_f16", "quant_bf16"]);
-        let norm = Kernel::new(ctx, "rms_norm", &format!("{EXACT}\n{RMS_NORM}"), &[ReadWrite, Read, ReadWrite, Uniform], &["main", "inplace"]);
-        let rope = Kernel::new(ctx, "rope", &format!("{EXACT}\n{ROPE}"), &[ReadWrite, Read, Uniform], &["main"]);
-        let kv = Kernel::new(ctx, "kv_store", KV_STORE, &[Read, Read, ReadWrite, ReadWrite, Uniform], &["main"]);
-        let attn = Kernel::new(ctx, "attention", &format!("{EXACT}\n{ATTENTION}"), &[Read, Read, Read, ReadWrite, ReadWrite, Uniform], &["scores", "factors", "softmax_v"]);
-        let ew = Kernel::new(ctx, "elementwise", &format!("{EXACT}\n{ELEMENTWISE}"), &[Read, Read, ReadWrite, Read, Uniform], &["add", "swiglu", "gather", "scatter", "combine", "gate_add", "expf"]);
+        let prelude = format!("{}\n{COMMON}", if f16 { F16_NATIVE } else { F16_EMUL });
+        let p = prelude.as_str();
+        let act = Kernel::new(ctx, p, "act_quant", ACT_QUANT, &[Read, ReadWrite, Uniform], &["quant_q8_0", "quant_q8_1", "quant_q8_k", "quant_f16", "quant_bf16"]);
+        let norm = Kernel::new(ctx, p, "rms_norm", &format!("{EXACT}\n{RMS_NORM}"), &[ReadWrite, Read, ReadWrite, Uniform], &["main", "inplace"]);
+        let rope = Kernel::new(ctx, p, "rope", &format!("{EXACT}\n{ROPE}"), &[ReadWrite, Read, Uniform], &["main"]);
+        let kv = Kernel::new(ctx, p, "kv_store", KV_STORE, &[Read, Read, ReadWrite, ReadWrite, Uniform], &["main"]);
+        let attn = Kernel::new(ctx, p, "attention", &format!("{EXACT}\n{ATTENTION}"), &[Read, Read, Read, ReadWrite, ReadWrite, Uniform], &["scores", "factors", "softmax_v"]);
+        let ew = Kernel::new(ctx, p, "elementwise", &format!("{EXACT}\n{ELEMENTWISE}"), &[Read, Read, ReadWrite, Read, Uniform], &["add", "swiglu", "gather", "scatter", "combine", "gate_add", "expf"]);
         let matvec_layout = bind_layout(ctx, "matvec", &[Read, Read, ReadWrite, Uniform]);
         let mk = |l| ctx.device.create_buffer(&wgpu::BufferDescriptor { label: Some(l), size: 256, usage: wgpu::BufferUsages::STORAGE, mapped_at_creation: false });
-        Self { matvec_layout, matvec: Mutex::new(HashMap::new()), act, norm, rope, kv, attn, ew, dummy: mk("dummy"), dummy2: mk("dummy2"), max_tpr: Self::default_tpr(ctx), use_subgroups: ctx.device.features().contains(wgpu::Features::SUBGROUP) && ctx.info.subgroup_min_size >= 1 && ctx.info.subgroup_max_size <= 64 }
+        Self {
+            matvec_layout,
+            matvec: Mutex::new(HashMap::new()),
+            act,
+            norm,
+            rope,
+            kv,
+            attn,
+            ew,
+            dummy: mk("dummy"),
+            dummy2: mk("dummy2"),
+            max_tpr: Self::default_tpr(ctx),
+            use_subgroups: ctx.device.features().contains(wgpu::Features::SUBGROUP) && ctx.info.subgroup_min_size >= 1 && ctx.info.subgroup_max_size <= 64,
+            f16,
+            prelude,
+        }
+    }
+
+    /// Whether the kernels use the f16 variant.
+    pub fn uses_f16(&self) -> bool {
+        self.f16
     }
 
     /// Threads per matvec row: a software rasterizer (lavapipe, SwiftShader) runs a workgroup's
@@ -206,7 +244,7 @@ impl Kernels {
             Reduce::Subgroup => MATVEC_SUBGROUP,
             Reduce::FloatSeq => MATVEC_FLOAT_SEQ,
         };
-        let src = format!("{COMMON}\n{EXACT}\n{MATVEC}\n{entry}\n{q}");
+        let src = format!("{}\n{EXACT}\n{MATVEC}\n{entry}\n{q}", self.prelude);
         let module = ctx.device.create_shader_module(wgpu::ShaderModuleDescriptor { label: Some("matvec"), source: wgpu::ShaderSource::Wgsl(src.into()) });
         let pl = ctx.device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor { label: Some("matvec"), bind_group_layouts: &[Some(&self.matvec_layout)], immediate_size: 0 });
         let p = std::sync::Arc::new(ctx.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
