@@ -69,6 +69,7 @@ fn lossless(model_file: &str, fractions: &[f64], policies: &[Policy], n: usize, 
                         profile: None,
                         cache: StreamConfig { policy, prefetch, depth: 2, io_threads: 3, ..Default::default() },
                         slots: Some(slots),
+                        gpu_pool: false,
                     };
                     let mut st = open_streaming(store.to_str().unwrap(), &opts).unwrap();
                     for (i, (p, cont)) in seqs.iter().enumerate() {
@@ -131,6 +132,7 @@ fn lossless_chunked_prefetch_on_a_slow_device() {
             profile: Some(profile),
             cache: StreamConfig { policy, prefetch: true, depth: 2, extra: 2, io_threads: 3, prefetch_chunk: 4096, residual_stage: true, refine: true, ..Default::default() },
             slots: Some(c.n_layer * c.n_expert * 3 / 10),
+            gpu_pool: false,
         };
         let mut st = open_streaming(path.to_str().unwrap(), &opts).unwrap();
         for (i, (p, cont)) in seqs.iter().enumerate() {
@@ -214,7 +216,7 @@ fn bundle_checksum_mismatch_is_an_error_not_a_wrong_token() {
     }
     let _ = blk;
     std::fs::write(&bad, &bytes).unwrap();
-    let opts = StreamOptions { budget: 0, n_ctx: 256, direct: false, profile: None, cache: StreamConfig::default(), slots: Some(4) };
+    let opts = StreamOptions { budget: 0, n_ctx: 256, direct: false, profile: None, cache: StreamConfig::default(), slots: Some(4), gpu_pool: false };
     let mut st = open_streaming(bad.to_str().unwrap(), &opts).unwrap();
     let toks = st.session.tokenize("Hello");
     let r = logits_seq(&mut st.session, &toks, &[]);
@@ -228,7 +230,7 @@ fn bundle_checksum_mismatch_is_an_error_not_a_wrong_token() {
 #[test]
 fn budget_below_minimum_is_refused_with_the_minimum() {
     let path = model("rand-llama-moe.gguf");
-    let opts = StreamOptions { budget: 1 << 20, n_ctx: 256, direct: false, profile: None, cache: StreamConfig::default(), slots: None };
+    let opts = StreamOptions { budget: 1 << 20, n_ctx: 256, direct: false, profile: None, cache: StreamConfig::default(), slots: None, gpu_pool: false };
     let e = open_streaming(path.to_str().unwrap(), &opts).err().expect("1 MiB cannot hold the dense weights");
     assert!(e.to_string().contains("minimum"), "{e}");
 }

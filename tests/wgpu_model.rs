@@ -152,6 +152,7 @@ fn gpu_lossless(model_file: &str, n: usize) {
             profile: None,
             cache: StreamConfig { policy: Policy::Lru, prefetch: true, depth: 2, io_threads: 3, ..Default::default() },
             slots: Some(slots),
+            gpu_pool: false,
         };
         let mut st = open_streaming(path.to_str().unwrap(), &opts).unwrap();
         st.session.set_backend(BackendKind::Wgpu, &GpuOptions { expert_slots: Some(slots), ..Default::default() }).unwrap();

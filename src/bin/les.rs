@@ -131,6 +131,23 @@ impl ModelArgs {
         self.apply_backend_with(s, None)
     }
 
+    /// Whether the backend will run on a GPU (wgpu, or auto finding a hardware adapter): a memory
+    /// budget then puts the expert cache in GPU slots behind a small CPU staging cache.
+    fn gpu_pool(&self) -> bool {
+        match self.backend {
+            les::backend::BackendKind::Cpu => false,
+            les::backend::BackendKind::Wgpu => true,
+            les::backend::BackendKind::Auto => les::backend::wgpu::GpuContext::probe().is_ok_and(|i| i.device_type != wgpu::DeviceType::Cpu),
+        }
+    }
+
+    /// Stream options for a budget, with the GPU split when the backend is a GPU.
+    fn stream_options(&self, s: &StreamArgs, budget: u64) -> Result<les::engine::stream::StreamOptions, Box<dyn std::error::Error>> {
+        let mut o = s.options(budget, self.ctx_size)?;
+        o.gpu_pool = self.gpu_pool();
+        Ok(o)
+    }
+
     fn apply_backend_with(&self, s: &mut Session, budget_slots: Option<usize>) -> Res {
         let line = s.set_backend(self.backend, &les::backend::wgpu::model::GpuOptions { expert_slots: self.gpu_expert_slots.or(budget_slots), exact: self.gpu_exact })?;
         eprintln!("les: {line}");
@@ -223,6 +240,7 @@ impl StreamArgs {
                 ..Default::default()
             },
             slots: None,
+            gpu_pool: false,
         })
     }
 }
@@ -450,22 +468,25 @@ fn cmd_run(a: RunArgs) -> Res {
                 let extra = g.tensors.iter().map(|t| t.size).sum::<u64>() + les::model::KvCache::bytes(c.n_layer, n_ctx, c.n_head_kv, c.head_dim) as u64;
                 budget = budget.checked_sub(extra).ok_or_else(|| format!("--memory-budget {b} is smaller than the draft model {p} alone ({:.1} MiB of weights + KV cache)", extra as f64 / 1048576.0))?;
             }
-            let st = les::engine::stream::open_streaming(&a.m.model, &a.s.options(budget, a.m.ctx_size)?)?;
+            let st = les::engine::stream::open_streaming(&a.m.model, &a.m.stream_options(&a.s, budget)?)?;
+            let (cpu_slots, gpu_slots) = (st.experts.config().slots, st.plan.gpu_slots);
+            let all = cpu_slots + gpu_slots;
             eprintln!(
-                "les: budget {:.0} MiB = dense {:.1} MiB + KV {:.1} MiB + scratch {:.1} MiB + {} expert slots ({:.1} MiB, {:.1}% of {:.1} MiB of experts); store {} {}",
+                "les: budget {:.0} MiB = dense {:.1} MiB + KV {:.1} MiB + scratch {:.1} MiB + {} expert slots{} ({:.1} MiB, {:.1}% of {:.1} MiB of experts); store {} {}",
                 st.plan.budget as f64 / 1048576.0,
                 st.plan.dense as f64 / 1048576.0,
                 st.plan.kv as f64 / 1048576.0,
                 st.plan.scratch as f64 / 1048576.0,
-                st.experts.config().slots,
-                (st.experts.config().slots as u64 * st.plan.expert_bytes_max) as f64 / 1048576.0,
-                100.0 * (st.experts.config().slots as u64 * st.plan.expert_bytes_max) as f64 / st.plan.total_expert_bytes.max(1) as f64,
+                all,
+                if gpu_slots > 0 { format!(" = {gpu_slots} on the GPU + {cpu_slots} CPU staging") } else { String::new() },
+                (all as u64 * st.plan.expert_bytes_max) as f64 / 1048576.0,
+                100.0 * (all as u64 * st.plan.expert_bytes_max) as f64 / st.plan.total_expert_bytes.max(1) as f64,
                 st.plan.total_expert_bytes as f64 / 1048576.0,
                 st.store_kind,
                 a.s.store
             );
             let les::engine::stream::Streaming { mut session, experts, .. } = st;
-            a.m.apply_backend_with(&mut session, Some(experts.config().slots))?;
+            a.m.apply_backend_with(&mut session, Some(if gpu_slots > 0 { gpu_slots } else { cpu_slots }))?;
             streaming = Some(experts);
             session
         }
@@ -684,8 +705,9 @@ fn cmd_soak(m: &ModelArgs, s: &StreamArgs, runs: usize, n: usize) -> Res {
         les::backend::cpu::par::init_threads(t);
     }
     let budget = les::engine::stream::parse_bytes(s.memory_budget.as_deref().ok_or("bench soak needs --memory-budget")?)?;
-    let mut st = les::engine::stream::open_streaming(&m.model, &s.options(budget, m.ctx_size)?)?;
-    m.apply_backend(&mut st.session)?;
+    let mut st = les::engine::stream::open_streaming(&m.model, &m.stream_options(s, budget)?)?;
+    let gpu_slots = st.plan.gpu_slots;
+    m.apply_backend_with(&mut st.session, (gpu_slots > 0).then_some(gpu_slots))?;
     let prompts = ["The capital of France is", "Once upon a time, in a small village by the sea,", "def fibonacci(n):", "The three primary colors are"];
     let mut first_rss = 0u64;
     let mut max_dev = 0f64;

@@ -145,9 +145,10 @@ impl Session {
                 }
             },
         };
-        let line = format!("backend: wgpu on {} ({:?})", ctx.info.name, ctx.info.backend);
+        let name = format!("{} ({:?})", ctx.info.name, ctx.info.backend);
         self.use_gpu(ctx, opts)?;
-        Ok(line)
+        let g = self.gpu.as_ref().expect("use_gpu set it");
+        Ok(format!("backend: wgpu on {name}; kernels: {}", g.kernel_variant()))
     }
 
     /// Run on the GPU of `ctx`: upload the dense weights (experts go to GPU slots as routed).

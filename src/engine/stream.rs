@@ -45,6 +45,9 @@ pub struct BudgetPlan {
     pub scratch: u64,
     pub expert_bytes_max: u64,
     pub slots: usize,
+    /// Of `slots`, how many are GPU slots (0: no GPU pool; see `StreamOptions::gpu_pool`); the
+    /// CPU cache has the other `slots - gpu_slots`.
+    pub gpu_slots: usize,
     /// Smallest budget this model runs in with these settings.
     pub minimum: u64,
     pub total_expert_bytes: u64,
@@ -66,6 +69,16 @@ pub fn scratch_bytes(c: &Config, batch: usize) -> u64 {
     (8 << 20) + (batch * per_tok * 4) as u64 + (3 * c.n_vocab * 4) as u64
 }
 
+/// Split `slots` expert slots between a CPU staging cache and a GPU pool: staging holds the
+/// routed experts of the layers the lookahead reaches (`n_expert_used` × (`depth` + 2)), at least
+/// `n_expert_used + 1` and at most half; the GPU pool gets the rest (at least `n_expert_used + 1`,
+/// which can exceed `slots` only at the model's minimum budget). Returns (cpu, gpu).
+pub fn split_gpu_slots(slots: usize, n_expert_used: usize, depth: usize) -> (usize, usize) {
+    let min = n_expert_used + 1;
+    let cpu = (n_expert_used * (depth + 2)).min(slots / 2).max(min);
+    (cpu, slots.saturating_sub(cpu).max(min))
+}
+
 /// Plan the budget: what is left after dense weights, KV cache and scratch becomes expert slots.
 pub fn plan_budget(budget: u64, dense: u64, kv: u64, scratch: u64, expert_bytes_max: u64, total_expert_bytes: u64, min_slots: usize) -> Result<BudgetPlan, BudgetError> {
     let fixed = dense + kv + scratch;
@@ -84,7 +97,7 @@ pub fn plan_budget(budget: u64, dense: u64, kv: u64, scratch: u64, expert_bytes_
         });
     }
     let slots = ((budget - fixed) / expert_bytes_max.max(1)) as usize;
-    Ok(BudgetPlan { budget, dense, kv, scratch, expert_bytes_max, slots, minimum, total_expert_bytes })
+    Ok(BudgetPlan { budget, dense, kv, scratch, expert_bytes_max, slots, gpu_slots: 0, minimum, total_expert_bytes })
 }
 
 /// Options for [`open_streaming`].
@@ -102,6 +115,10 @@ pub struct StreamOptions {
     pub cache: StreamConfig,
     /// Use exactly this many expert slots instead of deriving them from `budget` (tests).
     pub slots: Option<usize>,
+    /// The experts will be cached in a GPU slot pool (wgpu backend): the plan's expert slots are
+    /// split into a small CPU staging cache (the scheduler's reads and prefetches land there) and
+    /// the GPU pool (`BudgetPlan::gpu_slots`, the rest), so both together stay within the budget.
+    pub gpu_pool: bool,
 }
 
 impl StreamOptions {
@@ -109,7 +126,7 @@ impl StreamOptions {
     /// model's own size).
     #[cfg(not(target_arch = "wasm32"))]
     pub fn every_expert(n_ctx: usize) -> Self {
-        Self { budget: 0, n_ctx, direct: false, profile: None, cache: StreamConfig::default(), slots: Some(usize::MAX) }
+        Self { budget: 0, n_ctx, direct: false, profile: None, cache: StreamConfig::default(), slots: Some(usize::MAX), gpu_pool: false }
     }
 }
 
@@ -199,12 +216,18 @@ pub fn open_streaming_sources(raw: Arc<dyn ByteSource>, expert_src: Arc<dyn Byte
     let plan = match opts.slots {
         Some(n) => {
             let n = n.min(c.n_expert * c.n_layer);
-            BudgetPlan { budget: dense + kv + scratch + n as u64 * max_e, dense, kv, scratch, expert_bytes_max: max_e, slots: n, minimum: dense + kv + scratch + min_slots as u64 * max_e, total_expert_bytes: total_e }
+            BudgetPlan { budget: dense + kv + scratch + n as u64 * max_e, dense, kv, scratch, expert_bytes_max: max_e, slots: n, gpu_slots: 0, minimum: dense + kv + scratch + min_slots as u64 * max_e, total_expert_bytes: total_e }
         }
         None => plan_budget(opts.budget, dense, kv, scratch, max_e, total_e, min_slots)?,
     };
+    let mut plan = plan;
     let mut cfg = opts.cache.clone();
     cfg.slots = plan.slots.max(min_slots).min(c.n_expert * c.n_layer);
+    if opts.gpu_pool {
+        let (cpu, gpu) = split_gpu_slots(cfg.slots, c.n_expert_used, cfg.depth);
+        cfg.slots = cpu;
+        plan.gpu_slots = gpu;
+    }
     let norms = (0..c.n_layer).map(|il| tensor_f32(&g, &*dense_src, &format!("blk.{il}.ffn_norm.weight"))).collect::<Result<Vec<_>, _>>()?;
     let experts = Arc::new(StreamingExperts::new(store, routers, c.n_expert, c.n_expert_used, cfg).with_ffn_norms(norms));
     let session = Session::load_with_batch(&*dense_src, ExpertMode::External(experts.clone()), n_ctx, PREFILL_BATCH)?;
@@ -214,6 +237,23 @@ pub fn open_streaming_sources(raw: Arc<dyn ByteSource>, expert_src: Arc<dyn Byte
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gpu_split_keeps_staging_small_and_the_sum_within_the_slots() {
+        // 185 slots, top-2, lookahead depth 2: staging for 4 layers' routed experts (8), the rest
+        // (177) on the GPU.
+        assert_eq!(split_gpu_slots(185, 2, 2), (8, 177));
+        // Few slots: staging is at most half, never below top-k + 1, and so is the GPU pool.
+        assert_eq!(split_gpu_slots(10, 4, 2), (5, 5));
+        assert_eq!(split_gpu_slots(5, 4, 2), (5, 5));
+        for slots in 3..300 {
+            for k in 1..9 {
+                let (cpu, gpu) = split_gpu_slots(slots, k, 2);
+                assert!(cpu > k && gpu > k, "{slots} slots, top-{k}: {cpu} + {gpu}");
+                assert!(cpu + gpu <= slots || slots < 2 * (k + 1), "{slots} slots, top-{k}: {cpu} + {gpu}");
+            }
+        }
+    }
 
     #[test]
     fn parses_sizes() {

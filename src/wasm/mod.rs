@@ -156,6 +156,7 @@ impl Engine {
                 direct: false,
                 cache: StreamConfig { io_threads: 0, ..Default::default() },
                 slots: if budget_bytes > 0.0 { None } else { Some(usize::MAX) },
+                gpu_pool: false,
             };
             match open_streaming_sources(src.clone(), src.clone(), src.clone(), &name, &opts) {
                 Ok(s) => Some((s.session, Some(s.experts), Some(s.plan))),

@@ -282,6 +282,17 @@ impl GpuModel {
         self.n_ctx
     }
 
+    /// The kernel variants in use, for logs: the exact path or the parallel matvec reduction,
+    /// and native or emulated f16 conversions.
+    pub fn kernel_variant(&self) -> String {
+        let red = if self.k.max_tpr == 1 {
+            "exact (bit-identical to the CPU's portable kernels)".to_string()
+        } else {
+            format!("parallel (up to {} threads per row{})", self.k.max_tpr, if self.k.use_subgroups { ", subgroups" } else { "" })
+        };
+        format!("{red}, f16 {}", if self.k.uses_f16() { "native (shader-f16)" } else { "emulated" })
+    }
+
     pub fn stats(&self) -> GpuStats {
         let mut s = self.stats.lock().unwrap().clone();
         if let Some(p) = self.pool.lock().unwrap().as_ref() {
