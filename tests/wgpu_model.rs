@@ -122,8 +122,9 @@ fn logits_seq(s: &mut Session, prompt: &[u32], cont: &[u32]) -> Vec<Vec<f32>> {
     out
 }
 
-/// On the GPU, streamed experts (a CPU cache of 10% / 30% of experts feeding a GPU slot pool of
-/// the same size, prefetch on) give logits bit-identical to every expert resident on the GPU.
+/// On the GPU, streamed experts (budgets of 10% / 30% of experts, split into a small CPU staging
+/// cache and a GPU slot pool; prefetch on) give logits bit-identical to every expert resident on
+/// the GPU.
 fn gpu_lossless(model_file: &str, n: usize) {
     use les::engine::stream::{open_streaming, StreamOptions};
     use les::expert::stream::{Policy, StreamConfig};
@@ -152,10 +153,15 @@ fn gpu_lossless(model_file: &str, n: usize) {
             profile: None,
             cache: StreamConfig { policy: Policy::Lru, prefetch: true, depth: 2, io_threads: 3, ..Default::default() },
             slots: Some(slots),
-            gpu_pool: false,
+            gpu_pool: true,
         };
         let mut st = open_streaming(path.to_str().unwrap(), &opts).unwrap();
-        st.session.set_backend(BackendKind::Wgpu, &GpuOptions { expert_slots: Some(slots), ..Default::default() }).unwrap();
+        // The budget's slots split as `les run --backend wgpu` splits them: a small CPU staging
+        // cache in front of the GPU pool.
+        let gpu_slots = st.plan.gpu_slots;
+        let cpu_slots = st.experts.config().slots;
+        assert!(gpu_slots > 0 && cpu_slots + gpu_slots <= slots.max(2 * (c.n_expert_used + 1)), "{slots} slots split as {gpu_slots} GPU + {cpu_slots} CPU");
+        st.session.set_backend(BackendKind::Wgpu, &GpuOptions { expert_slots: Some(gpu_slots), ..Default::default() }).unwrap();
         for (i, (p, cont)) in seqs.iter().enumerate() {
             let got = logits_seq(&mut st.session, p, cont);
             for (r, (a, b)) in got.iter().zip(&want[i]).enumerate() {
@@ -165,7 +171,7 @@ fn gpu_lossless(model_file: &str, n: usize) {
         let gs = st.session.gpu.as_ref().unwrap().stats();
         assert!(gs.experts.uploads > gs.experts.hits / 100, "the small GPU pool must have reloaded experts");
         assert!(st.experts.stats().bytes_read > 0, "nothing was streamed");
-        eprintln!("{model_file}: {:.0}% slots: bit-identical on the GPU; {} uploads, {} GPU hits, {} readbacks ({:.2} ms each)", frac * 100.0, gs.experts.uploads, gs.experts.hits, gs.readbacks, gs.readback_ms / gs.readbacks.max(1) as f64);
+        eprintln!("{model_file}: {:.0}% slots ({gpu_slots} GPU + {} CPU staging): bit-identical on the GPU; {} uploads, {} GPU hits, {} readbacks ({:.2} ms each)", frac * 100.0, cpu_slots, gs.experts.uploads, gs.experts.hits, gs.readbacks, gs.readback_ms / gs.readbacks.max(1) as f64);
     }
 }
 
