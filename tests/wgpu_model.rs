@@ -216,3 +216,31 @@ fn gpu_slot_larger_than_the_binding_limit_is_a_clear_error() {
     let msg = err.to_string();
     assert!(msg.contains("limit") && msg.contains(&too_big.to_string()), "{msg}");
 }
+
+/// A full GPU slot pool evicts the expert its source's policy ranks lowest (`retention`), not the
+/// least recently used one; with no ranking it falls back to LRU.
+#[test]
+fn gpu_pool_evicts_what_the_scheduler_ranks_lowest() {
+    if !gpu_available() {
+        return;
+    }
+    use les::backend::wgpu::experts::GpuExpertPool;
+    use les::backend::wgpu::Recorder;
+    use les::expert::{ExpertBlock, ExpertLayout};
+    use les::quant::GgmlType;
+    let ctx = les::backend::wgpu::GpuContext::new().unwrap();
+    let layout = ExpertLayout { n_embd: 4, n_ff: 1, gate_ty: GgmlType::F32, up_ty: GgmlType::F32, down_ty: GgmlType::F32, gate_bytes: 16, up_bytes: 16, down_bytes: 16 };
+    let blk = ExpertBlock { data: vec![0u8; 48], layout };
+    let arena = Recorder::arena_buffer(&ctx);
+    for (ranked, evicted, kept) in [(true, (0, 1), (0, 0)), (false, (0, 0), (0, 1))] {
+        let mut pool = GpuExpertPool::new(&ctx, 2, 48).unwrap();
+        let mut rec = Recorder::new(&ctx, &arena);
+        // (0, 0) is kept high and (0, 1) low by the ranking; (0, 0) is also the older one.
+        let rank = |l: usize, e: usize| ranked.then_some(if (l, e) == (0, 0) { 10.0 } else { -10.0 });
+        pool.ensure(&mut rec, 0, 0, &blk, &rank).unwrap();
+        pool.ensure(&mut rec, 0, 1, &blk, &rank).unwrap();
+        rec.submit();
+        pool.ensure(&mut rec, 1, 0, &blk, &rank).unwrap();
+        assert!(!pool.holds(evicted.0, evicted.1) && pool.holds(kept.0, kept.1) && pool.holds(1, 0), "ranked {ranked}: expected {evicted:?} evicted");
+    }
+}

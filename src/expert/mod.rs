@@ -160,6 +160,12 @@ pub trait ExpertSource: Send + Sync {
     /// stream entering its FFN plus the weighted outputs of the experts handed over until now,
     /// called after the first of several. The default does nothing.
     fn on_partial(&self, _layer: usize, _x: &[f32]) {}
+    /// The source's eviction policy's wish to keep expert `expert` of `layer` (higher: keep
+    /// longer), or `None` for plain LRU. A consumer's own cache (the GPU slot pool) evicts the
+    /// lowest, so the scheduler's policy ranks those slots as it ranks its own.
+    fn retention(&self, _layer: usize, _expert: usize) -> Option<f64> {
+        None
+    }
     /// Lookahead from another model (a speculative draft): `rows[l]` holds the residual stream
     /// entering layer `l`'s FFN (before its norm), `n_rows × n_embd`, for the tokens the next
     /// forward will process. Schedulers may route these rows with the target's own routers to

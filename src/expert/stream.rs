@@ -811,19 +811,7 @@ impl Inner {
                 (_, true, Some(k)) if k.0 <= self.cur_layer => 1,
                 _ => 2,
             };
-            let k = s.key.unwrap_or((0, 0));
-            let f = self.freq.get(&k).copied().unwrap_or(0.0) as f64;
-            let primary = match policy {
-                Policy::Lru => 0.0,
-                Policy::Lfu => f,
-                Policy::NextUse => {
-                    let n = self.n_layers.max(1);
-                    let layers_until = (k.0 + n - self.cur_layer % n - 1) % n;
-                    // Uses per token ≈ decayed count × (1 − decay) (decay 0.95 per token).
-                    let p = (f * (1.0 - FREQ_DECAY as f64)).clamp(0.002, 0.99);
-                    -(layers_until as f64 + n as f64 * (1.0 / p - 1.0))
-                }
-            };
+            let primary = self.retention(policy, s.key.unwrap_or((0, 0)));
             let score = (class, primary, s.last_use);
             let better = match &best {
                 None => true,
@@ -879,6 +867,23 @@ impl Inner {
         self.queue.push(Req { slot, key, demand, dist, seq: self.seq, done: 0 });
     }
 
+    /// How much `policy` wants expert `k` kept (higher: keep; LRU: 0, the caller breaks ties by
+    /// last use). Next-use: minus the estimated layers until its next use.
+    fn retention(&self, policy: Policy, k: (usize, usize)) -> f64 {
+        let f = self.freq.get(&k).copied().unwrap_or(0.0) as f64;
+        match policy {
+            Policy::Lru => 0.0,
+            Policy::Lfu => f,
+            Policy::NextUse => {
+                let n = self.n_layers.max(1);
+                let layers_until = (k.0 + n - self.cur_layer % n - 1) % n;
+                // Uses per token ≈ decayed count × (1 − decay) (decay 0.95 per token).
+                let p = (f * (1.0 - FREQ_DECAY as f64)).clamp(0.002, 0.99);
+                -(layers_until as f64 + n as f64 * (1.0 / p - 1.0))
+            }
+        }
+    }
+
     fn touch(&mut self, slot: usize) {
         self.clock += 1;
         let s = &mut self.slots[slot];
@@ -896,6 +901,14 @@ impl Inner {
 impl ExpertSource for StreamingExperts {
     fn layout(&self, layer: usize) -> &ExpertLayout {
         self.sh.store.layout(layer)
+    }
+
+    fn retention(&self, layer: usize, expert: usize) -> Option<f64> {
+        let policy = self.sh.cfg.policy;
+        if policy == Policy::Lru {
+            return None;
+        }
+        Some(self.sh.inner.lock().unwrap().retention(policy, (layer, expert)))
     }
 
     fn on_hidden(&self, layer: usize, h: &[f32], n_tok: usize) {
@@ -1007,7 +1020,10 @@ impl ExpertSource for StreamingExperts {
             for (i, &key) in keys.iter().enumerate() {
                 if held(key.1 as u32) {
                     // Held by the consumer (a GPU slot): a hit that needs no bytes from here.
+                    // Its use still counts toward the policy's frequencies, which rank the
+                    // consumer's slots too (`retention`).
                     g.stats.layers[layer].hits += 1;
+                    *g.freq.entry(key).or_insert(0.0) += 1.0;
                     continue;
                 }
                 match g.map.get(&key).copied() {

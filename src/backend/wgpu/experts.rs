@@ -130,9 +130,10 @@ impl GpuExpertPool {
         Some((s, self.layouts[s].clone()?))
     }
 
-    /// The slot holding expert `ex` of `layer`, uploading `blk` into a free or least recently
-    /// used slot when it is not resident.
-    pub fn ensure(&mut self, rec: &mut Recorder<'_>, layer: usize, ex: usize, blk: &ExpertBlock) -> Result<usize, GpuError> {
+    /// The slot holding expert `ex` of `layer`, uploading `blk` into a free slot or, when none is
+    /// free, the one whose expert `retention` ranks lowest (the expert source's policy; `None`
+    /// scores: least recently used first).
+    pub fn ensure(&mut self, rec: &mut Recorder<'_>, layer: usize, ex: usize, blk: &ExpertBlock, retention: &dyn Fn(usize, usize) -> Option<f64>) -> Result<usize, GpuError> {
         self.tick += 1;
         if let Some(&s) = self.map.get(&(layer, ex)) {
             self.stats.hits += 1;
@@ -145,7 +146,11 @@ impl GpuExpertPool {
             return Err(GpuError::Limit { what: format!("expert {ex} of layer {layer}"), need: bytes as u64, have: self.slot_bytes as u64 });
         }
         let pick = |me: &Self, now: usize| -> Option<usize> {
-            (0..me.slots.len()).filter(|&s| me.used_in[s] != Some(now)).min_by_key(|&s| (me.owner[s].is_some(), me.last_use[s]))
+            let key = |s: usize| -> (bool, f64, u64) {
+                let score = me.owner[s].and_then(|(l, e)| retention(l, e)).unwrap_or(0.0);
+                (me.owner[s].is_some(), score, me.last_use[s])
+            };
+            (0..me.slots.len()).filter(|&s| me.used_in[s] != Some(now)).min_by(|&a, &b| key(a).partial_cmp(&key(b)).unwrap_or(std::cmp::Ordering::Equal))
         };
         let s = match pick(self, rec.submits) {
             Some(s) => s,

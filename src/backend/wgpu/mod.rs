@@ -210,12 +210,16 @@ pub struct Recorder<'c> {
     arena_buf: &'c wgpu::Buffer,
     /// Dispatches recorded since the last submit (for the per-layer batching report).
     pub dispatches: usize,
+    /// Recording generation: advanced by every [`Self::submit`] (commands marked with an older
+    /// value are no longer pending).
     pub submits: usize,
+    /// Command buffers handed to the queue.
+    pub queue_submits: usize,
 }
 
 impl<'c> Recorder<'c> {
     pub fn new(ctx: &'c GpuContext, arena_buf: &'c wgpu::Buffer) -> Self {
-        Self { ctx, encoder: None, arena: Vec::with_capacity(64 << 10), arena_buf, dispatches: 0, submits: 0 }
+        Self { ctx, encoder: None, arena: Vec::with_capacity(64 << 10), arena_buf, dispatches: 0, submits: 0, queue_submits: 0 }
     }
 
     pub fn arena_buffer(ctx: &GpuContext) -> wgpu::Buffer {
@@ -268,8 +272,11 @@ impl<'c> Recorder<'c> {
         }
         if let Some(enc) = self.encoder.take() {
             self.ctx.queue.submit(Some(enc.finish()));
-            self.submits += 1;
+            self.queue_submits += 1;
         }
+        // A new generation even when nothing was recorded: whatever was marked as used by this
+        // recording is no longer waiting for a submit (the expert pool relies on it).
+        self.submits += 1;
     }
 
     /// Copy `ranges` (buffer, byte offset, bytes) into one staging buffer, submit, wait, and return

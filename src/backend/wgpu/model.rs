@@ -476,7 +476,7 @@ impl GpuModel {
                             err = Some(crate::expert::ExpertError::Invalid { layer: il, expert: ex as usize, why: "expert shape does not match n_embd".into() }.into());
                             return;
                         }
-                        let r = pool.ensure(&mut rec, il, ex as usize, blk).and_then(|slot| self.run_expert(&mut rec, pool, slot, &blk.layout, ex, &sel, &wts, t_n, kk));
+                        let r = pool.ensure(&mut rec, il, ex as usize, blk, &|l, x| experts.retention(l, x)).and_then(|slot| self.run_expert(&mut rec, pool, slot, &blk.layout, ex, &sel, &wts, t_n, kk));
                         if let Err(er) = r {
                             err = Some(er.into());
                         }
@@ -526,7 +526,7 @@ impl GpuModel {
         st.forwards += 1;
         st.readbacks += readbacks;
         st.readback_ms += rb_ms;
-        st.submits += rec.submits as u64;
+        st.submits += rec.queue_submits as u64;
         st.dispatches += rec.dispatches as u64;
         Ok(logits)
     }
