@@ -137,7 +137,7 @@ impl ModelArgs {
         match self.backend {
             les::backend::BackendKind::Cpu => false,
             les::backend::BackendKind::Wgpu => true,
-            les::backend::BackendKind::Auto => les::backend::wgpu::GpuContext::probe().is_ok_and(|i| i.device_type != wgpu::DeviceType::Cpu),
+            les::backend::BackendKind::Auto => les::backend::wgpu::GpuContext::probe().is_ok_and(|i| les::backend::wgpu::GpuContext::auto_takes(&i)),
         }
     }
 

@@ -134,7 +134,7 @@ impl Session {
             }
             BackendKind::Wgpu => GpuContext::new()?,
             BackendKind::Auto => match GpuContext::probe() {
-                Ok(info) if info.device_type != wgpu::DeviceType::Cpu => GpuContext::new()?,
+                Ok(info) if GpuContext::auto_takes(&info) => GpuContext::new()?,
                 Ok(info) => {
                     self.use_cpu();
                     return Ok(format!("backend: cpu (auto: the only GPU adapter, {}, is a software rasterizer)", info.name));

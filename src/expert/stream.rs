@@ -893,8 +893,13 @@ impl Inner {
             self.stats.prefetch_used += 1;
         }
         if let Some(k) = s.key {
-            *self.freq.entry(k).or_insert(0.0) += 1.0;
+            self.count_use(k);
         }
+    }
+
+    /// One use of expert `k` toward the decayed frequencies of [`Policy::Lfu`] / `NextUse`.
+    fn count_use(&mut self, k: (usize, usize)) {
+        *self.freq.entry(k).or_insert(0.0) += 1.0;
     }
 }
 
@@ -1023,7 +1028,7 @@ impl ExpertSource for StreamingExperts {
                     // Its use still counts toward the policy's frequencies, which rank the
                     // consumer's slots too (`retention`).
                     g.stats.layers[layer].hits += 1;
-                    *g.freq.entry(key).or_insert(0.0) += 1.0;
+                    g.count_use(key);
                     continue;
                 }
                 match g.map.get(&key).copied() {

@@ -396,14 +396,7 @@ impl Simd {
                     .into_iter()
                     .find(|s| !forced_scalar && s.is_available())
                     .unwrap_or(Simd::Scalar);
-                SIMD_LEVEL.store(
-                    match s {
-                        Simd::Scalar => 1,
-                        Simd::Avx2 => 2,
-                        Simd::Simd128 => 3,
-                    },
-                    Ordering::Relaxed,
-                );
+                SIMD_LEVEL.store(s.code(), Ordering::Relaxed);
                 s
             }
         }
@@ -415,14 +408,16 @@ impl Simd {
     /// backend's exact path reproduces bit for bit; AVX2 follows llama.cpp's x86 kernels.
     pub fn force(level: Simd) {
         if level.is_available() {
-            SIMD_LEVEL.store(
-                match level {
-                    Simd::Scalar => 1,
-                    Simd::Avx2 => 2,
-                    Simd::Simd128 => 3,
-                },
-                Ordering::Relaxed,
-            );
+            SIMD_LEVEL.store(level.code(), Ordering::Relaxed);
+        }
+    }
+
+    /// The level's value in `SIMD_LEVEL`.
+    fn code(self) -> u8 {
+        match self {
+            Simd::Scalar => 1,
+            Simd::Avx2 => 2,
+            Simd::Simd128 => 3,
         }
     }
 

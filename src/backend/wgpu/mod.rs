@@ -86,6 +86,12 @@ impl GpuContext {
         Ok(Self { device, queue, info, limits, features, lost, error })
     }
 
+    /// Whether `--backend auto` runs on this adapter: a hardware GPU, not a software rasterizer
+    /// (lavapipe, SwiftShader), which is slower than the CPU backend.
+    pub fn auto_takes(info: &wgpu::AdapterInfo) -> bool {
+        info.device_type != wgpu::DeviceType::Cpu
+    }
+
     /// The default adapter's description, without opening a device (for `--backend auto`).
     #[cfg(not(target_arch = "wasm32"))]
     pub fn probe() -> Result<wgpu::AdapterInfo, GpuError> {
