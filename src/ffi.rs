@@ -7,7 +7,7 @@
 //! panic crosses the boundary (each entry point catches unwinding and reports an error); strings
 //! returned by LES are freed with [`les_string_free`]; the engine is freed with [`les_free`].
 
-use crate::backend::wgpu::model::GpuOptions;
+use crate::backend::wgpu::exec::GpuOptions;
 use crate::backend::BackendKind;
 use crate::engine::sampling::SamplerConfig;
 use crate::engine::stream::{open_streaming, parse_bytes, StreamOptions};

@@ -3,6 +3,7 @@
 //! An inference engine for Mixture-of-Experts GGUF models on devices whose memory is smaller than
 //! the model. See README.md for the design and ARCHITECTURE in NOTES.md for the module map.
 
+pub mod clock;
 pub mod gguf;
 pub mod quant;
 pub mod store;

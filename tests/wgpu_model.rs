@@ -11,7 +11,7 @@
 
 mod common;
 use common::*;
-use les::backend::wgpu::model::GpuOptions;
+use les::backend::wgpu::exec::GpuOptions;
 use les::backend::BackendKind;
 use les::engine::sampling::SamplerConfig;
 use les::engine::Session;

@@ -2,7 +2,7 @@
 //! gives a clear error and `auto` falls back to the CPU. One test per binary: it sets an
 //! environment variable for the whole process.
 
-use les::backend::wgpu::model::GpuOptions;
+use les::backend::wgpu::exec::GpuOptions;
 use les::backend::BackendKind;
 use les::engine::Session;
 use les::model::ExpertMode;

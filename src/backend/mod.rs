@@ -1,8 +1,10 @@
-//! Compute backends. `cpu` is the reference (and the fast native path); `wgpu` runs the same
-//! forward pass with WGSL kernels (WebGPU, Metal, Vulkan, DX12), each kernel tested against its
-//! CPU reference.
+//! Compute backends. [`ops`] is the contract a forward pass is written against; `cpu` is the
+//! reference (and the fast native path); `wgpu` runs the same ops with WGSL kernels (WebGPU,
+//! Metal, Vulkan, DX12), each kernel tested against its CPU reference (`tests/ops.rs`).
+//! Backends know ops and shapes, never architectures (those live in `src/model/`).
 
 pub mod cpu;
+pub mod ops;
 pub mod wgpu;
 
 /// Which backend runs the forward pass.

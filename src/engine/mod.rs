@@ -15,9 +15,9 @@ use crate::gguf::{GgufError, GgufFile};
 use crate::model::{ExpertMode, KvCache, Logits, Model, ModelError};
 use crate::store::ByteSource;
 use crate::tokenizer::{Tokenizer, TokenizerError};
-use crate::backend::wgpu::model::GpuModel;
+use crate::backend::wgpu::exec::GpuBackend;
 #[cfg(not(target_arch = "wasm32"))]
-use crate::backend::{wgpu::model::GpuOptions, BackendKind};
+use crate::backend::{wgpu::exec::GpuOptions, BackendKind};
 use sampling::{Sampler, SamplerConfig};
 
 #[derive(Debug, thiserror::Error)]
@@ -92,7 +92,7 @@ pub struct Session {
     /// Prompt tokens per forward pass (0 = the whole prompt at once).
     pub prefill_batch: usize,
     /// The GPU forward when the session runs on the wgpu backend (`None`: the CPU).
-    pub gpu: Option<GpuModel>,
+    pub gpu: Option<GpuBackend>,
 }
 
 /// Current and peak resident memory of this process in bytes (Linux; `None` elsewhere).
@@ -152,8 +152,9 @@ impl Session {
     }
 
     /// Run on the GPU of `ctx`: upload the dense weights (experts go to GPU slots as routed).
-    pub fn use_gpu(&mut self, ctx: crate::backend::wgpu::GpuContext, opts: &crate::backend::wgpu::model::GpuOptions) -> Result<(), EngineError> {
-        let gpu = GpuModel::new(std::sync::Arc::new(ctx), &self.model, self.kv.n_ctx, opts)?;
+    pub fn use_gpu(&mut self, ctx: crate::backend::wgpu::GpuContext, opts: &crate::backend::wgpu::exec::GpuOptions) -> Result<(), EngineError> {
+        let m = &self.model;
+        let gpu = GpuBackend::new(std::sync::Arc::new(ctx), &m.weights, m.gpu_shapes(self.kv.n_ctx), m.experts(), opts)?;
         // Keys and values live on the GPU; the CPU cache keeps only the position count.
         self.kv = KvCache::new(0, self.kv.n_ctx, self.model.cfg.n_head_kv, self.model.cfg.head_dim);
         self.gpu = Some(gpu);
@@ -171,7 +172,7 @@ impl Session {
     pub fn forward(&mut self, tokens: &[u32], want: Logits) -> Result<Vec<f32>, EngineError> {
         #[cfg(not(target_arch = "wasm32"))]
         if let Some(g) = &self.gpu {
-            return Ok(g.forward(&self.model, tokens, &mut self.kv, want)?);
+            return Ok(self.model.forward_gpu_blocking(g, tokens, &mut self.kv, want)?);
         }
         Ok(self.model.forward(tokens, &mut self.kv, want)?)
     }
@@ -181,7 +182,7 @@ impl Session {
     pub fn forward_per_row(&mut self, tokens: &[u32], want: Logits) -> Result<Vec<f32>, EngineError> {
         #[cfg(not(target_arch = "wasm32"))]
         if let Some(g) = &self.gpu {
-            return Ok(g.forward(&self.model, tokens, &mut self.kv, want)?);
+            return Ok(self.model.forward_gpu_blocking(g, tokens, &mut self.kv, want)?);
         }
         Ok(self.model.forward_per_row(tokens, &mut self.kv, want)?)
     }
@@ -326,20 +327,7 @@ impl Generation {
     }
 }
 
-/// Milliseconds from an arbitrary origin (monotonic where available).
-pub fn now_ms() -> f64 {
-    #[cfg(not(target_arch = "wasm32"))]
-    {
-        use std::sync::OnceLock;
-        use std::time::Instant;
-        static T0: OnceLock<Instant> = OnceLock::new();
-        T0.get_or_init(Instant::now).elapsed().as_secs_f64() * 1000.0
-    }
-    #[cfg(target_arch = "wasm32")]
-    {
-        js_sys::Date::now()
-    }
-}
+pub use crate::clock::now_ms;
 
 #[cfg(test)]
 mod tests {

@@ -156,6 +156,11 @@ pub trait ExpertSource: Send + Sync {
     /// Lookahead hook: layer `layer`'s output (the residual stream after its FFN), last row
     /// only, `n_tok` rows in the forward. The default does nothing.
     fn on_residual(&self, _layer: usize, _x: &[f32], _n_tok: usize) {}
+    /// Whether [`Self::on_residual`] is used: the model reads each layer's output back from a
+    /// GPU only then (one synchronisation per layer).
+    fn wants_residual(&self) -> bool {
+        false
+    }
     /// Lookahead hook (single-row forwards): layer `layer`'s output so far — the residual
     /// stream entering its FFN plus the weighted outputs of the experts handed over until now,
     /// called after the first of several. The default does nothing.

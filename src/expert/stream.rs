@@ -939,6 +939,10 @@ impl ExpertSource for StreamingExperts {
         self.with_experts_except(layer, ids, &|_| false, f)
     }
 
+    fn wants_residual(&self) -> bool {
+        self.sh.cfg.prefetch && self.sh.cfg.residual_stage
+    }
+
     fn on_residual(&self, layer: usize, x: &[f32], n_tok: usize) {
         if self.sh.cfg.prefetch && self.sh.cfg.residual_stage && n_tok == 1 && layer < self.routers.len() {
             self.prefetch_from_residual(layer, x, false);

@@ -186,7 +186,7 @@ impl Engine {
             let line = if what.is_empty() { "webgpu".to_string() } else { format!("webgpu ({what})") };
             let mut g = inner.try_borrow_mut().map_err(|_| JsValue::from(err("engine busy")))?;
             let slots = expert_slots.map(|n| n as usize).or(g.plan.as_ref().map(|p| p.slots));
-            let opts = crate::backend::wgpu::model::GpuOptions { expert_slots: slots, ..Default::default() };
+            let opts = crate::backend::wgpu::exec::GpuOptions { expert_slots: slots, ..Default::default() };
             g.session.use_gpu(ctx, &opts).map_err(|e| JsValue::from(err(e)))?;
             g.backend = line.clone();
             Ok(JsValue::from_str(&line))
@@ -309,7 +309,7 @@ async fn step(g: &mut Inner) -> Result<JsValue, crate::engine::EngineError> {
     let prefill = gen.is_prefill();
     let logits = match &session.gpu {
         // The GPU forward runs a prompt in batches of GPU_BATCH itself.
-        Some(gpu) => gpu.forward_async(&session.model, &input, &mut session.kv, Logits::Last).await?,
+        Some(gpu) => session.model.forward_gpu(gpu, &input, &mut session.kv, Logits::Last).await?,
         None if prefill => session.prefill(&input)?,
         None => session.forward(&input, Logits::Last)?,
     };

@@ -1,7 +1,11 @@
-//! CPU ops, written to follow ggml's CPU kernels (`ggml/src/ggml-cpu/ops.cpp`, `vec.h`) closely
-//! enough that LES's logits match llama.cpp's to about 1e-2.
+//! The CPU backend: ops written to follow ggml's CPU kernels (`ggml/src/ggml-cpu/ops.cpp`,
+//! `vec.h`) — with AVX2 on x86-64, in llama.cpp's summation orders, so logits are bit-identical
+//! to llama.cpp's there — and [`exec::CpuExec`], which runs them for the [`super::ops::Ops`]
+//! contract.
 
+pub mod cmath;
+pub mod exec;
+pub mod kv;
+pub mod matmul;
 pub mod ops;
 pub mod par;
-pub mod matmul;
-pub mod cmath;

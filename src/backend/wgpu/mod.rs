@@ -7,14 +7,15 @@
 //! - [`kernels`]: pipelines and one dispatch function per kernel (matvec per GGML type,
 //!   activation quantization, RMSNorm, RoPE, KV store, attention, element-wise ops);
 //! - [`experts`]: a pool of fixed-size GPU expert slots fed through the [`crate::expert::ExpertSource`];
-//! - [`model`]: the forward pass on the GPU, step for step the CPU forward of `src/model`.
+//! - [`exec`]: the [`crate::backend::ops::Ops`] contract on the GPU (weights, KV cache and
+//!   activation buffers; the forward pass itself is the architecture's, in `src/model/`).
 //!
 //! Synchronisation: one GPU→CPU readback per MoE layer (the router logits, plus the FFN input for
 //! the lookahead predictor when decoding), one for the output logits.
 
+pub mod exec;
 pub mod experts;
 pub mod kernels;
-pub mod model;
 
 use std::sync::{Arc, Mutex};
 

@@ -1,0 +1,250 @@
+//! [`Ops`] on the CPU: every op computes at once with the kernels of this folder; `read` is a copy.
+
+use super::kv::KvCache;
+use super::matmul::{matmul, Acts, RowMode, WeightRef};
+use super::{ops, par};
+use crate::backend::ops::{Attn, Mat, OpError, Ops, Rope, Route, Vector, Weights};
+use crate::expert::{ExpertError, ExpertSource};
+use std::ops::Range;
+
+/// A CPU tensor: `v.len() / cols` rows of `cols` values.
+pub struct CpuT {
+    pub v: Vec<f32>,
+    pub cols: usize,
+}
+
+impl CpuT {
+    fn rows(&self) -> usize {
+        self.v.len() / self.cols.max(1)
+    }
+    fn row(&self, t: usize) -> &[f32] {
+        &self.v[t * self.cols..(t + 1) * self.cols]
+    }
+}
+
+/// One forward pass's CPU executor: the weights, the KV cache it appends to, and the row mode.
+pub struct CpuExec<'a> {
+    w: &'a Weights,
+    kv: &'a mut KvCache,
+    /// Every row computed as a single-row product ([`RowMode::PerRow`]) instead of with
+    /// llama.cpp's batch kernels.
+    per_row: bool,
+    /// RoPE cos/sin tables of this forward's positions: (pos0, n_rot, base bits) → one per row.
+    rope: Vec<((usize, usize, u32), Vec<Vec<f32>>)>,
+}
+
+impl<'a> CpuExec<'a> {
+    pub fn new(w: &'a Weights, kv: &'a mut KvCache, per_row: bool) -> Self {
+        Self { w, kv, per_row, rope: Vec::new() }
+    }
+
+    fn dense_mode(&self) -> RowMode {
+        if self.per_row {
+            RowMode::PerRow
+        } else {
+            RowMode::Batch
+        }
+    }
+}
+
+/// `down(silu(gate x) * up x)` of `x` (rows of `gate.cols`), the products in `mode`.
+pub fn swiglu_ffn(gate: WeightRef<'_>, up: WeightRef<'_>, down: WeightRef<'_>, x: &[f32], mode: RowMode) -> Vec<f32> {
+    let e = gate.cols;
+    let t_n = x.len() / e;
+    let ff = gate.rows;
+    let mut g = vec![0f32; t_n * ff];
+    let mut u = vec![0f32; t_n * ff];
+    {
+        let mut a = Acts::with_mode(x, e, mode);
+        matmul(gate, &mut a, &mut g);
+        matmul(up, &mut a, &mut u);
+    }
+    let mut h = vec![0f32; t_n * ff];
+    ops::swiglu(&g, &u, &mut h);
+    let mut y = vec![0f32; t_n * down.rows];
+    let mut a = Acts::with_mode(&h, ff, mode);
+    matmul(down, &mut a, &mut y);
+    y
+}
+
+impl Ops for CpuExec<'_> {
+    type T = CpuT;
+
+    fn shape(t: &CpuT) -> (usize, usize) {
+        (t.rows(), t.cols)
+    }
+
+    fn input(&mut self, x: Vec<f32>, cols: usize) -> Result<CpuT, OpError> {
+        Ok(CpuT { v: x, cols })
+    }
+
+    fn rms_norm(&mut self, x: &CpuT, w: Vector, eps: f32) -> Result<CpuT, OpError> {
+        let w = self.w.vec(w);
+        let mut y = vec![0f32; x.v.len()];
+        for (xr, yr) in x.v.chunks(x.cols).zip(y.chunks_mut(x.cols)) {
+            ops::rms_norm(xr, w, eps, yr);
+        }
+        Ok(CpuT { v: y, cols: x.cols })
+    }
+
+    fn rms_norm_groups(&mut self, x: &mut CpuT, w: Vector, eps: f32) -> Result<(), OpError> {
+        ops::rms_norm_groups(&mut x.v, self.w.vec(w), eps);
+        Ok(())
+    }
+
+    fn matmul(&mut self, x: &CpuT, ws: &[Mat]) -> Result<Vec<CpuT>, OpError> {
+        let mut a = Acts::with_mode(&x.v, x.cols, self.dense_mode());
+        let mut out = Vec::with_capacity(ws.len());
+        for &m in ws {
+            let w = self.w.mat(m);
+            let mut y = vec![0f32; x.rows() * w.rows];
+            matmul(w.as_ref(), &mut a, &mut y);
+            out.push(CpuT { v: y, cols: w.rows });
+        }
+        Ok(out)
+    }
+
+    fn add_row(&mut self, x: &mut CpuT, b: Vector) -> Result<(), OpError> {
+        let b = self.w.vec(b);
+        for r in x.v.chunks_mut(x.cols) {
+            for (a, &bb) in r.iter_mut().zip(b) {
+                *a += bb;
+            }
+        }
+        Ok(())
+    }
+
+    fn add(&mut self, x: &mut CpuT, y: &CpuT) -> Result<(), OpError> {
+        for (a, &b) in x.v.iter_mut().zip(&y.v) {
+            *a += b;
+        }
+        Ok(())
+    }
+
+    fn rope(&mut self, x: &mut CpuT, pos0: usize, p: &Rope) -> Result<(), OpError> {
+        let key = (pos0, p.n_rot, p.base.to_bits());
+        let rows = x.rows();
+        let i = match self.rope.iter().position(|(k, t)| *k == key && t.len() >= rows) {
+            Some(i) => i,
+            None => {
+                let tabs = (0..rows)
+                    .map(|t| {
+                        let mut c = Vec::new();
+                        ops::rope_cache(pos0 + t, p.n_rot, p.base, &mut c);
+                        c
+                    })
+                    .collect();
+                self.rope.push((key, tabs));
+                self.rope.len() - 1
+            }
+        };
+        let tabs = &self.rope[i].1;
+        for (t, r) in x.v.chunks_mut(x.cols).enumerate() {
+            ops::rope(r, p.head_dim, p.n_rot, p.kind, &tabs[t]);
+        }
+        Ok(())
+    }
+
+    fn attention(&mut self, il: usize, q: &CpuT, k: &CpuT, v: &CpuT, pos0: usize, p: &Attn) -> Result<CpuT, OpError> {
+        let t_n = q.rows();
+        for t in 0..t_n {
+            self.kv.store(il, pos0 + t, k.row(t), v.row(t));
+        }
+        let (hd, nq) = (p.head_dim, q.cols);
+        let group = p.n_head / p.n_head_kv;
+        let mut out = vec![0f32; t_n * nq];
+        let kv = &*self.kv;
+        // One task per (token, head).
+        par::for_each_chunk(&mut out, hd, |i, o| {
+            let (t, h) = (i / p.n_head, i % p.n_head);
+            let n_kv = pos0 + t + 1;
+            let (kr, vr) = kv.head(il, h / group, n_kv);
+            let qh = &q.v[t * nq + h * hd..t * nq + (h + 1) * hd];
+            let (mut qb, mut acc) = (Vec::new(), Vec::new());
+            ops::attend_head(qh, kr, vr, hd, n_kv, p.scale, o, &mut qb, &mut acc);
+        });
+        Ok(CpuT { v: out, cols: nq })
+    }
+
+    fn swiglu(&mut self, g: &CpuT, u: &CpuT) -> Result<CpuT, OpError> {
+        let mut h = vec![0f32; g.v.len()];
+        ops::swiglu(&g.v, &u.v, &mut h);
+        Ok(CpuT { v: h, cols: g.cols })
+    }
+
+    fn gate_add(&mut self, x: &mut CpuT, y: &CpuT, g: &CpuT) -> Result<(), OpError> {
+        for (t, (xr, yr)) in x.v.chunks_mut(x.cols).zip(y.v.chunks(y.cols)).enumerate() {
+            let s = ops::sigmoid(g.v[t]);
+            for (o, &yy) in xr.iter_mut().zip(yr) {
+                *o += yy * s;
+            }
+        }
+        Ok(())
+    }
+
+    fn last_row(&mut self, mut x: CpuT) -> Result<CpuT, OpError> {
+        let n = x.rows();
+        if n > 1 {
+            x.v.drain(..(n - 1) * x.cols);
+        }
+        Ok(x)
+    }
+
+    fn experts(&mut self, il: usize, src: &dyn ExpertSource, x: &CpuT, r: Route<'_>, partial: Option<&CpuT>) -> Result<CpuT, OpError> {
+        let mode = if self.per_row { RowMode::PerRow } else { RowMode::Experts };
+        let (e, t_n, k) = (x.cols, x.rows(), r.k);
+        let union = r.union();
+        // Per (token, rank) expert outputs, each already multiplied by its weight.
+        let mut per = vec![0f32; t_n * k * e];
+        let mut err = None;
+        let mut handed = 0;
+        src.with_experts(il, &union, &mut |ui, blk| {
+            let ex = union[ui];
+            let slots: Vec<usize> = (0..t_n * k).filter(|&s| r.sel[s] == ex).collect();
+            let mut xin = Vec::with_capacity(slots.len() * e);
+            for &s in &slots {
+                xin.extend_from_slice(x.row(s / k));
+            }
+            let (g, u, d) = (blk.gate(), blk.up(), blk.down());
+            if g.cols != e || d.rows != e {
+                err = Some(ExpertError::Invalid { layer: il, expert: ex as usize, why: "expert shape does not match n_embd".into() });
+                return;
+            }
+            let y = swiglu_ffn(g, u, d, &xin, mode);
+            for (j, &s) in slots.iter().enumerate() {
+                let w = r.wts[s];
+                for (o, &yy) in per[s * e..(s + 1) * e].iter_mut().zip(&y[j * e..(j + 1) * e]) {
+                    *o = yy * w;
+                }
+            }
+            handed += 1;
+            if let Some(res) = partial {
+                if t_n == 1 && handed == 1 && union.len() > 1 {
+                    // One token: its layer output so far predicts the next layer's experts.
+                    let p: Vec<f32> = res.v.iter().zip(&per[slots[0] * e..(slots[0] + 1) * e]).map(|(a, b)| a + b).collect();
+                    src.on_partial(il, &p);
+                }
+            }
+        })?;
+        if let Some(er) = err {
+            return Err(er.into());
+        }
+        // Combine in rank order (fixed, independent of which experts were resident).
+        let mut out = vec![0f32; t_n * e];
+        for t in 0..t_n {
+            let o = &mut out[t * e..(t + 1) * e];
+            o.copy_from_slice(&per[(t * k) * e..(t * k + 1) * e]);
+            for rk in 1..k {
+                let s = t * k + rk;
+                for (oo, &p) in o.iter_mut().zip(&per[s * e..(s + 1) * e]) {
+                    *oo += p;
+                }
+            }
+        }
+        Ok(CpuT { v: out, cols: e })
+    }
+
+    async fn read(&mut self, parts: &[(&CpuT, Range<usize>)]) -> Result<Vec<Vec<f32>>, OpError> {
+        Ok(parts.iter().map(|(t, rows)| t.v[rows.start * t.cols..rows.end * t.cols].to_vec()).collect())
+    }
+}

@@ -1,0 +1,194 @@
+//! The op contract: what an architecture file (`src/model/<arch>.rs`) may ask of a backend.
+//!
+//! A forward pass is written once against [`Ops`]; the CPU backend ([`super::cpu::exec::CpuExec`])
+//! computes each op at once, the wgpu backend ([`super::wgpu::exec::GpuExec`]) records it into a
+//! command buffer. Backends know ops and shapes, never architectures or tensor names: weights
+//! reach them as [`Mat`] / [`Vector`] handles into the model's [`Weights`] table.
+//!
+//! Two points are explicit here because they cost a GPU→CPU synchronisation:
+//! - [`Ops::read`] brings rows of tensors to the host (router logits, the lookahead inputs the
+//!   expert scheduler is told about, logits); one call is one synchronisation, however many
+//!   tensors it reads. On the CPU it is a copy.
+//! - [`Ops::experts`] runs the routed experts (ids decided on the host by the model's router,
+//!   as llama.cpp's `build_moe_ffn` + `ggml_mul_mat_id` do on the device) and combines them in
+//!   rank order, so the lossless rule — results never depend on which experts were resident —
+//!   has one home per backend.
+//!
+//! Shapes: a tensor is `rows × cols` f32 values, row-major; a row is one token.
+//! `docs/ops.md` lists the ops per backend (checked by `tests/ops.rs`).
+
+use super::cpu::matmul::Weight;
+use super::cpu::ops::RopeKind;
+use crate::expert::{ExpertError, ExpertSource};
+use std::ops::Range;
+
+#[derive(Debug, thiserror::Error)]
+pub enum OpError {
+    #[error(transparent)]
+    Gpu(#[from] super::wgpu::GpuError),
+    #[error(transparent)]
+    Expert(#[from] ExpertError),
+    #[error(transparent)]
+    Quant(#[from] crate::quant::QuantError),
+    /// A forward that needed an asynchronous backend was run by a synchronous caller.
+    #[error("the backend did not complete synchronously")]
+    NotReady,
+}
+
+/// A matrix in the model's [`Weights`] table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Mat(u32);
+
+/// An f32 vector (norm weight, bias) in the model's [`Weights`] table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Vector(u32);
+
+/// A model's dense tensors as loaded: matrices in their GGML block formats and f32 vectors.
+/// Architecture files hold handles into it; the CPU backend reads it in place, the wgpu backend
+/// uploads it once, entry by entry, without knowing what any entry is.
+#[derive(Default)]
+pub struct Weights {
+    mats: Vec<Weight>,
+    vecs: Vec<Vec<f32>>,
+    /// Matrices only the host reads (token embeddings looked up row by row): not uploaded.
+    host: Vec<bool>,
+}
+
+impl Weights {
+    pub fn add_mat(&mut self, w: Weight) -> Mat {
+        self.mats.push(w);
+        self.host.push(false);
+        Mat(self.mats.len() as u32 - 1)
+    }
+    pub fn add_vec(&mut self, v: Vec<f32>) -> Vector {
+        self.vecs.push(v);
+        Vector(self.vecs.len() as u32 - 1)
+    }
+    /// Mark `m` as read on the host only (a device backend does not upload it).
+    pub fn set_host_only(&mut self, m: Mat) {
+        self.host[m.0 as usize] = true;
+    }
+    pub fn host_only(&self, i: usize) -> bool {
+        self.host.get(i).copied().unwrap_or(false)
+    }
+    pub fn mat(&self, m: Mat) -> &Weight {
+        &self.mats[m.0 as usize]
+    }
+    pub fn vec(&self, v: Vector) -> &[f32] {
+        &self.vecs[v.0 as usize]
+    }
+    pub fn mats(&self) -> &[Weight] {
+        &self.mats
+    }
+    pub fn vecs(&self) -> &[Vec<f32>] {
+        &self.vecs
+    }
+    /// The handle's index in [`Self::mats`] / [`Self::vecs`] (a backend's own copy is indexed alike).
+    pub fn mat_index(m: Mat) -> usize {
+        m.0 as usize
+    }
+    pub fn vec_index(v: Vector) -> usize {
+        v.0 as usize
+    }
+}
+
+/// Rotary position embedding of one tensor (ggml `rope_ext` without YaRN: ext_factor 0,
+/// freq_scale 1): heads of `head_dim` values, the first `n_rot` of each rotated.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Rope {
+    pub head_dim: usize,
+    pub n_rot: usize,
+    pub base: f32,
+    pub kind: RopeKind,
+}
+
+/// Causal attention over the backend's KV cache (ggml `flash_attn_ext` with an f16 cache):
+/// queries `n_head × head_dim`, keys and values `n_head_kv × head_dim` per row.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Attn {
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+    pub scale: f32,
+}
+
+/// A router's decision for `rows` tokens: `sel[t * k + r]` is token t's rank-r expert, `wts` its
+/// weight (already normalised / scaled as the architecture says).
+#[derive(Clone, Copy, Debug)]
+pub struct Route<'a> {
+    pub sel: &'a [u32],
+    pub wts: &'a [f32],
+    pub k: usize,
+}
+
+impl Route<'_> {
+    /// The chosen experts, each once, in first-seen order (the order they are asked for).
+    pub fn union(&self) -> Vec<u32> {
+        let mut u: Vec<u32> = Vec::new();
+        for &ex in self.sel {
+            if !u.contains(&ex) {
+                u.push(ex);
+            }
+        }
+        u
+    }
+}
+
+/// The ops a forward pass is written against. Every op keeps the CPU backend's bits on the CPU
+/// (llama.cpp's orders with AVX2, portable orders elsewhere) and the wgpu backend's exact path
+/// reproduces the portable orders bit for bit (`tests/ops.rs`, `tests/wgpu_model.rs`).
+#[allow(async_fn_in_trait)]
+pub trait Ops {
+    /// An activation tensor, `rows × cols` f32.
+    type T;
+
+    fn shape(t: &Self::T) -> (usize, usize);
+
+    /// Host rows (`x.len() / cols` of them) as a tensor (embeddings are looked up on the host).
+    fn input(&mut self, x: Vec<f32>, cols: usize) -> Result<Self::T, OpError>;
+    /// RMSNorm of each row times `w` (ggml `rms_norm` + `mul`).
+    fn rms_norm(&mut self, x: &Self::T, w: Vector, eps: f32) -> Result<Self::T, OpError>;
+    /// In-place RMSNorm over consecutive groups of `len(w)` values of each row (QK-norm per head,
+    /// or over a whole row when `len(w) == cols`).
+    fn rms_norm_groups(&mut self, x: &mut Self::T, w: Vector, eps: f32) -> Result<(), OpError>;
+    /// `y_i = W_i · x` for each matrix (ggml `mul_mat`); the activation conversion to each
+    /// weight type's vec-dot type is made once for all of them.
+    fn matmul(&mut self, x: &Self::T, ws: &[Mat]) -> Result<Vec<Self::T>, OpError>;
+    /// `x[t] += b` for every row (biases).
+    fn add_row(&mut self, x: &mut Self::T, b: Vector) -> Result<(), OpError>;
+    /// `x += y`.
+    fn add(&mut self, x: &mut Self::T, y: &Self::T) -> Result<(), OpError>;
+    /// RoPE in place; row t is at position `pos0 + t`.
+    fn rope(&mut self, x: &mut Self::T, pos0: usize, p: &Rope) -> Result<(), OpError>;
+    /// Store `k`, `v` at positions `pos0..` of layer `il`'s cache, then causal attention of `q`
+    /// over positions `0..=pos0 + t` (ggml `cpy` into the cache + `flash_attn_ext`).
+    fn attention(&mut self, il: usize, q: &Self::T, k: &Self::T, v: &Self::T, pos0: usize, p: &Attn) -> Result<Self::T, OpError>;
+    /// `silu(g) * u` (ggml `swiglu`).
+    fn swiglu(&mut self, g: &Self::T, u: &Self::T) -> Result<Self::T, OpError>;
+    /// `x[t] += y[t] * sigmoid(g[t])`, `g` one column (qwen2moe's shared-expert gate).
+    fn gate_add(&mut self, x: &mut Self::T, y: &Self::T, g: &Self::T) -> Result<(), OpError>;
+    /// The last row alone (llama.cpp's `inp_out_ids` when only the last logits are wanted).
+    fn last_row(&mut self, x: Self::T) -> Result<Self::T, OpError>;
+    /// The routed experts of layer `il` on `x` (one row per token), weighted and combined in rank
+    /// order: `y[t] = Σ_r wts[t,r] · down(silu(gate x_t) · up x_t)` of expert `sel[t,r]`, summed
+    /// r = 0, 1, … (ggml `mul_mat_id` ×3 + `swiglu` + `mul` + the views added in order). Experts
+    /// come from `src` (resident, cached or streamed). `partial`: the residual entering this FFN
+    /// (single-token forwards); a backend that sees expert outputs on the host calls
+    /// [`ExpertSource::on_partial`] with it plus the first expert's output (the CPU does; wgpu
+    /// does not, as it would cost a synchronisation).
+    fn experts(&mut self, il: usize, src: &dyn ExpertSource, x: &Self::T, r: Route<'_>, partial: Option<&Self::T>) -> Result<Self::T, OpError>;
+    /// Rows of tensors to the host, in one synchronisation.
+    async fn read(&mut self, parts: &[(&Self::T, Range<usize>)]) -> Result<Vec<Vec<f32>>, OpError>;
+}
+
+/// Run a future that a synchronous backend completes without waiting (the CPU's: every op is
+/// done when called, so its forward is ready at the first poll).
+pub fn ready<F: std::future::Future>(f: F) -> Result<F::Output, OpError> {
+    let mut f = std::pin::pin!(f);
+    let waker = futures::task::noop_waker();
+    let mut cx = std::task::Context::from_waker(&waker);
+    match f.as_mut().poll(&mut cx) {
+        std::task::Poll::Ready(v) => Ok(v),
+        std::task::Poll::Pending => Err(OpError::NotReady),
+    }
+}

@@ -1,0 +1,541 @@
+//! [`Ops`] on the GPU: dense weights, the KV cache and activations in GPU buffers, experts in
+//! the slot pool. Ops are recorded into one command buffer ([`Recorder`]) and run when it is
+//! submitted; the only waits are [`Ops::read`] (router logits once per MoE layer, logits once per
+//! forward). The forward pass itself is the architecture's, in `src/model/`.
+//!
+//! Activations live in pooled buffers (power-of-two size classes) that return to the pool when
+//! their tensor is dropped: reusing a buffer inside one recording is safe because the commands
+//! of a command buffer run in order.
+
+use super::experts::{GpuExpertPool, PoolStats, SlotLayout};
+use super::kernels::Kernels;
+use super::{GpuContext, GpuError, Recorder};
+use crate::backend::cpu::matmul::Weight;
+use crate::backend::cpu::ops::{rope_cache, RopeKind};
+use crate::backend::ops::{Attn, Mat, OpError, Ops, Rope, Route, Vector, Weights};
+use crate::clock::now_ms;
+use crate::expert::{ExpertError, ExpertLayout, ExpertSource};
+use crate::quant::{vec_dot_type, GgmlType};
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
+
+/// Tokens per GPU pass (longer inputs run in chunks).
+pub const GPU_BATCH: usize = 32;
+
+/// A weight matrix on the GPU, split by rows into parts that each fit one binding.
+pub struct GpuWeight {
+    pub ty: GgmlType,
+    pub cols: usize,
+    pub rows: usize,
+    parts: Vec<(wgpu::Buffer, usize, usize)>,
+}
+
+impl GpuWeight {
+    pub fn upload(ctx: &GpuContext, name: &str, w: &Weight) -> Result<Self, GpuError> {
+        if !super::kernels::supports(w.ty) {
+            return Err(GpuError::Unsupported(w.ty.name()));
+        }
+        let rb = w.ty.row_bytes(w.cols as u64).unwrap_or(0) as usize;
+        let per = ((ctx.max_binding() as usize) / rb.max(1)).max(1);
+        let mut parts = Vec::new();
+        let mut r0 = 0;
+        while r0 < w.rows {
+            let n = per.min(w.rows - r0);
+            parts.push((ctx.upload(name, &w.data[r0 * rb..(r0 + n) * rb])?, r0, n));
+            r0 += n;
+        }
+        Ok(Self { ty: w.ty, cols: w.cols, rows: w.rows, parts })
+    }
+}
+
+/// Activation scratch types, one buffer each.
+const ACT_TYPES: [GgmlType; 5] = [GgmlType::Q8_0, GgmlType::Q8_1, GgmlType::Q8K, GgmlType::F16, GgmlType::BF16];
+
+/// Options of the GPU backend.
+#[derive(Clone, Debug, Default)]
+pub struct GpuOptions {
+    /// Expert slots on the GPU (default: every expert, at most 1 GiB of slots).
+    pub expert_slots: Option<usize>,
+    /// The exact path: every kernel computes the CPU backend's portable kernels' f32 results bit
+    /// for bit (one thread per matvec row, sums in the CPU's order; see shaders/exact.wgsl), so
+    /// logits equal the CPU's with `LES_NO_SIMD=1` (and on wasm32 and aarch64, where the portable
+    /// kernels are the CPU backend). `None`: exact on CPU-type adapters (lavapipe, SwiftShader),
+    /// where one thread per row is also the fastest; up to 64 threads per row (another summation
+    /// order) on hardware GPUs.
+    pub exact: Option<bool>,
+}
+
+/// Counters of the GPU forward (readbacks are the GPU→CPU synchronisations).
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct GpuStats {
+    pub forwards: u64,
+    pub readbacks: u64,
+    pub readback_ms: f64,
+    pub submits: u64,
+    pub dispatches: u64,
+    pub experts: PoolStats,
+}
+
+/// The shapes the backend allocates for: the KV cache and the routed experts.
+#[derive(Clone, Copy, Debug)]
+pub struct GpuShapes {
+    pub n_layer: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+    /// KV positions held on the GPU.
+    pub n_ctx: usize,
+    pub n_expert: usize,
+    pub n_expert_used: usize,
+}
+
+type BufPool = Arc<Mutex<HashMap<u64, Vec<wgpu::Buffer>>>>;
+
+/// The wgpu backend's state for one model: uploaded weights, KV cache, expert slots, scratch.
+pub struct GpuBackend {
+    pub ctx: Arc<GpuContext>,
+    k: Kernels,
+    /// Device copies of the model's matrices (`None`: used on the host only) and vectors,
+    /// indexed as in [`Weights`].
+    mats: Vec<Option<GpuWeight>>,
+    vecs: Vec<(wgpu::Buffer, usize)>,
+    kc: wgpu::Buffer,
+    vc: wgpu::Buffer,
+    n_ctx: usize,
+    acts: Vec<wgpu::Buffer>,
+    arena: wgpu::Buffer,
+    /// RoPE cos/sin tables per (n_rot, base bits), rewritten by each forward.
+    rope: Mutex<HashMap<(usize, u32), wgpu::Buffer>>,
+    #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
+    probe: wgpu::Buffer,
+    bufs: BufPool,
+    pool: Mutex<Option<GpuExpertPool>>,
+    stats: Mutex<GpuStats>,
+}
+
+impl GpuBackend {
+    /// Upload `w`'s device matrices and vectors, make a KV cache of `s.n_ctx` positions and, for
+    /// a MoE model, an expert slot pool fed by `experts`.
+    pub fn new(ctx: Arc<GpuContext>, w: &Weights, s: GpuShapes, experts: Option<&Arc<dyn ExpertSource>>, opts: &GpuOptions) -> Result<Self, GpuError> {
+        let g = &*ctx;
+        let mut k = Kernels::new(g);
+        match opts.exact {
+            Some(true) => k.max_tpr = 1,
+            Some(false) if k.max_tpr == 1 => k.max_tpr = 64,
+            _ => {}
+        }
+        let mut mats = Vec::with_capacity(w.mats().len());
+        for (i, m) in w.mats().iter().enumerate() {
+            mats.push(if w.host_only(i) { None } else { Some(GpuWeight::upload(g, &format!("mat-{i}"), m)?) });
+        }
+        let vecs = w.vecs().iter().enumerate().map(|(i, v)| Ok((g.upload(&format!("vec-{i}"), bytemuck::cast_slice(v))?, v.len()))).collect::<Result<Vec<_>, GpuError>>()?;
+        let kv_bytes = s.n_layer * s.n_head_kv * s.n_ctx * s.head_dim * 2;
+        if kv_bytes as u64 > g.max_binding() {
+            return Err(GpuError::Limit { what: format!("KV cache of {} positions (lower --ctx-size)", s.n_ctx), need: kv_bytes as u64, have: g.max_binding() });
+        }
+        let kc = g.scratch("kv-k", kv_bytes)?;
+        let vc = g.scratch("kv-v", kv_bytes)?;
+        let layouts: Vec<&ExpertLayout> = match experts {
+            Some(src) => (0..s.n_layer).map(|l| src.layout(l)).collect(),
+            None => Vec::new(),
+        };
+        let max_cols = mats.iter().flatten().map(|m| m.cols).chain(layouts.iter().flat_map(|l| [l.n_embd, l.n_ff])).max().unwrap_or(4);
+        let acts = ACT_TYPES
+            .iter()
+            .map(|ty| {
+                let row = ty.row_bytes(max_cols.div_ceil(256) as u64 * 256).unwrap_or(4 * max_cols as u64) as usize;
+                g.scratch(ty.name(), GPU_BATCH * row + 4)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let pool = match experts {
+            Some(src) => {
+                let slot_bytes = layouts.iter().map(|l| SlotLayout::bytes_for(l)).max().unwrap_or(0);
+                let all = s.n_layer * s.n_expert;
+                let n = opts.expert_slots.unwrap_or_else(|| all.min(((1usize << 30) / slot_bytes.max(1)).max(s.n_expert_used * 2)));
+                let pool = GpuExpertPool::new(g, n.min(all), slot_bytes)?;
+                src.set_holder(pool.held.clone());
+                Some(pool)
+            }
+            None => None,
+        };
+        Ok(Self {
+            k,
+            mats,
+            vecs,
+            kc,
+            vc,
+            n_ctx: s.n_ctx,
+            acts,
+            arena: Recorder::arena_buffer(g),
+            rope: Mutex::new(HashMap::new()),
+            probe: g.scratch("probe", 4)?,
+            bufs: Default::default(),
+            pool: Mutex::new(pool),
+            stats: Default::default(),
+            ctx,
+        })
+    }
+
+    pub fn n_ctx(&self) -> usize {
+        self.n_ctx
+    }
+
+    /// The kernel variants in use, for logs: the exact path or the parallel matvec reduction,
+    /// and native or emulated f16 conversions.
+    pub fn kernel_variant(&self) -> String {
+        let red = if self.k.max_tpr == 1 {
+            "exact (bit-identical to the CPU's portable kernels)".to_string()
+        } else {
+            format!("parallel (up to {} threads per row{})", self.k.max_tpr, if self.k.use_subgroups { ", subgroups" } else { "" })
+        };
+        format!("{red}, f16 {}", if self.k.uses_f16() { "native (shader-f16)" } else { "emulated" })
+    }
+
+    pub fn stats(&self) -> GpuStats {
+        let mut s = self.stats.lock().unwrap().clone();
+        if let Some(p) = self.pool.lock().unwrap().as_ref() {
+            s.experts = p.stats.clone();
+        }
+        s
+    }
+
+    /// The cost of one GPU→CPU synchronisation with nothing to wait for: mean ms of `n`
+    /// 4-byte readbacks on an idle queue (the per-MoE-layer price of routing on the CPU).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn probe_sync_ms(&self, n: usize) -> Result<f64, GpuError> {
+        let mut rec = Recorder::new(&self.ctx, &self.arena);
+        super::block_on(rec.readback(&[(&self.probe, 0, 4)]))?;
+        let t0 = now_ms();
+        for _ in 0..n.max(1) {
+            super::block_on(rec.readback(&[(&self.probe, 0, 4)]))?;
+        }
+        Ok((now_ms() - t0) / n.max(1) as f64)
+    }
+
+    pub fn expert_slots(&self) -> usize {
+        self.pool.lock().unwrap().as_ref().map(|p| p.n_slots()).unwrap_or(0)
+    }
+
+    /// An executor for one forward pass of at most [`GPU_BATCH`] rows.
+    pub fn exec(&self) -> Result<GpuExec<'_>, GpuError> {
+        self.ctx.check()?;
+        Ok(GpuExec { g: self, rec: Recorder::new(&self.ctx, &self.arena), readbacks: 0, rb_ms: 0.0, rope_pos: Vec::new() })
+    }
+}
+
+struct Pooled {
+    buf: wgpu::Buffer,
+    class: u64,
+    pool: BufPool,
+}
+
+impl Drop for Pooled {
+    fn drop(&mut self) {
+        if let Ok(mut p) = self.pool.lock() {
+            p.entry(self.class).or_default().push(self.buf.clone());
+        }
+    }
+}
+
+/// A GPU tensor: `rows × cols` f32 at the start of a pooled buffer.
+pub struct GpuT {
+    b: Pooled,
+    rows: usize,
+    cols: usize,
+}
+
+impl GpuT {
+    fn buf(&self) -> &wgpu::Buffer {
+        &self.b.buf
+    }
+}
+
+/// A row set of f32 activations and which vec-dot conversions of it are already made.
+struct ActIn<'a> {
+    x: &'a wgpu::Buffer,
+    cols: usize,
+    n_tok: usize,
+    done: u8,
+}
+
+impl<'a> ActIn<'a> {
+    fn new(x: &'a wgpu::Buffer, cols: usize, n_tok: usize) -> Self {
+        Self { x, cols, n_tok, done: 0 }
+    }
+}
+
+/// One forward pass's recording on the GPU.
+pub struct GpuExec<'a> {
+    g: &'a GpuBackend,
+    rec: Recorder<'a>,
+    readbacks: u64,
+    rb_ms: f64,
+    /// RoPE tables written in this forward: (n_rot, base bits, pos0, rows).
+    rope_pos: Vec<(usize, u32, usize, usize)>,
+}
+
+impl<'a> GpuExec<'a> {
+    /// Submit what is still recorded and add this forward's counters to the backend's.
+    pub fn finish(mut self) -> Result<(), GpuError> {
+        self.rec.submit();
+        self.g.ctx.check()?;
+        let mut st = self.g.stats.lock().unwrap();
+        st.forwards += 1;
+        st.readbacks += self.readbacks;
+        st.readback_ms += self.rb_ms;
+        st.submits += self.rec.queue_submits as u64;
+        st.dispatches += self.rec.dispatches as u64;
+        Ok(())
+    }
+
+    fn alloc(&self, rows: usize, cols: usize) -> Result<GpuT, GpuError> {
+        let bytes = (4 * rows * cols).max(4) as u64;
+        let max = self.g.ctx.max_binding();
+        let class = if bytes.next_power_of_two() <= max { bytes.next_power_of_two().max(256) } else { bytes };
+        let reused = self.g.bufs.lock().unwrap().get_mut(&class).and_then(|v| v.pop());
+        let buf = match reused {
+            Some(b) => b,
+            None => self.g.ctx.scratch("activation", class as usize)?,
+        };
+        Ok(GpuT { b: Pooled { buf, class, pool: self.g.bufs.clone() }, rows, cols })
+    }
+
+    fn mat(&self, m: Mat) -> Result<&'a GpuWeight, GpuError> {
+        self.g.mats.get(Weights::mat_index(m)).and_then(|w| w.as_ref()).ok_or_else(|| GpuError::Validation("matrix not on the device".into()))
+    }
+
+    fn vec(&self, v: Vector) -> &'a wgpu::Buffer {
+        &self.g.vecs[Weights::vec_index(v)].0
+    }
+
+    /// y = W · a for every part of W (rows split across buffers).
+    fn mm<'b>(&mut self, w: &GpuWeight, a: &mut ActIn<'b>, y: &wgpu::Buffer, y_stride: usize) -> Result<(), GpuError>
+    where
+        'a: 'b,
+    {
+        let (abuf, a_off) = self.act_for(w.ty, a)?;
+        for (buf, r0, n) in &w.parts {
+            self.g.k.matvec(&mut self.rec, w.ty, w.cols, *n, buf, 0, abuf, a_off, y, *r0, y_stride, a.n_tok)?;
+        }
+        Ok(())
+    }
+
+    /// The activation rows converted to `wty`'s vec_dot_type (made once per ActIn and type).
+    fn act_for<'b>(&mut self, wty: GgmlType, a: &mut ActIn<'b>) -> Result<(&'b wgpu::Buffer, u64), GpuError>
+    where
+        'a: 'b,
+    {
+        let vty = vec_dot_type(wty);
+        if vty == GgmlType::F32 {
+            return Ok((a.x, 0));
+        }
+        let i = ACT_TYPES.iter().position(|&t| t == vty).ok_or(GpuError::Unsupported(vty.name()))?;
+        if a.done & (1 << i) == 0 {
+            self.g.k.quant_act(&mut self.rec, vty, a.x, 0, a.cols, a.n_tok, &self.g.acts[i], 0)?;
+            a.done |= 1 << i;
+        }
+        Ok((&self.g.acts[i], 0))
+    }
+
+    /// One routed expert (in GPU slot `slot`): gather its tokens' rows, SwiGLU FFN from the slot,
+    /// scatter the outputs times the router weights into their (token, rank) rows of `per`.
+    fn run_expert(&mut self, buf: &wgpu::Buffer, layout: &ExpertLayout, x: &GpuT, per: &GpuT, ex: u32, r: &Route<'_>) -> Result<(), GpuError> {
+        let (e, t_n, kk) = (x.cols, x.rows, r.k);
+        let lay = SlotLayout::of_layout(layout);
+        let slots: Vec<u32> = (0..t_n * kk).filter(|&i| r.sel[i] == ex).map(|i| i as u32).collect();
+        let toks: Vec<u32> = slots.iter().map(|&i| i / kk as u32).collect();
+        let w: Vec<f32> = slots.iter().map(|&i| r.wts[i as usize]).collect();
+        let n = slots.len();
+        let gathered;
+        let xin = if t_n == 1 {
+            x.buf()
+        } else {
+            gathered = self.alloc(n, e)?;
+            self.g.k.gather(&mut self.rec, x.buf(), gathered.buf(), e, &toks);
+            gathered.buf()
+        };
+        let ff = layout.n_ff;
+        let (g, u, h, ye) = (self.alloc(n, ff)?, self.alloc(n, ff)?, self.alloc(n, ff)?, self.alloc(n, e)?);
+        let mut a = ActIn::new(xin, e, n);
+        let (ab, ao) = self.act_for(layout.gate_ty, &mut a)?;
+        self.g.k.matvec(&mut self.rec, layout.gate_ty, e, ff, buf, lay.gate, ab, ao, g.buf(), 0, ff, n)?;
+        let (ab, ao) = self.act_for(layout.up_ty, &mut a)?;
+        self.g.k.matvec(&mut self.rec, layout.up_ty, e, ff, buf, lay.up, ab, ao, u.buf(), 0, ff, n)?;
+        self.g.k.swiglu(&mut self.rec, g.buf(), u.buf(), h.buf(), n * ff);
+        let mut a = ActIn::new(h.buf(), ff, n);
+        let (ab, ao) = self.act_for(layout.down_ty, &mut a)?;
+        self.g.k.matvec(&mut self.rec, layout.down_ty, ff, e, buf, lay.down, ab, ao, ye.buf(), 0, e, n)?;
+        self.g.k.scatter(&mut self.rec, ye.buf(), per.buf(), e, &slots, &w);
+        Ok(())
+    }
+}
+
+impl Ops for GpuExec<'_> {
+    type T = GpuT;
+
+    fn shape(t: &GpuT) -> (usize, usize) {
+        (t.rows, t.cols)
+    }
+
+    fn input(&mut self, x: Vec<f32>, cols: usize) -> Result<GpuT, OpError> {
+        let rows = x.len() / cols.max(1);
+        if rows > GPU_BATCH {
+            return Err(GpuError::Validation(format!("{rows} rows in one GPU forward (at most {GPU_BATCH})")).into());
+        }
+        // `write_buffer` lands before the next submit: recorded commands that still use a
+        // pooled buffer must run first.
+        self.rec.submit();
+        let t = self.alloc(rows, cols)?;
+        self.g.ctx.queue.write_buffer(t.buf(), 0, bytemuck::cast_slice(&x));
+        Ok(t)
+    }
+
+    fn rms_norm(&mut self, x: &GpuT, w: Vector, eps: f32) -> Result<GpuT, OpError> {
+        let y = self.alloc(x.rows, x.cols)?;
+        let wb = self.vec(w);
+        self.g.k.rms_norm(&mut self.rec, x.buf(), 0, wb, x.cols, x.rows, eps, Some((y.buf(), 0)));
+        Ok(y)
+    }
+
+    fn rms_norm_groups(&mut self, x: &mut GpuT, w: Vector, eps: f32) -> Result<(), OpError> {
+        let n = self.g.vecs[Weights::vec_index(w)].1.max(1);
+        let wb = self.vec(w);
+        self.g.k.rms_norm(&mut self.rec, x.buf(), 0, wb, n, x.rows * x.cols / n, eps, None);
+        Ok(())
+    }
+
+    fn matmul(&mut self, x: &GpuT, ws: &[Mat]) -> Result<Vec<GpuT>, OpError> {
+        let mut a = ActIn::new(x.buf(), x.cols, x.rows);
+        let mut out = Vec::with_capacity(ws.len());
+        for &m in ws {
+            let w = self.mat(m)?;
+            let y = self.alloc(x.rows, w.rows)?;
+            self.mm(w, &mut a, y.buf(), w.rows)?;
+            out.push(y);
+        }
+        Ok(out)
+    }
+
+    fn add_row(&mut self, x: &mut GpuT, b: Vector) -> Result<(), OpError> {
+        let bb = self.vec(b);
+        self.g.k.add(&mut self.rec, bb, 0, x.buf(), 0, x.rows * x.cols, x.cols);
+        Ok(())
+    }
+
+    fn add(&mut self, x: &mut GpuT, y: &GpuT) -> Result<(), OpError> {
+        self.g.k.add(&mut self.rec, y.buf(), 0, x.buf(), 0, x.rows * x.cols, 0);
+        Ok(())
+    }
+
+    fn rope(&mut self, x: &mut GpuT, pos0: usize, p: &Rope) -> Result<(), OpError> {
+        let key = (p.n_rot, p.base.to_bits());
+        let mut tabs = self.g.rope.lock().unwrap();
+        if !tabs.contains_key(&key) {
+            tabs.insert(key, self.g.ctx.scratch("rope-cs", 4 * GPU_BATCH * p.n_rot.max(2))?);
+        }
+        let cs = tabs[&key].clone();
+        drop(tabs);
+        if !self.rope_pos.contains(&(key.0, key.1, pos0, x.rows)) {
+            // Made on the CPU, exactly as the CPU backend makes them. The table's readers so
+            // far must run before it is rewritten (`write_buffer` lands before the next submit).
+            if self.rope_pos.iter().any(|r| (r.0, r.1) == key) {
+                self.rec.submit();
+            }
+            let mut all = Vec::with_capacity(x.rows * p.n_rot);
+            let mut one = Vec::new();
+            for t in 0..x.rows {
+                rope_cache(pos0 + t, p.n_rot, p.base, &mut one);
+                all.extend_from_slice(&one);
+            }
+            if !all.is_empty() {
+                self.g.ctx.queue.write_buffer(&cs, 0, bytemuck::cast_slice(&all));
+            }
+            self.rope_pos.push((key.0, key.1, pos0, x.rows));
+        }
+        let n_head = x.cols / p.head_dim;
+        self.g.k.rope(&mut self.rec, x.buf(), 0, &cs, n_head, p.head_dim, p.n_rot, p.kind == RopeKind::Neox, x.rows);
+        Ok(())
+    }
+
+    fn attention(&mut self, il: usize, q: &GpuT, k: &GpuT, v: &GpuT, pos0: usize, p: &Attn) -> Result<GpuT, OpError> {
+        let t_n = q.rows;
+        let n_ctx = self.g.n_ctx;
+        let o = self.alloc(t_n, q.cols)?;
+        let scores = self.alloc(t_n * p.n_head, n_ctx)?;
+        let kk = &self.g.k;
+        kk.kv_store(&mut self.rec, k.buf(), v.buf(), &self.g.kc, &self.g.vc, p.n_head_kv, p.head_dim, n_ctx, il, pos0, t_n);
+        kk.attention(&mut self.rec, q.buf(), &self.g.kc, &self.g.vc, o.buf(), scores.buf(), p.n_head, p.n_head_kv, p.head_dim, n_ctx, il, pos0, t_n, p.scale);
+        Ok(o)
+    }
+
+    fn swiglu(&mut self, g: &GpuT, u: &GpuT) -> Result<GpuT, OpError> {
+        let h = self.alloc(g.rows, g.cols)?;
+        self.g.k.swiglu(&mut self.rec, g.buf(), u.buf(), h.buf(), g.rows * g.cols);
+        Ok(h)
+    }
+
+    fn gate_add(&mut self, x: &mut GpuT, y: &GpuT, g: &GpuT) -> Result<(), OpError> {
+        self.g.k.gate_add(&mut self.rec, y.buf(), g.buf(), x.buf(), x.cols, x.rows);
+        Ok(())
+    }
+
+    fn last_row(&mut self, x: GpuT) -> Result<GpuT, OpError> {
+        if x.rows <= 1 {
+            return Ok(x);
+        }
+        let y = self.alloc(1, x.cols)?;
+        let row = (4 * x.cols) as u64;
+        self.rec.encoder().copy_buffer_to_buffer(x.buf(), (x.rows as u64 - 1) * row, y.buf(), 0, row);
+        Ok(y)
+    }
+
+    fn experts(&mut self, il: usize, src: &dyn ExpertSource, x: &GpuT, r: Route<'_>, _partial: Option<&GpuT>) -> Result<GpuT, OpError> {
+        let (e, t_n) = (x.cols, x.rows);
+        let union = r.union();
+        let per = self.alloc(t_n * r.k, e)?;
+        let g: &GpuBackend = self.g;
+        let mut pool_g = g.pool.lock().unwrap();
+        let pool = pool_g.as_mut().ok_or(GpuError::Validation("no expert pool".into()))?;
+        // Experts already in GPU slots run first; the expert source is asked only for the others
+        // (it counts the held ones as hits and keeps predicting).
+        let held: Vec<bool> = union.iter().map(|&ex| pool.holds(il, ex as usize)).collect();
+        for (ui, &ex) in union.iter().enumerate() {
+            if held[ui] {
+                let (slot, lay) = pool.hit(&self.rec, il, ex as usize).ok_or(GpuError::Validation("slot vanished".into()))?;
+                self.run_expert(pool.buffer(slot), &lay, x, &per, ex, &r)?;
+            }
+        }
+        let mut err: Option<OpError> = None;
+        let held_fn = |ex: u32| union.iter().position(|&u| u == ex).is_some_and(|i| held[i]);
+        src.with_experts_except(il, &union, &held_fn, &mut |ui, blk| {
+            if err.is_some() {
+                return;
+            }
+            let ex = union[ui];
+            if blk.gate().cols != e || blk.down().rows != e {
+                err = Some(ExpertError::Invalid { layer: il, expert: ex as usize, why: "expert shape does not match n_embd".into() }.into());
+                return;
+            }
+            let res = pool.ensure(&mut self.rec, il, ex as usize, blk, &|l, x| src.retention(l, x)).and_then(|slot| self.run_expert(pool.buffer(slot), &blk.layout, x, &per, ex, &r));
+            if let Err(er) = res {
+                err = Some(er.into());
+            }
+        })?;
+        drop(pool_g);
+        if let Some(er) = err {
+            return Err(er);
+        }
+        let out = self.alloc(t_n, e)?;
+        self.g.k.combine(&mut self.rec, per.buf(), out.buf(), e, t_n, r.k);
+        Ok(out)
+    }
+
+    async fn read(&mut self, parts: &[(&GpuT, Range<usize>)]) -> Result<Vec<Vec<f32>>, OpError> {
+        let ranges: Vec<(&wgpu::Buffer, u64, u64)> = parts.iter().map(|(t, rows)| (t.buf(), (4 * rows.start * t.cols) as u64, (4 * rows.len() * t.cols) as u64)).collect();
+        let t0 = now_ms();
+        let back = self.rec.readback(&ranges).await?;
+        self.rb_ms += now_ms() - t0;
+        self.readbacks += 1;
+        Ok(back)
+    }
+}

@@ -1,0 +1,293 @@
+//! Blocks shared by the architecture files, as llama.cpp's `src/llama-graph.cpp` shares
+//! `build_norm`, `build_attn`, `build_ffn` and `build_moe_ffn`. Each block is written once
+//! against [`Ops`] and names its intermediates once (`dump`, llama.cpp's names: `attn_norm`,
+//! `Qcur`, `kqv_out`, `ffn_moe_logits`, `l_out`, …).
+//!
+//! The expert scheduler is told things at fixed points: [`crate::expert::ExpertSource::on_hidden`] with the
+//! FFN input (read with the router logits, one synchronisation per MoE layer),
+//! `on_partial` inside [`Ops::experts`], and `on_residual` after
+//! each layer when the source asks for it.
+
+use super::{dump, dump_wanted, route, Loader, Logits, Model, ModelError};
+use crate::backend::ops::{Attn, Mat, Ops, Rope, Route, Vector};
+use super::Config;
+
+/// Which QK-norm an architecture applies after the Q/K projections.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QkNorm {
+    None,
+    /// RMSNorm of each head (`attn_q_norm` has `head_dim` values: qwen3moe).
+    PerHead,
+    /// RMSNorm of the whole Q / K row (`n_embd_q` / `n_embd_kv` values: olmoe).
+    Whole,
+}
+
+/// One layer's attention weights (`build_qkv` + `build_attn`): optional biases and QK-norms.
+pub struct Attention {
+    pub wq: Mat,
+    pub wk: Mat,
+    pub wv: Mat,
+    pub wo: Mat,
+    pub bq: Option<Vector>,
+    pub bk: Option<Vector>,
+    pub bv: Option<Vector>,
+    pub q_norm: Option<Vector>,
+    pub k_norm: Option<Vector>,
+}
+
+impl Attention {
+    pub fn load(ld: &mut Loader<'_>, c: &Config, il: usize, qk: QkNorm) -> Result<Self, ModelError> {
+        let n = |s: &str| format!("blk.{il}.{s}");
+        let (e, nq, nkv) = (c.n_embd, c.n_embd_q(), c.n_embd_kv());
+        let (q_norm, k_norm) = match qk {
+            QkNorm::None => (None, None),
+            QkNorm::PerHead => (Some(ld.vec(&n("attn_q_norm.weight"), c.head_dim)?), Some(ld.vec(&n("attn_k_norm.weight"), c.head_dim)?)),
+            QkNorm::Whole => (Some(ld.vec(&n("attn_q_norm.weight"), nq)?), Some(ld.vec(&n("attn_k_norm.weight"), nkv)?)),
+        };
+        Ok(Self {
+            wq: ld.mat(&n("attn_q.weight"), [e, nq])?,
+            wk: ld.mat(&n("attn_k.weight"), [e, nkv])?,
+            wv: ld.mat(&n("attn_v.weight"), [e, nkv])?,
+            wo: ld.mat(&n("attn_output.weight"), [nq, e])?,
+            bq: ld.opt_vec(&n("attn_q.bias"), nq)?,
+            bk: ld.opt_vec(&n("attn_k.bias"), nkv)?,
+            bv: ld.opt_vec(&n("attn_v.bias"), nkv)?,
+            q_norm,
+            k_norm,
+        })
+    }
+}
+
+/// A SwiGLU FFN: `down(silu(gate x) * up x)`.
+pub struct Swiglu {
+    pub gate: Mat,
+    pub up: Mat,
+    pub down: Mat,
+}
+
+impl Swiglu {
+    /// `blk.N.ffn_{gate,up,down}{suffix}.weight` of width `n_ff`.
+    pub fn load(ld: &mut Loader<'_>, e: usize, il: usize, suffix: &str, n_ff: usize) -> Result<Self, ModelError> {
+        let n = |s: &str| format!("blk.{il}.{s}{suffix}.weight");
+        Ok(Self { gate: ld.mat(&n("ffn_gate"), [e, n_ff])?, up: ld.mat(&n("ffn_up"), [e, n_ff])?, down: ld.mat(&n("ffn_down"), [n_ff, e])? })
+    }
+}
+
+/// A shared expert (qwen2moe): a SwiGLU FFN on every token, optionally scaled by the sigmoid of a
+/// one-row gate (`ffn_gate_inp_shexp`).
+pub struct SharedExpert {
+    pub ffn: Swiglu,
+    pub gate_inp: Option<Mat>,
+}
+
+/// A MoE FFN: the router (`ffn_gate_inp`), experts reached through the model's
+/// expert source, and an optional shared expert.
+pub struct Moe {
+    pub router: Mat,
+    pub shared: Option<SharedExpert>,
+}
+
+impl Moe {
+    pub fn load(ld: &mut Loader<'_>, c: &Config, il: usize) -> Result<Self, ModelError> {
+        let e = c.n_embd;
+        let router = ld.mat(&format!("blk.{il}.ffn_gate_inp.weight"), [e, c.n_expert])?;
+        let gate_shexp = format!("blk.{il}.ffn_gate_shexp.weight");
+        let shared = if ld.has(&gate_shexp) {
+            let sh = ld.g.req_tensor(&gate_shexp)?.dims.get(1).copied().unwrap_or(0) as usize;
+            let gi = format!("blk.{il}.ffn_gate_inp_shexp.weight");
+            Some(SharedExpert { ffn: Swiglu::load(ld, e, il, "_shexp", sh)?, gate_inp: if ld.has(&gi) { Some(ld.row(&gi, e)?) } else { None } })
+        } else {
+            None
+        };
+        Ok(Self { router, shared })
+    }
+}
+
+/// A layer's FFN: dense, or routed experts.
+pub enum Ffn {
+    Dense(Swiglu),
+    Moe(Moe),
+}
+
+impl Ffn {
+    pub fn load(ld: &mut Loader<'_>, c: &Config, il: usize) -> Result<Self, ModelError> {
+        Ok(if c.is_moe() { Ffn::Moe(Moe::load(ld, c, il)?) } else { Ffn::Dense(Swiglu::load(ld, c.n_embd, il, "", c.n_ff)?) })
+    }
+}
+
+/// One forward pass in progress: the model, the backend, the positions, what is wanted.
+pub struct Fwd<'a, B: Ops> {
+    pub m: &'a Model,
+    pub b: &'a mut B,
+    pub pos0: usize,
+    pub t_n: usize,
+    pub want: Option<Logits>,
+}
+
+impl<'a, B: Ops> Fwd<'a, B> {
+    pub fn new(m: &'a Model, b: &'a mut B, pos0: usize, t_n: usize, want: Option<Logits>) -> Self {
+        Self { m, b, pos0, t_n, want }
+    }
+
+    fn rows(t: &B::T) -> usize {
+        B::shape(t).0
+    }
+
+    /// Name an intermediate (read back only when dumping is on).
+    pub async fn dump(&mut self, name: &str, il: usize, t: &B::T) -> Result<(), ModelError> {
+        if dump_wanted() {
+            let v = self.b.read(&[(t, 0..Self::rows(t))]).await?;
+            dump(name, il, &v[0]);
+        }
+        Ok(())
+    }
+
+    /// Token embeddings (`get_rows` of `token_embd`, on the host).
+    pub async fn embed(&mut self, tokens: &[u32]) -> Result<B::T, ModelError> {
+        let w = self.m.weights.mat(self.m.tok_embd);
+        let e = w.cols;
+        let mut x = vec![0f32; tokens.len() * e];
+        for (t, &tok) in tokens.iter().enumerate() {
+            if tok as usize >= w.rows {
+                return Err(ModelError::BadToken(tok));
+            }
+            w.row_f32(tok as usize, &mut x[t * e..(t + 1) * e])?;
+        }
+        let x = self.b.input(x, e)?;
+        self.dump("embd", 0, &x).await?;
+        Ok(x)
+    }
+
+    /// RMSNorm with weight `w` (`build_norm`).
+    pub async fn norm(&mut self, x: &B::T, w: Vector, name: &str, il: usize) -> Result<B::T, ModelError> {
+        let y = self.b.rms_norm(x, w, self.m.cfg.rms_eps)?;
+        self.dump(name, il, &y).await?;
+        Ok(y)
+    }
+
+    /// Self-attention of `cur` (`build_qkv` + RoPE + `build_attn` + output projection).
+    pub async fn attention(&mut self, il: usize, cur: &B::T, a: &Attention) -> Result<B::T, ModelError> {
+        let c = &self.m.cfg;
+        let [mut q, mut k, mut v]: [B::T; 3] = self.b.matmul(cur, &[a.wq, a.wk, a.wv])?.try_into().map_err(|_| ModelError::Internal("matmul returned the wrong number of tensors".into()))?;
+        self.dump("Qcur", il, &q).await?;
+        self.dump("Kcur", il, &k).await?;
+        self.dump("Vcur", il, &v).await?;
+        for (t, b) in [(&mut q, a.bq), (&mut k, a.bk), (&mut v, a.bv)] {
+            if let Some(b) = b {
+                self.b.add_row(t, b)?;
+            }
+        }
+        if let (Some(qn), Some(kn)) = (a.q_norm, a.k_norm) {
+            self.b.rms_norm_groups(&mut q, qn, c.rms_eps)?;
+            self.b.rms_norm_groups(&mut k, kn, c.rms_eps)?;
+        }
+        let rope = Rope { head_dim: c.head_dim, n_rot: c.n_rot, base: c.rope_base, kind: c.rope };
+        self.b.rope(&mut q, self.pos0, &rope)?;
+        self.b.rope(&mut k, self.pos0, &rope)?;
+        self.dump("Qrope", il, &q).await?;
+        self.dump("Krope", il, &k).await?;
+        let p = Attn { n_head: c.n_head, n_head_kv: c.n_head_kv, head_dim: c.head_dim, scale: 1.0 / (c.head_dim as f32).sqrt() };
+        let o = self.b.attention(il, &q, &k, &v, self.pos0, &p)?;
+        self.dump("kqv_out", il, &o).await?;
+        let out = self.b.matmul(&o, &[a.wo])?.remove(0);
+        self.dump("attn_out", il, &out).await?;
+        Ok(out)
+    }
+
+    /// `x + attn`, the FFN's input (`ffn_inp`). In the last layer, when only the last logits are
+    /// wanted, only the last row goes on (llama.cpp's `inp_out_ids`), so the last FFN's kernels
+    /// see one row, as llama.cpp's do.
+    pub async fn attn_residual(&mut self, il: usize, mut x: B::T, mut attn: B::T) -> Result<B::T, ModelError> {
+        if il + 1 == self.m.cfg.n_layer && self.want == Some(Logits::Last) && Self::rows(&x) > 1 {
+            x = self.b.last_row(x)?;
+            attn = self.b.last_row(attn)?;
+        }
+        self.b.add(&mut x, &attn)?;
+        self.dump("ffn_inp", il, &x).await?;
+        if let Some(cap) = &self.m.capture {
+            let n = Self::rows(&x);
+            let row = self.b.read(&[(&x, n - 1..n)]).await?.remove(0);
+            if let Some(rows) = cap.lock().unwrap().get_mut(il) {
+                rows.extend_from_slice(&row);
+            }
+        }
+        Ok(x)
+    }
+
+    /// A SwiGLU FFN of `cur` (`build_ffn` with `LLM_FFN_SILU`, `LLM_FFN_PAR`).
+    pub async fn ffn(&mut self, il: usize, cur: &B::T, w: &Swiglu) -> Result<B::T, ModelError> {
+        let [g, u]: [B::T; 2] = self.b.matmul(cur, &[w.gate, w.up])?.try_into().map_err(|_| ModelError::Internal("matmul returned the wrong number of tensors".into()))?;
+        self.dump("ffn_gate", il, &g).await?;
+        self.dump("ffn_up", il, &u).await?;
+        let h = self.b.swiglu(&g, &u)?;
+        self.dump("ffn_swiglu", il, &h).await?;
+        Ok(self.b.matmul(&h, &[w.down])?.remove(0))
+    }
+
+    /// A MoE FFN of `cur` (`build_moe_ffn`): router logits → softmax → top-k → weights (on the
+    /// host, [`route`]) → the routed experts combined in rank order → plus the shared expert.
+    /// `x`: the residual entering this FFN (for the scheduler's refinement).
+    pub async fn moe(&mut self, il: usize, cur: &B::T, x: &B::T, w: &Moe) -> Result<B::T, ModelError> {
+        let c = &self.m.cfg;
+        let src = self.m.experts().ok_or(ModelError::NoExperts)?.clone();
+        let t_n = Self::rows(cur);
+        let logits = self.b.matmul(cur, &[w.router])?.remove(0);
+        // One synchronisation: the router logits, and when decoding the FFN input too (the
+        // lookahead predictor's input).
+        let mut parts = vec![(&logits, 0..t_n)];
+        if t_n == 1 {
+            parts.push((cur, 0..1));
+        }
+        let back = self.b.read(&parts).await?;
+        src.on_hidden(il, back.get(1).map(|v| v.as_slice()).unwrap_or(&[]), t_n);
+        dump("ffn_moe_logits", il, &back[0]);
+        let (sel, wts) = route(c, &back[0], t_n);
+        dump("ffn_moe_weights", il, &wts);
+        dump("ffn_moe_topk", il, &sel.iter().map(|&v| v as f32).collect::<Vec<_>>());
+        let r = Route { sel: &sel, wts: &wts, k: c.n_expert_used };
+        let mut out = self.b.experts(il, &*src, cur, r, (t_n == 1).then_some(x))?;
+        if let Some(sh) = &w.shared {
+            self.dump("ffn_moe_out", il, &out).await?;
+            let y = self.ffn(il, cur, &sh.ffn).await?;
+            self.dump("ffn_shexp", il, &y).await?;
+            match sh.gate_inp {
+                Some(gi) => {
+                    let g = self.b.matmul(cur, &[gi])?.remove(0);
+                    self.dump("ffn_shexp_gate_inp", il, &g).await?;
+                    self.b.gate_add(&mut out, &y, &g)?;
+                }
+                None => self.b.add(&mut out, &y)?,
+            }
+        }
+        Ok(out)
+    }
+
+    /// `x += ffn_out` (`l_out`); then, when the expert source asks for it, the layer's output
+    /// (last row) goes to the expert source's `on_residual`.
+    pub async fn layer_out(&mut self, il: usize, x: &mut B::T, out: B::T) -> Result<(), ModelError> {
+        self.dump("ffn_out", il, &out).await?;
+        self.b.add(x, &out)?;
+        self.dump("l_out", il, x).await?;
+        if let Some(src) = self.m.experts() {
+            let n = Self::rows(x);
+            if n == 1 && src.wants_residual() {
+                let row = self.b.read(&[(&*x, 0..1)]).await?.remove(0);
+                src.on_residual(il, &row, n);
+            }
+        }
+        Ok(())
+    }
+
+    /// Final norm and output projection (`result_norm`, `result_output`), read to the host.
+    pub async fn output(&mut self, x: B::T) -> Result<Vec<f32>, ModelError> {
+        let Some(want) = self.want else { return Ok(Vec::new()) };
+        let n = Self::rows(&x);
+        let x = if want == Logits::Last && n > 1 { self.b.last_row(x)? } else { x };
+        let h = self.norm(&x, self.m.output_norm, "result_norm", 0).await?;
+        let logits = self.b.matmul(&h, &[self.m.output])?.remove(0);
+        let rows = Self::rows(&logits);
+        let out = self.b.read(&[(&logits, 0..rows)]).await?.remove(0);
+        dump("result_output", 0, &out);
+        Ok(out)
+    }
+}
