@@ -92,6 +92,8 @@ case "$cmd" in
     done
     (cd tests/e2e && npm test)
     tools/npm_smoke.sh
+    # les serve with real clients (curl, the openai Python package)
+    tests/e2e/serve_clients.sh
     ;;
   web)
     build_web

@@ -4,7 +4,7 @@
 import { createEngine, deleteModel } from './les/index.js';
 
 const $ = (id) => document.getElementById(id);
-const state = { engine: null, key: null, busy: false, last: null, error: null, progress: null };
+const state = { engine: null, key: null, busy: false, last: null, error: null, progress: null, messages: [] };
 window.les = state; // for tests and the console
 
 function setError(e) {
@@ -58,6 +58,7 @@ async function load() {
   const t0 = performance.now();
   state.engine = await createEngine({ ...c, onProgress });
   state.key = key;
+  state.messages = []; // a new engine holds no conversation
   const i = state.engine.info;
   const plan = i.plan ? ` | budget ${fmtMB(i.plan.budget)}: dense ${fmtMB(i.plan.dense)}, ${i.plan.slots} expert slots of ${fmtMB(i.plan.expert_bytes_max)} (${((100 * i.plan.slots * i.plan.expert_bytes_max) / Math.max(1, i.plan.total_expert_bytes)).toFixed(0)}% of expert bytes)` : ' | all experts resident';
   status(`${i.name ?? i.arch}: ${i.n_layer} layers, ${i.n_expert || 'no'} experts (${i.n_expert_used} used), ${fmtMB(i.model_bytes)}${plan}. Loaded in ${((performance.now() - t0) / 1000).toFixed(1)} s on ${state.engine.backend}.`);
@@ -75,17 +76,23 @@ async function run() {
   try {
     const engine = await load();
     const out = $('output');
-    out.innerHTML = '';
     const p = document.createElement('span');
     p.className = 'prompt';
     const opts = { max_tokens: Number($('max-tokens').value) || 64, temperature: Number($('temperature').value) || 0 };
     let stream;
+    let reply = null;
     if ($('chat').checked) {
+      // The conversation goes with every turn; the engine runs only what its cache lacks.
+      if (!state.messages.length) out.innerHTML = '';
+      state.messages.push({ role: 'user', content: $('prompt').value });
+      p.textContent = `${state.messages.length > 1 ? '\n' : ''}> ${$('prompt').value}\n`;
+      reply = { role: 'assistant', content: '' };
       stream = (async function* () {
-        const it = await engine.chat.completions.create({ messages: [{ role: 'user', content: $('prompt').value }], stream: true, ...opts });
+        const it = await engine.chat.completions.create({ messages: state.messages, stream: true, ...opts });
         for await (const c of it) if (c.choices[0].delta.content) yield c.choices[0].delta.content;
       })();
     } else {
+      out.innerHTML = '';
       p.textContent = $('prompt').value;
       stream = engine.generate($('prompt').value, opts);
     }
@@ -99,10 +106,14 @@ async function run() {
     } finally {
       clearInterval(timer);
     }
+    if (reply) {
+      reply.content = gen.textContent;
+      state.messages.push(reply);
+    }
     state.last = engine.lastResult;
     await refreshStats();
     const s = state.last?.stats;
-    if (s) status(`${s.gen_tokens} tokens at ${s.tokens_per_s.toFixed(2)} tokens/s (prompt: ${s.prompt_tokens} tokens in ${(s.prompt_ms / 1000).toFixed(2)} s)${state.last.aborted ? ' — stopped' : ''}.`);
+    if (s) status(`${s.gen_tokens} tokens at ${s.tokens_per_s.toFixed(2)} tokens/s (prompt: ${s.prompt_tokens} tokens, ${s.prompt_reused ?? 0} reused from the cache, in ${(s.prompt_ms / 1000).toFixed(2)} s)${state.last.aborted ? ' — stopped' : ''}.`);
   } catch (e) {
     setError(e);
     status('Failed.');
@@ -176,6 +187,13 @@ function drawCharts(layers) {
 $('load').onclick = () => load().catch((e) => { setError(e); status('Failed.'); });
 $('run').onclick = run;
 $('stop').onclick = () => state.engine?.abort();
+$('new-chat').onclick = async () => {
+  if (state.busy) return;
+  state.messages = [];
+  $('output').innerHTML = '';
+  await state.engine?.resetChat();
+  status('New conversation.');
+};
 $('forget').onclick = async () => {
   if (state.engine) await state.engine.unload();
   state.engine = null;

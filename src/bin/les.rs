@@ -1,9 +1,13 @@
 //! `les`: command-line interface.
 //!
 //!   les run --model PATH (--prompt TEXT | --chat) [-n N] [--temp T] [--seed S] …
+//!   les serve --model PATH [--host 127.0.0.1] [--port 8080] [--memory-budget B] …
 //!           [--draft-model PATH | --lookup] [--draft-max N]
 //!   les inspect PATH
 //!   les bench decode --model PATH [-n N]
+
+#[path = "les/serve.rs"]
+mod serve;
 
 use clap::{Args, Parser, Subcommand};
 use les::engine::chat::Message;
@@ -27,6 +31,9 @@ struct Cli {
 enum Cmd {
     /// Generate text: streams only the generated text to stdout, one stats line to stderr.
     Run(RunArgs),
+    /// An OpenAI-compatible HTTP server (`/v1/chat/completions`, `/v1/completions`,
+    /// `/v1/models`, `/health`) with llama-server's flag names and defaults.
+    Serve(serve::ServeArgs),
     /// Print a GGUF file's metadata and tensor table.
     Inspect {
         /// GGUF file.
@@ -276,6 +283,8 @@ struct RunArgs {
     /// Keep generating past end-of-generation tokens.
     #[arg(long)]
     ignore_eos: bool,
+    #[command(flatten)]
+    g: GenArgs,
     /// Speculative decoding with this draft model (same vocabulary as --model; loaded resident).
     #[arg(long, conflicts_with = "lookup")]
     draft_model: Option<String>,
@@ -288,6 +297,31 @@ struct RunArgs {
     /// Write the generated token ids as a JSON array to FILE (one array per prompt, one per line).
     #[arg(long, value_name = "FILE")]
     tokens_out: Option<String>,
+}
+
+/// Stop strings and a full context (llama.cpp's names).
+#[derive(Args, Clone, Default)]
+struct GenArgs {
+    /// Stop when the output contains STR (repeatable); the stop string is not printed.
+    #[arg(long, value_name = "STR")]
+    stop: Vec<String>,
+    /// When the context is full, keep the first N tokens (and a leading BOS), drop the older half
+    /// of the rest and continue (llama.cpp's context shift). Without it generation stops there.
+    #[arg(long)]
+    context_shift: bool,
+    /// Tokens kept from the start by --context-shift.
+    #[arg(long, default_value_t = 0)]
+    keep: usize,
+}
+
+impl GenArgs {
+    fn context(&self) -> les::engine::ContextMode {
+        if self.context_shift {
+            les::engine::ContextMode::Shift { n_keep: self.keep }
+        } else {
+            les::engine::ContextMode::Stop
+        }
+    }
 }
 
 #[derive(Subcommand)]
@@ -339,6 +373,23 @@ enum BenchCmd {
         #[arg(short = 'n', long, default_value_t = 256)]
         n_predict: usize,
     },
+    /// A three-turn chat (tests/fixtures/chat.txt: one user message per line), with and without
+    /// reusing the previous turn's cache, interleaved: time to first token and MB of experts read
+    /// during each turn's prefill.
+    Chat {
+        #[command(flatten)]
+        m: ModelArgs,
+        #[command(flatten)]
+        s: StreamArgs,
+        /// Tokens generated per reply.
+        #[arg(short = 'n', long, default_value_t = 32)]
+        n_predict: usize,
+        /// Repetitions of the whole conversation, each mode in turn.
+        #[arg(short = 'r', long, default_value_t = 2)]
+        reps: usize,
+        #[arg(long, default_value = "tests/fixtures/chat.txt")]
+        messages: String,
+    },
     /// Decode speed: a short prompt, then N greedy tokens; prints tokens/s.
     Decode {
         #[command(flatten)]
@@ -382,6 +433,7 @@ fn open(m: &ModelArgs) -> Result<Session, Box<dyn std::error::Error>> {
 fn run(cli: Cli) -> Res {
     match cli.cmd {
         Cmd::Run(a) => cmd_run(a),
+        Cmd::Serve(a) => serve::cmd_serve(a),
         Cmd::Inspect { path, full, device } => {
             if device {
                 match les::backend::wgpu::GpuContext::new() {
@@ -395,6 +447,7 @@ fn run(cli: Cli) -> Res {
             }
         }
         Cmd::Bench(BenchCmd::Decode { m, n_predict, reps }) => cmd_bench_decode(&m, n_predict, reps),
+        Cmd::Bench(BenchCmd::Chat { m, s, n_predict, reps, messages }) => cmd_bench_chat(&m, &s, n_predict, reps, &messages),
         Cmd::Pack { input, output, expert_types, mixed_precision, target_bytes, calibration, calib_tokens } => {
             if mixed_precision {
                 let target = les::engine::stream::parse_bytes(target_bytes.as_deref().unwrap_or_default())?;
@@ -451,46 +504,50 @@ fn run(cli: Cli) -> Res {
     }
 }
 
+/// A session for `m`: every weight resident, or under `--memory-budget` with experts streamed
+/// (less `reserve` bytes the caller needs for itself, e.g. a draft model). Returns the session
+/// and, when streamed, its expert cache (for statistics).
+fn open_session(m: &ModelArgs, s: &StreamArgs, reserve: u64) -> Result<(Session, Option<std::sync::Arc<les::expert::stream::StreamingExperts>>), Box<dyn std::error::Error>> {
+    let Some(b) = &s.memory_budget else { return Ok((open(m)?, None)) };
+    if let Some(t) = m.threads {
+        les::backend::cpu::par::init_threads(t);
+    }
+    let budget = les::engine::stream::parse_bytes(b)?;
+    let budget = budget.checked_sub(reserve).ok_or_else(|| format!("--memory-budget {b} is smaller than the {:.1} MiB reserved beside the model", reserve as f64 / 1048576.0))?;
+    let st = les::engine::stream::open_streaming(&m.model, &m.stream_options(s, budget)?)?;
+    let (cpu_slots, gpu_slots) = (st.experts.config().slots, st.plan.gpu_slots);
+    let all = cpu_slots + gpu_slots;
+    eprintln!(
+        "les: budget {:.0} MiB = dense {:.1} MiB + KV {:.1} MiB + scratch {:.1} MiB + {} expert slots{} ({:.1} MiB, {:.1}% of {:.1} MiB of experts); store {} {}",
+        st.plan.budget as f64 / 1048576.0,
+        st.plan.dense as f64 / 1048576.0,
+        st.plan.kv as f64 / 1048576.0,
+        st.plan.scratch as f64 / 1048576.0,
+        all,
+        if gpu_slots > 0 { format!(" = {gpu_slots} on the GPU + {cpu_slots} CPU staging") } else { String::new() },
+        (all as u64 * st.plan.expert_bytes_max) as f64 / 1048576.0,
+        100.0 * (all as u64 * st.plan.expert_bytes_max) as f64 / st.plan.total_expert_bytes.max(1) as f64,
+        st.plan.total_expert_bytes as f64 / 1048576.0,
+        st.store_kind,
+        s.store
+    );
+    let les::engine::stream::Streaming { mut session, experts, .. } = st;
+    m.apply_backend_with(&mut session, Some(if gpu_slots > 0 { gpu_slots } else { cpu_slots }))?;
+    Ok((session, Some(experts)))
+}
+
 fn cmd_run(a: RunArgs) -> Res {
-    let mut streaming = None;
-    let mut sess = match &a.s.memory_budget {
-        None => open(&a.m)?,
-        Some(b) => {
-            if let Some(t) = a.m.threads {
-                les::backend::cpu::par::init_threads(t);
-            }
-            let mut budget = les::engine::stream::parse_bytes(b)?;
-            if let Some(p) = &a.draft_model {
-                // A draft model's weights and KV cache come out of the same budget.
-                let g = les::gguf::GgufFile::read(&FileSource::open(p)?)?;
-                let c = les::model::Config::from_gguf(&g)?;
-                let n_ctx = a.m.ctx_size.min(c.n_ctx_train.max(1));
-                let extra = g.tensors.iter().map(|t| t.size).sum::<u64>() + les::model::KvCache::bytes(c.n_layer, n_ctx, c.n_head_kv, c.head_dim) as u64;
-                budget = budget.checked_sub(extra).ok_or_else(|| format!("--memory-budget {b} is smaller than the draft model {p} alone ({:.1} MiB of weights + KV cache)", extra as f64 / 1048576.0))?;
-            }
-            let st = les::engine::stream::open_streaming(&a.m.model, &a.m.stream_options(&a.s, budget)?)?;
-            let (cpu_slots, gpu_slots) = (st.experts.config().slots, st.plan.gpu_slots);
-            let all = cpu_slots + gpu_slots;
-            eprintln!(
-                "les: budget {:.0} MiB = dense {:.1} MiB + KV {:.1} MiB + scratch {:.1} MiB + {} expert slots{} ({:.1} MiB, {:.1}% of {:.1} MiB of experts); store {} {}",
-                st.plan.budget as f64 / 1048576.0,
-                st.plan.dense as f64 / 1048576.0,
-                st.plan.kv as f64 / 1048576.0,
-                st.plan.scratch as f64 / 1048576.0,
-                all,
-                if gpu_slots > 0 { format!(" = {gpu_slots} on the GPU + {cpu_slots} CPU staging") } else { String::new() },
-                (all as u64 * st.plan.expert_bytes_max) as f64 / 1048576.0,
-                100.0 * (all as u64 * st.plan.expert_bytes_max) as f64 / st.plan.total_expert_bytes.max(1) as f64,
-                st.plan.total_expert_bytes as f64 / 1048576.0,
-                st.store_kind,
-                a.s.store
-            );
-            let les::engine::stream::Streaming { mut session, experts, .. } = st;
-            a.m.apply_backend_with(&mut session, Some(if gpu_slots > 0 { gpu_slots } else { cpu_slots }))?;
-            streaming = Some(experts);
-            session
+    // A draft model's weights and KV cache come out of the same budget.
+    let reserve = match (&a.draft_model, &a.s.memory_budget) {
+        (Some(p), Some(_)) => {
+            let g = les::gguf::GgufFile::read(&FileSource::open(p)?)?;
+            let c = les::model::Config::from_gguf(&g)?;
+            let n_ctx = a.m.ctx_size.min(c.n_ctx_train.max(1));
+            g.tensors.iter().map(|t| t.size).sum::<u64>() + les::model::KvCache::bytes(c.n_layer, n_ctx, c.n_head_kv, c.head_dim) as u64
         }
+        _ => 0,
     };
+    let (mut sess, streaming) = open_session(&a.m, &a.s, reserve)?;
     let mut draft: Option<Box<dyn Draft>> = match (&a.draft_model, a.lookup) {
         (Some(p), _) => {
             let src = FileSource::open(p)?;
@@ -562,6 +619,8 @@ fn cmd_run_inner(a: &RunArgs, sess: &mut Session, mut spec: Spec<'_>) -> Res {
     };
     let mut prompts: Vec<String> = Vec::new();
     if a.chat {
+        // Each turn re-renders the conversation; only what the cache lacks is run.
+        sess.reuse_prefix = true;
         let mut history = Vec::new();
         for line in std::io::stdin().lock().lines() {
             let line = line?;
@@ -598,9 +657,11 @@ fn generate_one(sess: &mut Session, prompt: &str, a: &RunArgs, sampler: &Sampler
     };
     let (ids, st, spec_st) = match spec.draft.as_deref_mut() {
         None => {
-            let (ids, st) = sess.generate(&toks, a.n_predict, sampler, a.ignore_eos, &mut on_text)?;
+            let o = les::engine::GenOptions { n: a.n_predict, sampler: sampler.clone(), ignore_eos: a.ignore_eos, stop: a.g.stop.clone(), context: a.g.context() };
+            let (ids, st) = sess.generate_with(&toks, &o, &mut on_text)?;
             (ids, st, None)
         }
+        Some(_) if !a.g.stop.is_empty() || a.g.context_shift => return Err("--stop and --context-shift are not supported with speculative decoding (--draft-model, --lookup)".into()),
         Some(d) => {
             let o = SpecOptions { draft_max: spec.gamma, io: spec.io, verify_first: false };
             let (ids, st, sp) = speculative::generate(sess, Some(d), &o, &toks, a.n_predict, sampler, a.ignore_eos, &mut on_text)?;
@@ -613,8 +674,9 @@ fn generate_one(sess: &mut Session, prompt: &str, a: &RunArgs, sampler: &Sampler
     }
     let mem = memory_usage().map(|(_, peak)| format!(", peak memory {:.1} MiB", peak as f64 / 1048576.0)).unwrap_or_default();
     eprintln!(
-        "\nles: prompt {} tokens, {:.1} tokens/s | decode {} tokens, {:.1} tokens/s{}",
+        "\nles: prompt {} tokens{}, {:.1} tokens/s | decode {} tokens, {:.1} tokens/s{}",
         st.prompt_tokens,
+        if st.prompt_reused > 0 { format!(" ({} reused from the cache)", st.prompt_reused) } else { String::new() },
         st.prompt_tps(),
         st.gen_tokens,
         st.gen_tps(),
@@ -820,6 +882,51 @@ fn cmd_pack(input: &str, output: &str, expert_types: Option<&str>) -> Res {
             Err(e.into())
         }
     }
+}
+
+fn cmd_bench_chat(m: &ModelArgs, s: &StreamArgs, n: usize, reps: usize, messages: &str) -> Res {
+    let users: Vec<String> = std::fs::read_to_string(messages)?.lines().filter(|l| !l.trim().is_empty()).map(String::from).collect();
+    let (mut sess, experts) = open_session(m, s, 0)?;
+    println!("les bench chat: model {} | {} turns, {n} tokens per reply, greedy | budget {}", m.model, users.len(), s.memory_budget.as_deref().unwrap_or("none (resident)"));
+    println!("{:<4} {:<9} {:>5} {:>14} {:>8} {:>10} {:>12}", "rep", "reuse", "turn", "prompt tokens", "reused", "TTFT ms", "prefill MB");
+    for rep in 0..reps.max(1) {
+        for reuse in [false, true] {
+            sess.reset();
+            sess.reuse_prefix = reuse;
+            let mut history: Vec<Message> = Vec::new();
+            for (turn, u) in users.iter().enumerate() {
+                history.push(Message { role: "user".into(), content: u.clone() });
+                let toks = sess.tokenize(&sess.chat_prompt(&history)?);
+                if let Some(e) = &experts {
+                    e.reset_stats();
+                }
+                let mut prefill_bytes = None;
+                let mut reply = String::new();
+                let ex = experts.clone();
+                let o = les::engine::GenOptions { n, sampler: SamplerConfig::greedy(), ..Default::default() };
+                let (_, st) = sess.generate_with(&toks, &o, &mut |_, t| {
+                    // The first token comes from the prefill's logits: what was read so far is the prefill's.
+                    if prefill_bytes.is_none() {
+                        prefill_bytes = Some(ex.as_ref().map(|e| e.stats().bytes_read).unwrap_or(0));
+                    }
+                    reply.push_str(t);
+                    true
+                })?;
+                history.push(Message { role: "assistant".into(), content: reply });
+                println!(
+                    "{:<4} {:<9} {:>5} {:>14} {:>8} {:>10.1} {:>12}",
+                    rep + 1,
+                    if reuse { "on" } else { "off" },
+                    turn + 1,
+                    st.prompt_tokens,
+                    st.prompt_reused,
+                    st.prompt_ms,
+                    experts.as_ref().map(|_| format!("{:.1}", prefill_bytes.unwrap_or(0) as f64 / 1e6)).unwrap_or_else(|| "-".into())
+                );
+            }
+        }
+    }
+    Ok(())
 }
 
 fn cmd_bench_decode(m: &ModelArgs, n: usize, reps: usize) -> Res {

@@ -3,6 +3,7 @@
 
 pub mod chat;
 pub mod eval;
+pub mod generation;
 pub mod sampling;
 pub mod speculative;
 #[cfg(not(target_arch = "wasm32"))]
@@ -18,7 +19,8 @@ use crate::tokenizer::{Tokenizer, TokenizerError};
 use crate::backend::wgpu::exec::GpuBackend;
 #[cfg(not(target_arch = "wasm32"))]
 use crate::backend::{wgpu::exec::GpuOptions, BackendKind};
-use sampling::{Sampler, SamplerConfig};
+pub use generation::{ContextMode, FinishReason, GenOptions, Generation};
+use sampling::SamplerConfig;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -42,14 +44,22 @@ pub enum EngineError {
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct GenStats {
     pub prompt_tokens: usize,
+    /// Prompt tokens whose keys and values were reused from the previous generation (the longest
+    /// common prefix; not run again).
+    pub prompt_reused: usize,
     pub prompt_ms: f64,
     pub gen_tokens: usize,
     pub gen_ms: f64,
+    /// Why generation ended (`None` while it runs).
+    pub finish_reason: Option<FinishReason>,
+    /// Context shifts made (each dropped the older half of the tokens after `n_keep`).
+    pub context_shifts: usize,
 }
 
 impl GenStats {
+    /// Prompt tokens run per second (reused tokens are not run).
     pub fn prompt_tps(&self) -> f64 {
-        self.prompt_tokens as f64 / (self.prompt_ms / 1000.0).max(1e-9)
+        (self.prompt_tokens - self.prompt_reused.min(self.prompt_tokens)) as f64 / (self.prompt_ms / 1000.0).max(1e-9)
     }
     pub fn gen_tps(&self) -> f64 {
         self.gen_tokens as f64 / (self.gen_ms / 1000.0).max(1e-9)
@@ -93,6 +103,12 @@ pub struct Session {
     pub prefill_batch: usize,
     /// The GPU forward when the session runs on the wgpu backend (`None`: the CPU).
     pub gpu: Option<GpuBackend>,
+    /// Keep the cache between generations and reuse its longest common token prefix with the
+    /// next prompt (llama.cpp server's `cache_prompt`). Off by default: benchmarks and tests run
+    /// the same prompt again and want it computed; chats, `les serve` and the JS chat API turn it on.
+    pub reuse_prefix: bool,
+    /// The tokens at positions `0..kv.len` of the cache (valid up to `kv.len`).
+    cached: Vec<u32>,
 }
 
 /// Current and peak resident memory of this process in bytes (Linux; `None` elsewhere).
@@ -117,7 +133,7 @@ impl Session {
         let model = Model::load(src, &gguf, mode)?;
         let n_ctx = n_ctx.min(model.cfg.n_ctx_train.max(1));
         let kv = model.new_kv(n_ctx);
-        Ok(Self { model, tokenizer, kv, gguf, prefill_batch, gpu: None })
+        Ok(Self { model, tokenizer, kv, gguf, prefill_batch, gpu: None, reuse_prefix: false, cached: Vec::new() })
     }
 
     /// Run on `kind`: `Cpu` keeps the CPU; `Wgpu` uploads the dense weights to the GPU (an error
@@ -170,21 +186,64 @@ impl Session {
 
     /// One forward pass on the session's backend.
     pub fn forward(&mut self, tokens: &[u32], want: Logits) -> Result<Vec<f32>, EngineError> {
+        self.cached.truncate(self.kv.len);
         #[cfg(not(target_arch = "wasm32"))]
-        if let Some(g) = &self.gpu {
-            return Ok(self.model.forward_gpu_blocking(g, tokens, &mut self.kv, want)?);
+        let l = match &self.gpu {
+            Some(g) => self.model.forward_gpu_blocking(g, tokens, &mut self.kv, want)?,
+            None => self.model.forward(tokens, &mut self.kv, want)?,
+        };
+        #[cfg(target_arch = "wasm32")]
+        let l = self.model.forward(tokens, &mut self.kv, want)?;
+        self.cached.extend_from_slice(tokens);
+        Ok(l)
+    }
+
+    /// [`Session::forward`] as a future: on the GPU it awaits the readbacks (the browser cannot
+    /// block); on the CPU it is ready at once.
+    pub async fn forward_async(&mut self, tokens: &[u32], want: Logits) -> Result<Vec<f32>, EngineError> {
+        match &self.gpu {
+            Some(g) => {
+                self.cached.truncate(self.kv.len);
+                let l = self.model.forward_gpu(g, tokens, &mut self.kv, want).await?;
+                self.cached.extend_from_slice(tokens);
+                Ok(l)
+            }
+            None => self.forward(tokens, want),
         }
-        Ok(self.model.forward(tokens, &mut self.kv, want)?)
     }
 
     /// [`Session::forward`] with every row computed as a single-token forward would compute it
     /// (see [`crate::model::Model::forward_per_row`]); the GPU backend's batches already are.
     pub fn forward_per_row(&mut self, tokens: &[u32], want: Logits) -> Result<Vec<f32>, EngineError> {
         #[cfg(not(target_arch = "wasm32"))]
-        if let Some(g) = &self.gpu {
-            return Ok(self.model.forward_gpu_blocking(g, tokens, &mut self.kv, want)?);
+        if self.gpu.is_some() {
+            return self.forward(tokens, want);
         }
-        Ok(self.model.forward_per_row(tokens, &mut self.kv, want)?)
+        self.cached.truncate(self.kv.len);
+        let l = self.model.forward_per_row(tokens, &mut self.kv, want)?;
+        self.cached.extend_from_slice(tokens);
+        Ok(l)
+    }
+
+    /// The tokens whose keys and values the cache holds, in position order.
+    pub fn cached_tokens(&self) -> &[u32] {
+        &self.cached[..self.kv.len.min(self.cached.len())]
+    }
+
+    /// Forget the cached conversation (the next prompt runs from position 0).
+    pub fn reset(&mut self) {
+        self.kv.clear();
+        self.cached.clear();
+    }
+
+    /// Make the cache ready for `prompt`: keep the longest common prefix of the cached tokens and
+    /// `prompt` when [`Self::reuse_prefix`] is on (at most `prompt.len() - 1`: the last token is
+    /// run for its logits), clear it otherwise. Returns the number of positions kept.
+    pub fn reuse(&mut self, prompt: &[u32]) -> usize {
+        let n = if self.reuse_prefix { self.cached_tokens().iter().zip(prompt).take_while(|(a, b)| a == b).count().min(prompt.len().saturating_sub(1)) } else { 0 };
+        self.kv.truncate(n);
+        self.cached.truncate(n);
+        n
     }
 
     /// Run the prompt (in batches of `prefill_batch`), returning the last position's logits.
@@ -219,9 +278,15 @@ impl Session {
         ignore_eos: bool,
         on_token: &mut dyn FnMut(u32, &str) -> bool,
     ) -> Result<(Vec<u32>, GenStats), EngineError> {
-        let mut g = Generation::new(self, prompt, n, sampler, ignore_eos)?;
+        let o = GenOptions { n, sampler: sampler.clone(), ignore_eos, ..Default::default() };
+        self.generate_with(prompt, &o, on_token)
+    }
+
+    /// [`Self::generate`] with every option: stop strings, what to do when the context is full.
+    pub fn generate_with(&mut self, prompt: &[u32], o: &GenOptions, on_token: &mut dyn FnMut(u32, &str) -> bool) -> Result<(Vec<u32>, GenStats), EngineError> {
+        let mut g = Generation::with_options(self, prompt, o)?;
         while let Some(input) = g.next_input() {
-            let logits = if g.is_prefill() { self.prefill(&input)? } else { self.forward(&input, Logits::Last)? };
+            let logits = if input.len() > 1 { self.prefill(&input)? } else { self.forward(&input, Logits::Last)? };
             if let Some((tok, text)) = g.feed(self, &logits) {
                 if !on_token(tok, &text) {
                     g.stop();
@@ -233,97 +298,6 @@ impl Session {
             on_token(u32::MAX, &rest);
         }
         Ok((g.out, g.stats))
-    }
-}
-
-/// One generation, step by step: the caller runs [`Generation::next_input`] through the model
-/// (prefill first, then one token at a time) and hands the logits to [`Generation::feed`]. The
-/// blocking [`Session::generate`] and the browser's async loop (one promise per token) share it.
-pub struct Generation {
-    sampler: Sampler,
-    utf8: Utf8Stream,
-    /// Tokens generated so far.
-    pub out: Vec<u32>,
-    n: usize,
-    ignore_eos: bool,
-    input: Vec<u32>,
-    prefill: bool,
-    done: bool,
-    pub stats: GenStats,
-    t_phase: f64,
-}
-
-impl Generation {
-    /// Start generating up to `n` tokens after `prompt` (clears the KV cache).
-    pub fn new(session: &mut Session, prompt: &[u32], n: usize, sampler: &SamplerConfig, ignore_eos: bool) -> Result<Self, EngineError> {
-        if prompt.is_empty() {
-            return Err(EngineError::EmptyPrompt);
-        }
-        if prompt.len() >= session.kv.n_ctx {
-            return Err(EngineError::PromptTooLong(prompt.len(), session.kv.n_ctx));
-        }
-        session.kv.clear();
-        let mut s = Sampler::new(sampler.clone());
-        for &t in prompt {
-            s.accept(t);
-        }
-        let stats = GenStats { prompt_tokens: prompt.len(), ..Default::default() };
-        Ok(Self { sampler: s, utf8: Utf8Stream::default(), out: Vec::new(), n, ignore_eos, input: prompt.to_vec(), prefill: true, done: n == 0, stats, t_phase: now_ms() })
-    }
-
-    /// The tokens to run next (the prompt, then the last sampled token); `None` when finished.
-    pub fn next_input(&mut self) -> Option<Vec<u32>> {
-        if self.done {
-            return None;
-        }
-        Some(std::mem::take(&mut self.input))
-    }
-
-    /// True while the next input is the prompt.
-    pub fn is_prefill(&self) -> bool {
-        self.prefill
-    }
-
-    /// Sample from the logits of the last input; returns the token and its text (possibly empty
-    /// while a UTF-8 sequence is incomplete), or `None` when generation ended here.
-    pub fn feed(&mut self, session: &Session, logits: &[f32]) -> Option<(u32, String)> {
-        let now = now_ms();
-        if self.prefill {
-            self.stats.prompt_ms = now - self.t_phase;
-            self.prefill = false;
-            self.t_phase = now;
-        }
-        self.stats.gen_ms = now - self.t_phase;
-        let tok = self.sampler.sample(logits);
-        if !self.ignore_eos && session.tokenizer.is_eog(tok) {
-            self.done = true;
-            return None;
-        }
-        self.out.push(tok);
-        self.stats.gen_tokens = self.out.len();
-        self.sampler.accept(tok);
-        let text = self.utf8.push(&session.tokenizer.token_to_piece(tok, false));
-        if self.out.len() >= self.n || session.kv.len + 1 >= session.kv.n_ctx {
-            self.done = true;
-        } else {
-            self.input = vec![tok];
-        }
-        Some((tok, text))
-    }
-
-    /// Stop after the current token (the caller's abort).
-    pub fn stop(&mut self) {
-        self.done = true;
-    }
-
-    pub fn is_done(&self) -> bool {
-        self.done
-    }
-
-    /// Text held back for an incomplete UTF-8 sequence at the end; call once finished.
-    pub fn finish(&mut self) -> String {
-        self.stats.gen_ms = now_ms() - self.t_phase;
-        self.utf8.finish()
     }
 }
 

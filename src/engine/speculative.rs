@@ -171,11 +171,13 @@ impl Draft for DraftModel {
     }
 
     fn prefill(&mut self, prompt: &[u32]) -> Result<(), EngineError> {
-        self.kv.clear();
-        self.kv_tokens.clear();
         let n = prompt.len().min(self.kv.n_ctx);
-        if n > 0 {
-            self.feed(&prompt[..n])?;
+        // Keep the common prefix with what the draft's cache holds (a conversation's earlier turns).
+        let common = self.kv_tokens.iter().zip(&prompt[..n]).take_while(|(a, b)| a == b).count().min(self.kv.len);
+        self.kv.truncate(common);
+        self.kv_tokens.truncate(common);
+        if n > common {
+            self.feed(&prompt[common..n])?;
         }
         Ok(())
     }
@@ -407,19 +409,21 @@ fn generate_inner<'d>(
     if prompt.len() >= sess.kv.n_ctx {
         return Err(EngineError::PromptTooLong(prompt.len(), sess.kv.n_ctx).into());
     }
-    sess.kv.clear();
+    // The cache's common prefix with the prompt is kept (when the session reuses prefixes); the
+    // head below is what still has to run.
+    let reused = sess.reuse(&prompt[..prompt.len() - usize::from(opts.verify_first)]);
     let mut s = Sampler::new(sampler.clone());
     for &t in prompt {
         s.accept(t);
     }
     let mut spec = SpecStats { source: draft.as_ref().map(|d| d.name()).unwrap_or("none").to_string(), ..Default::default() };
-    let mut stats = GenStats { prompt_tokens: prompt.len(), ..Default::default() };
+    let mut stats = GenStats { prompt_tokens: prompt.len(), prompt_reused: reused, ..Default::default() };
     let t0 = now_ms();
     // The prompt exactly as plain decoding runs it (same batches, same kernels), and the first
     // output token from its logits; verification forwards then compute every row as a single-token
     // forward would (`forward_per_row`), so greedy output equals plain greedy bit for bit.
     let head = if opts.verify_first { &prompt[..prompt.len() - 1] } else { prompt };
-    let first = if head.is_empty() { Vec::new() } else { sess.prefill(head)? };
+    let first = if head.len() <= reused { Vec::new() } else { sess.prefill(&head[reused..])? };
     if let Some(d) = draft.as_mut() {
         d.start(sampler);
         d.prefill(head)?;
@@ -522,6 +526,7 @@ fn generate_inner<'d>(
         on_token(u32::MAX, &rest);
     }
     stats.gen_tokens = out.len();
+    stats.finish_reason = Some(if out.len() >= n || toks.len() >= n_ctx { super::FinishReason::Length } else { super::FinishReason::Stop });
     stats.gen_ms = now_ms() - t1;
     spec.gen_tokens = out.len() as u64;
     spec.draft_forwards = draft.as_ref().map(|d| d.forwards()).unwrap_or(0);

@@ -128,6 +128,11 @@ struct GenOptions {
     repeat_penalty: Option<f32>,
     seed: Option<u64>,
     ignore_eos: bool,
+    /// Stop strings (OpenAI `stop`; the JS side passes an array).
+    #[serde(default)]
+    stop: Vec<String>,
+    /// Context shift when the context is full, keeping this many tokens (absent: stop there).
+    n_keep: Option<usize>,
 }
 
 /// One loaded model and its generation state.
@@ -170,6 +175,9 @@ impl Engine {
             Some(x) => x,
             None => (Session::load_with_batch(&*src, ExpertMode::Resident, n_ctx, 32).map_err(err)?, None, None),
         };
+        let mut session = session;
+        // A chat re-sends the conversation: its common prefix with the cache is not run again.
+        session.reuse_prefix = true;
         let inner = Inner { session, experts, plan, backend: "cpu (wasm)".into(), gen: None, model_bytes: len as u64 };
         Ok(Engine { inner: Rc::new(RefCell::new(inner)), last_stats: Rc::new(RefCell::new("{}".into())) })
     }
@@ -241,7 +249,14 @@ impl Engine {
         if let Some(e) = &inner.experts {
             e.reset_stats();
         }
-        let gen = Generation::new(&mut inner.session, &toks, o.max_tokens.unwrap_or(256), &sc, o.ignore_eos).map_err(err)?;
+        let go = crate::engine::GenOptions {
+            n: o.max_tokens.unwrap_or(256),
+            sampler: sc,
+            ignore_eos: o.ignore_eos,
+            stop: o.stop,
+            context: o.n_keep.map(|n_keep| crate::engine::ContextMode::Shift { n_keep }).unwrap_or_default(),
+        };
+        let gen = Generation::with_options(&mut inner.session, &toks, &go).map_err(err)?;
         inner.gen = Some(gen);
         Ok(toks.len() as u32)
     }
@@ -268,6 +283,15 @@ impl Engine {
         }
     }
 
+    /// Forget the cached conversation: the next prompt is run from its first token.
+    #[wasm_bindgen(js_name = resetChat)]
+    pub fn reset_chat(&self) -> Result<(), JsError> {
+        let mut g = self.inner.try_borrow_mut().map_err(|_| err("engine busy"))?;
+        g.gen = None;
+        g.session.reset();
+        Ok(())
+    }
+
     /// Tokens generated so far in the current generation.
     pub fn tokens(&self) -> Vec<u32> {
         self.inner.try_borrow().ok().and_then(|g| g.gen.as_ref().map(|x| x.out.clone())).unwrap_or_default()
@@ -288,7 +312,7 @@ fn stats_json(g: &Inner) -> String {
     let gen = g.gen.as_ref().map(|x| x.stats.clone()).unwrap_or_default();
     let gpu = g.session.gpu.as_ref().map(|x| x.stats());
     serde_json::json!({
-        "prompt_tokens": gen.prompt_tokens, "prompt_ms": gen.prompt_ms, "gen_tokens": gen.gen_tokens, "gen_ms": gen.gen_ms,
+        "prompt_tokens": gen.prompt_tokens, "prompt_reused": gen.prompt_reused, "finish_reason": gen.finish_reason, "prompt_ms": gen.prompt_ms, "gen_tokens": gen.gen_tokens, "gen_ms": gen.gen_ms,
         "tokens_per_s": if gen.gen_tokens > 1 { gen.gen_tps() } else { 0.0 },
         "hit_rate": s.as_ref().map(|s| s.hit_rate()), "recall_d1": s.as_ref().map(|s| s.recall(1)),
         "bytes_per_token": s.as_ref().map(|s| s.bytes_per_token()),
@@ -306,12 +330,13 @@ async fn step(g: &mut Inner) -> Result<JsValue, crate::engine::EngineError> {
         let rest = gen.finish();
         return Ok(step_result(-1, &rest, true));
     };
-    let prefill = gen.is_prefill();
-    let logits = match &session.gpu {
+    let logits = if session.gpu.is_some() {
         // The GPU forward runs a prompt in batches of GPU_BATCH itself.
-        Some(gpu) => session.model.forward_gpu(gpu, &input, &mut session.kv, Logits::Last).await?,
-        None if prefill => session.prefill(&input)?,
-        None => session.forward(&input, Logits::Last)?,
+        session.forward_async(&input, Logits::Last).await?
+    } else if input.len() > 1 {
+        session.prefill(&input)?
+    } else {
+        session.forward(&input, Logits::Last)?
     };
     Ok(match gen.feed(session, &logits) {
         Some((tok, text)) => {

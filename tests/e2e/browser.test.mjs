@@ -222,3 +222,36 @@ test('a full storage quota is shown to the user and leaves nothing behind', asyn
     await ctx.close();
   }
 });
+
+// The demo's chat keeps its conversation: the second turn sends both turns and the engine runs only
+// what follows the first turn's cached tokens; "New chat" (engine.resetChat()) starts over.
+test('chat keeps its state: the second turn reuses the first turn, New chat starts over', async () => {
+  const ctx = await launch();
+  try {
+    const page = await ctx.newPage();
+    const r1 = await runDemo(page, base, { model: '/models/rand-llama-moe.les', budget: '0', backend: 'cpu', prompt: 'Hello there', n: '6', chat: '1' });
+    assert.equal(r1.error, null, JSON.stringify(r1.error));
+    const turn = async (text) => {
+      await page.fill('#prompt', text);
+      const before = await page.evaluate(() => window.les.messages.length);
+      await page.click('#run');
+      await page.waitForFunction((n) => !window.les.busy && window.les.messages.length === n + 2, before, { timeout: 120_000 });
+      return page.evaluate(() => window.les.last);
+    };
+    const first = r1.last;
+    assert.equal(first.promptReused, 0);
+    const second = await turn('Tell me more');
+    assert.equal(await page.evaluate(() => window.les.messages.length), 4);
+    // Everything the first turn fed (its prompt and reply but the last token) is reused.
+    assert.ok(second.promptReused >= first.promptTokens, `reused ${second.promptReused} of ${second.promptTokens}; first prompt ${first.promptTokens}`);
+    assert.ok(second.promptTokens > second.promptReused);
+    assert.match(await page.textContent('#status'), /reused from the cache/);
+    await page.click('#new-chat');
+    await page.waitForFunction(() => window.les.messages.length === 0);
+    const fresh = await turn('Hello there');
+    assert.equal(fresh.promptReused, 0, 'after New chat nothing is reused');
+    assert.deepEqual(fresh.tokens, first.tokens, 'a new conversation repeats the first reply');
+  } finally {
+    await ctx.close();
+  }
+});

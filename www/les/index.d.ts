@@ -41,6 +41,11 @@ export interface GenerateOptions {
   repeat_penalty?: number;
   seed?: number;
   ignore_eos?: boolean;
+  /** Stop strings (generate: an array): generation ends before the first one; it is not returned. */
+  stop?: string[];
+  /** When the context is full, keep this many tokens and drop the older half of the rest
+   *  (llama.cpp's context shift); absent: stop with finish_reason 'length'. */
+  n_keep?: number;
 }
 
 /** Per-layer expert counters (cumulative for the current generation). */
@@ -57,6 +62,8 @@ export interface LayerStats {
 
 export interface EngineStats {
   prompt_tokens: number;
+  prompt_reused: number;
+  finish_reason: 'stop' | 'length' | 'abort' | null;
   prompt_ms: number;
   gen_tokens: number;
   gen_ms: number;
@@ -82,6 +89,9 @@ export interface GenerateResult {
   text: string;
   tokens: number[];
   promptTokens: number;
+  /** Prompt tokens reused from the previous generation's cache (not run again). */
+  promptReused: number;
+  finishReason: 'stop' | 'length' | 'abort';
   aborted: boolean;
   stats: EngineStats;
 }
@@ -106,9 +116,19 @@ export interface ChatMessage {
   content: string;
 }
 
-export interface ChatCompletionRequest extends GenerateOptions {
+export interface ChatCompletionRequest extends Omit<GenerateOptions, 'stop'> {
   messages: ChatMessage[];
   stream?: boolean;
+  max_completion_tokens?: number;
+  stop?: string | string[];
+}
+
+/** `prompt_tokens_details.cached_tokens`: prompt tokens reused from the engine's cache. */
+export interface Usage {
+  prompt_tokens: number;
+  completion_tokens: number;
+  total_tokens: number;
+  prompt_tokens_details: { cached_tokens: number };
 }
 
 export interface ChatCompletion {
@@ -116,8 +136,8 @@ export interface ChatCompletion {
   object: 'chat.completion';
   created: number;
   model: string;
-  choices: { index: number; message: ChatMessage; finish_reason: 'stop' | 'length' }[];
-  usage?: { prompt_tokens: number; completion_tokens: number; total_tokens: number };
+  choices: { index: number; message: ChatMessage; finish_reason: 'stop' | 'length' | 'abort' }[];
+  usage?: Usage;
 }
 
 export interface ChatCompletionChunk {
@@ -126,7 +146,7 @@ export interface ChatCompletionChunk {
   created: number;
   model: string;
   choices: { index: number; delta: { content?: string }; finish_reason: 'stop' | 'length' | 'abort' | null }[];
-  usage?: { prompt_tokens: number; completion_tokens: number; total_tokens: number };
+  usage?: Usage;
 }
 
 export declare class Engine {
@@ -143,6 +163,8 @@ export declare class Engine {
       create(req: ChatCompletionRequest & { stream?: false }): Promise<ChatCompletion>;
     };
   };
+  /** Forget the cached conversation (chat calls reuse the longest prefix the engine holds). */
+  resetChat(): Promise<boolean>;
   /** Stop the running generation after the current token. */
   abort(): Promise<boolean>;
   stats(): Promise<Stats>;

@@ -102,9 +102,17 @@ export class Engine {
     return this._lastResult;
   }
 
-  async _chatCreate({ messages, stream = false, max_tokens, temperature, top_p, seed, ...rest }) {
+  /** Forget the cached conversation. Each chat call sends the whole conversation; the engine keeps
+   *  its state between calls and runs only the part after the longest prefix it already holds
+   *  (the previous turns), so a new turn starts at once. Call this to start over explicitly. */
+  resetChat() {
+    return this._rpc.call('resetChat');
+  }
+
+  async _chatCreate({ messages, stream = false, max_tokens, max_completion_tokens, temperature, top_p, seed, stop, ...rest }) {
     const prompt = await this._rpc.call('chatPrompt', { messages });
-    const options = { max_tokens, temperature: temperature ?? 0.7, top_p, seed, ...rest };
+    const stops = stop == null ? [] : Array.isArray(stop) ? stop : [stop];
+    const options = { max_tokens: max_tokens ?? max_completion_tokens, temperature: temperature ?? 0.7, top_p, seed, stop: stops, ...rest };
     const created = Math.floor(Date.now() / 1000);
     const id = `chatcmpl-les-${created}-${Math.random().toString(36).slice(2, 8)}`;
     const model = this.info.name ?? 'les';
@@ -115,7 +123,7 @@ export class Engine {
           yield { id, object: 'chat.completion.chunk', created, model, choices: [{ index: 0, delta: { content: text }, finish_reason: null }] };
         }
         const r = self.lastResult;
-        yield { id, object: 'chat.completion.chunk', created, model, choices: [{ index: 0, delta: {}, finish_reason: r?.aborted ? 'abort' : r?.tokens.length >= (max_tokens ?? 256) ? 'length' : 'stop' }], usage: usageOf(r) };
+        yield { id, object: 'chat.completion.chunk', created, model, choices: [{ index: 0, delta: {}, finish_reason: r?.finishReason ?? 'stop' }], usage: usageOf(r) };
       })();
     }
     let content = '';
@@ -123,7 +131,7 @@ export class Engine {
     const r = this.lastResult;
     return {
       id, object: 'chat.completion', created, model,
-      choices: [{ index: 0, message: { role: 'assistant', content }, finish_reason: r?.tokens.length >= (max_tokens ?? 256) ? 'length' : 'stop' }],
+      choices: [{ index: 0, message: { role: 'assistant', content }, finish_reason: r?.finishReason ?? 'stop' }],
       usage: usageOf(r),
     };
   }
@@ -154,7 +162,7 @@ export class Engine {
 }
 
 function usageOf(r) {
-  return r ? { prompt_tokens: r.promptTokens, completion_tokens: r.tokens.length, total_tokens: r.promptTokens + r.tokens.length } : undefined;
+  return r ? { prompt_tokens: r.promptTokens, completion_tokens: r.tokens.length, total_tokens: r.promptTokens + r.tokens.length, prompt_tokens_details: { cached_tokens: r.promptReused ?? 0 } } : undefined;
 }
 
 /**

@@ -99,7 +99,8 @@ async function generate({ id, prompt, options }) {
       if (r.done) break;
       await yieldToEvents();
     }
-    return { text, tokens, promptTokens: nPrompt, aborted, stats: JSON.parse(engine.stats()) };
+    const stats = JSON.parse(engine.stats());
+    return { text, tokens, promptTokens: nPrompt, promptReused: stats.prompt_reused ?? 0, finishReason: aborted ? 'abort' : stats.finish_reason ?? 'stop', aborted, stats };
   } finally {
     generating = false;
   }
@@ -118,6 +119,12 @@ const ops = {
     return { complete: model?.complete() ?? false, storage: model?.stats, http: model?.http ? { requests: model.http.requests, bytes: model.http.bytes } : null };
   },
   chatPrompt: async ({ messages }) => engine.chatPrompt(JSON.stringify(messages)),
+  resetChat: async () => {
+    if (!engine) throw new Error('no model loaded');
+    if (generating) throw new Error('a generation is running');
+    engine.resetChat();
+    return true;
+  },
   unload: async () => {
     download?.ctl.abort();
     engine?.free();

@@ -1,0 +1,469 @@
+//! `les serve`: an OpenAI-compatible HTTP server (llama.cpp's `llama-server` flag names and
+//! defaults), on axum + tokio.
+//!
+//! Endpoints: `POST /v1/chat/completions` and `POST /v1/completions` (streamed as server-sent
+//! events with `"stream": true`, as OpenAI streams them), `GET /v1/models`, `GET /health`.
+//! One worker thread owns the session and serves requests one at a time from a bounded queue;
+//! the session keeps its cache between requests, so a conversation's next turn runs only what
+//! follows the longest prefix it shares with the previous one (`usage.prompt_tokens_details.
+//! cached_tokens`). A request whose client goes away (a closed stream, a dropped connection)
+//! stops after the current token. Bad requests get OpenAI-style JSON errors
+//! (`{"error": {"message", "type", "param", "code"}}`) with 400, 404, 413 or 503.
+
+use super::{open_session, GenArgs, ModelArgs, Res, StreamArgs};
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::StatusCode;
+use axum::response::sse::{Event, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use clap::Args;
+use les::engine::chat::Message;
+use les::engine::sampling::SamplerConfig;
+use les::engine::{FinishReason, GenOptions, Session};
+use les::expert::stream::StreamingExperts;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::sync::Arc;
+
+/// Largest request body accepted (413 above it).
+const MAX_BODY: usize = 4 << 20;
+/// Requests waiting for the worker at most (503 above it).
+const QUEUE: usize = 64;
+/// Most stop strings per request.
+const MAX_STOP: usize = 16;
+
+#[derive(Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    m: ModelArgs,
+    #[command(flatten)]
+    s: StreamArgs,
+    #[command(flatten)]
+    g: GenArgs,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Port to listen on (0: any free port; the address is printed).
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// Model name in responses and `/v1/models` (default: the model file's name).
+    #[arg(long)]
+    alias: Option<String>,
+}
+
+/// An OpenAI-style error.
+#[derive(Debug)]
+struct ApiError {
+    status: StatusCode,
+    message: String,
+    kind: &'static str,
+    param: Option<&'static str>,
+    code: Option<&'static str>,
+}
+
+impl ApiError {
+    fn bad(message: impl Into<String>, param: Option<&'static str>) -> Self {
+        Self { status: StatusCode::BAD_REQUEST, message: message.into(), kind: "invalid_request_error", param, code: None }
+    }
+    fn json(&self) -> Value {
+        json!({ "error": { "message": self.message, "type": self.kind, "param": self.param, "code": self.code } })
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, Json(self.json())).into_response()
+    }
+}
+
+/// `stop`: a string or a list of strings.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Deserialize)]
+struct StreamOpts {
+    #[serde(default)]
+    include_usage: bool,
+}
+
+/// The fields both endpoints take (others are accepted and ignored, as OpenAI-compatible
+/// servers do).
+#[derive(Deserialize)]
+struct Common {
+    #[serde(default)]
+    stream: bool,
+    stream_options: Option<StreamOpts>,
+    max_tokens: Option<i64>,
+    max_completion_tokens: Option<i64>,
+    /// llama-server's name for max_tokens.
+    n_predict: Option<i64>,
+    temperature: Option<f32>,
+    top_p: Option<f32>,
+    top_k: Option<usize>,
+    min_p: Option<f32>,
+    repeat_penalty: Option<f32>,
+    seed: Option<u64>,
+    stop: Option<Stop>,
+    n: Option<u32>,
+}
+
+#[derive(Deserialize)]
+struct ChatReq {
+    messages: Vec<ChatMsg>,
+    #[serde(flatten)]
+    c: Common,
+}
+
+#[derive(Deserialize)]
+struct ChatMsg {
+    role: String,
+    #[serde(default)]
+    content: Value,
+}
+
+#[derive(Deserialize)]
+struct CompletionReq {
+    prompt: Value,
+    #[serde(flatten)]
+    c: Common,
+}
+
+enum Prompt {
+    Chat(Vec<Message>),
+    Text(String),
+}
+
+/// What the worker sends back for one request.
+enum Msg {
+    Text(String),
+    Done(Done),
+    Error(ApiError),
+}
+
+struct Done {
+    prompt_tokens: usize,
+    completion_tokens: usize,
+    reused: usize,
+    finish: FinishReason,
+    prompt_ms: f64,
+    gen_ms: f64,
+    hit_rate: Option<f64>,
+    mb_per_token: Option<f64>,
+}
+
+struct Job {
+    prompt: Prompt,
+    opts: GenOptions,
+    /// `max_tokens` was given (else: up to the end of the context).
+    n_given: bool,
+    tx: tokio::sync::mpsc::Sender<Msg>,
+}
+
+struct App {
+    jobs: std::sync::mpsc::SyncSender<Job>,
+    model: String,
+    created: u64,
+    next_id: std::sync::atomic::AtomicU64,
+    defaults: GenArgs,
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+pub fn cmd_serve(a: ServeArgs) -> Res {
+    let (mut sess, experts) = open_session(&a.m, &a.s, 0)?;
+    sess.reuse_prefix = true;
+    let model = a.alias.clone().unwrap_or_else(|| std::path::Path::new(&a.m.model).file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_else(|| "les".into()));
+    let (tx, rx) = std::sync::mpsc::sync_channel::<Job>(QUEUE);
+    std::thread::Builder::new().name("les-worker".into()).spawn(move || worker(sess, experts, rx))?;
+    let app = Arc::new(App { jobs: tx, model, created: unix_now(), next_id: 0.into(), defaults: a.g.clone() });
+    let router = Router::new()
+        .route("/health", get(|| async { Json(json!({ "status": "ok" })) }))
+        .route("/v1/models", get(models))
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .fallback(|| async { ApiError { status: StatusCode::NOT_FOUND, message: "no such endpoint".into(), kind: "invalid_request_error", param: None, code: None } })
+        .layer(DefaultBodyLimit::max(MAX_BODY))
+        .with_state(app);
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind((a.host.as_str(), a.port)).await?;
+        eprintln!("les serve: listening on http://{}", listener.local_addr()?);
+        axum::serve(listener, router).await
+    })?;
+    Ok(())
+}
+
+/// The session's thread: one request at a time, in arrival order.
+fn worker(mut sess: Session, experts: Option<Arc<StreamingExperts>>, rx: std::sync::mpsc::Receiver<Job>) {
+    while let Ok(job) = rx.recv() {
+        if job.tx.is_closed() {
+            continue; // the client left while the request waited
+        }
+        let msg = match run_job(&mut sess, experts.as_deref(), &job) {
+            Ok(d) => Msg::Done(d),
+            Err(e) => Msg::Error(e),
+        };
+        let _ = job.tx.blocking_send(msg);
+    }
+}
+
+fn run_job(sess: &mut Session, experts: Option<&StreamingExperts>, job: &Job) -> Result<Done, ApiError> {
+    let text = match &job.prompt {
+        Prompt::Chat(m) => sess.chat_prompt(m).map_err(|e| ApiError::bad(e.to_string(), Some("messages")))?,
+        Prompt::Text(t) => t.clone(),
+    };
+    let toks = sess.tokenize(&text);
+    let n_ctx = sess.kv.n_ctx;
+    if toks.is_empty() {
+        return Err(ApiError::bad("the prompt is empty after tokenization", Some("messages")));
+    }
+    if toks.len() >= n_ctx {
+        return Err(ApiError { code: Some("context_length_exceeded"), ..ApiError::bad(format!("the prompt has {} tokens; the context holds {n_ctx} (start les serve with a larger --ctx-size)", toks.len()), Some("messages")) });
+    }
+    let mut opts = job.opts.clone();
+    if !job.n_given {
+        opts.n = n_ctx - toks.len();
+    }
+    if let Some(e) = experts {
+        e.reset_stats();
+    }
+    let tx = &job.tx;
+    let r = sess.generate_with(&toks, &opts, &mut |_, t| if t.is_empty() { !tx.is_closed() } else { tx.blocking_send(Msg::Text(t.to_string())).is_ok() });
+    let (ids, st) = r.map_err(|e| ApiError { status: StatusCode::INTERNAL_SERVER_ERROR, message: e.to_string(), kind: "server_error", param: None, code: None })?;
+    let es = experts.map(|e| e.stats());
+    Ok(Done {
+        prompt_tokens: st.prompt_tokens,
+        completion_tokens: ids.len(),
+        reused: st.prompt_reused,
+        finish: st.finish_reason.unwrap_or(FinishReason::Length),
+        prompt_ms: st.prompt_ms,
+        gen_ms: st.gen_ms,
+        hit_rate: es.as_ref().map(|s| s.hit_rate()),
+        mb_per_token: es.as_ref().map(|s| s.bytes_per_token() / 1e6),
+    })
+}
+
+async fn models(State(app): State<Arc<App>>) -> Json<Value> {
+    Json(json!({ "object": "list", "data": [{ "id": app.model, "object": "model", "created": app.created, "owned_by": "les" }] }))
+}
+
+fn parse<T: for<'de> Deserialize<'de>>(body: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
+    let body = body.map_err(|r| ApiError { status: r.status(), message: r.body_text(), kind: "invalid_request_error", param: None, code: None })?;
+    serde_json::from_slice(&body).map_err(|e| ApiError::bad(format!("invalid request body: {e}"), None))
+}
+
+/// Sampling and length options, checked.
+fn options(app: &App, c: &Common) -> Result<(GenOptions, bool), ApiError> {
+    if c.n.is_some_and(|n| n != 1) {
+        return Err(ApiError::bad("only n = 1 is supported", Some("n")));
+    }
+    let d = SamplerConfig::default();
+    let temperature = c.temperature.unwrap_or(d.temperature);
+    if !(0.0..=2.0).contains(&temperature) {
+        return Err(ApiError::bad("temperature must be in 0..=2", Some("temperature")));
+    }
+    let top_p = c.top_p.unwrap_or(d.top_p);
+    if !(0.0..=1.0).contains(&top_p) {
+        return Err(ApiError::bad("top_p must be in 0..=1", Some("top_p")));
+    }
+    let min_p = c.min_p.unwrap_or(d.min_p);
+    if !(0.0..=1.0).contains(&min_p) {
+        return Err(ApiError::bad("min_p must be in 0..=1", Some("min_p")));
+    }
+    let max = c.max_completion_tokens.or(c.max_tokens).or(c.n_predict.filter(|&n| n >= 0));
+    if max.is_some_and(|m| m < 1) {
+        return Err(ApiError::bad("max_tokens must be at least 1", Some("max_tokens")));
+    }
+    let stop = match &c.stop {
+        None => Vec::new(),
+        Some(Stop::One(s)) => vec![s.clone()],
+        Some(Stop::Many(v)) => v.clone(),
+    };
+    if stop.len() > MAX_STOP {
+        return Err(ApiError::bad(format!("at most {MAX_STOP} stop strings"), Some("stop")));
+    }
+    let seed = c.seed.unwrap_or_else(|| unix_now() ^ app.next_id.load(std::sync::atomic::Ordering::Relaxed).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    let sampler = SamplerConfig { temperature, top_p, min_p, top_k: c.top_k.unwrap_or(d.top_k), repeat_penalty: c.repeat_penalty.unwrap_or(d.repeat_penalty), seed, ..d };
+    let n = max.map(|m| m.min(u32::MAX as i64) as usize).unwrap_or(0);
+    Ok((GenOptions { n, sampler, ignore_eos: false, stop, context: app.defaults.context() }, max.is_some()))
+}
+
+fn content_text(v: &Value) -> Result<String, ApiError> {
+    match v {
+        Value::Null => Ok(String::new()),
+        Value::String(s) => Ok(s.clone()),
+        // Content parts: the text ones, concatenated.
+        Value::Array(parts) => parts
+            .iter()
+            .map(|p| match (p.get("type").and_then(|t| t.as_str()), p.get("text").and_then(|t| t.as_str())) {
+                (Some("text"), Some(t)) => Ok(t.to_string()),
+                _ => Err(ApiError::bad("only text content parts are supported", Some("messages"))),
+            })
+            .collect(),
+        _ => Err(ApiError::bad("message content must be a string or a list of text parts", Some("messages"))),
+    }
+}
+
+async fn chat(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejection>) -> Response {
+    let r: Result<ChatReq, ApiError> = parse(body);
+    let req = match r {
+        Ok(r) => r,
+        Err(e) => return e.into_response(),
+    };
+    if req.messages.is_empty() {
+        return ApiError::bad("messages must not be empty", Some("messages")).into_response();
+    }
+    let mut msgs = Vec::with_capacity(req.messages.len());
+    for m in &req.messages {
+        let role = match m.role.as_str() {
+            "system" | "developer" => "system",
+            "user" => "user",
+            "assistant" => "assistant",
+            other => return ApiError::bad(format!("unsupported role '{other}'"), Some("messages")).into_response(),
+        };
+        match content_text(&m.content) {
+            Ok(c) => msgs.push(Message { role: role.into(), content: c }),
+            Err(e) => return e.into_response(),
+        }
+    }
+    submit(app, Prompt::Chat(msgs), &req.c, true).await
+}
+
+async fn completions(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejection>) -> Response {
+    let r: Result<CompletionReq, ApiError> = parse(body);
+    let req = match r {
+        Ok(r) => r,
+        Err(e) => return e.into_response(),
+    };
+    let prompt = match &req.prompt {
+        Value::String(s) => s.clone(),
+        Value::Array(a) if a.len() == 1 && a[0].is_string() => a[0].as_str().unwrap_or_default().to_string(),
+        _ => return ApiError::bad("prompt must be a string", Some("prompt")).into_response(),
+    };
+    submit(app, Prompt::Text(prompt), &req.c, false).await
+}
+
+/// Queue the request and answer it, streamed or whole.
+async fn submit(app: Arc<App>, prompt: Prompt, c: &Common, chat: bool) -> Response {
+    let (opts, n_given) = match options(&app, c) {
+        Ok(o) => o,
+        Err(e) => return e.into_response(),
+    };
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Msg>(256);
+    if app.jobs.try_send(Job { prompt, opts, n_given, tx }).is_err() {
+        return ApiError { status: StatusCode::SERVICE_UNAVAILABLE, message: "the request queue is full; retry later".into(), kind: "server_error", param: None, code: None }.into_response();
+    }
+    let n = app.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let id = if chat { format!("chatcmpl-les-{n}") } else { format!("cmpl-les-{n}") };
+    let created = unix_now();
+    let model = app.model.clone();
+    let object = if chat { "chat.completion" } else { "text_completion" };
+    if !c.stream {
+        let mut text = String::new();
+        while let Some(m) = rx.recv().await {
+            match m {
+                Msg::Text(t) => text.push_str(&t),
+                Msg::Error(e) => return e.into_response(),
+                Msg::Done(d) => {
+                    let choice = if chat {
+                        json!({ "index": 0, "message": { "role": "assistant", "content": text }, "logprobs": null, "finish_reason": d.finish.as_str() })
+                    } else {
+                        json!({ "index": 0, "text": text, "logprobs": null, "finish_reason": d.finish.as_str() })
+                    };
+                    return Json(json!({ "id": id, "object": object, "created": created, "model": model, "choices": [choice], "usage": usage(&d), "les": les_stats(&d) })).into_response();
+                }
+            }
+        }
+        return ApiError { status: StatusCode::INTERNAL_SERVER_ERROR, message: "the worker stopped".into(), kind: "server_error", param: None, code: None }.into_response();
+    }
+    let include_usage = c.stream_options.as_ref().is_some_and(|s| s.include_usage);
+    let chunk_object = if chat { "chat.completion.chunk" } else { "text_completion" };
+    let head = move |choice: Value| json!({ "id": id, "object": chunk_object, "created": created, "model": model, "choices": [choice] });
+    // The events, in order: (chat) the role, text deltas, the finish reason, optionally usage, [DONE].
+    let stream = async_stream(move |emit| async move {
+        if chat {
+            emit(Event::default().data(head(json!({ "index": 0, "delta": { "role": "assistant", "content": "" }, "logprobs": null, "finish_reason": null })).to_string())).await;
+        }
+        while let Some(m) = rx.recv().await {
+            match m {
+                Msg::Text(t) => {
+                    let choice = if chat { json!({ "index": 0, "delta": { "content": t }, "logprobs": null, "finish_reason": null }) } else { json!({ "index": 0, "text": t, "logprobs": null, "finish_reason": null }) };
+                    emit(Event::default().data(head(choice).to_string())).await;
+                }
+                Msg::Error(e) => {
+                    emit(Event::default().data(e.json().to_string())).await;
+                    break;
+                }
+                Msg::Done(d) => {
+                    let choice = if chat { json!({ "index": 0, "delta": {}, "logprobs": null, "finish_reason": d.finish.as_str() }) } else { json!({ "index": 0, "text": "", "logprobs": null, "finish_reason": d.finish.as_str() }) };
+                    let mut last = head(choice);
+                    last["les"] = les_stats(&d);
+                    emit(Event::default().data(last.to_string())).await;
+                    if include_usage {
+                        let mut u = head(Value::Null);
+                        u["choices"] = json!([]);
+                        u["usage"] = usage(&d);
+                        emit(Event::default().data(u.to_string())).await;
+                    }
+                    break;
+                }
+            }
+        }
+        emit(Event::default().data("[DONE]")).await;
+    });
+    Sse::new(stream).into_response()
+}
+
+/// A stream of SSE events from an async producer: `f(emit)` awaits `emit(event)` for each one.
+/// When the client goes away the stream is dropped, and with it the producer and the request's
+/// receiver, which tells the worker to stop.
+fn async_stream<F, Fut>(f: F) -> impl futures::Stream<Item = Result<Event, std::convert::Infallible>>
+where
+    F: FnOnce(Box<dyn Fn(Event) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> + Send + Sync>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let (tx, rx) = tokio::sync::mpsc::channel::<Event>(16);
+    let emit = Box::new(move |e: Event| {
+        let tx = tx.clone();
+        Box::pin(async move {
+            let _ = tx.send(e).await;
+        }) as std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>
+    });
+    let producer = tokio::spawn(f(emit));
+    let guard = AbortOnDrop(producer);
+    futures::stream::unfold((rx, guard), |(mut rx, guard)| async move { rx.recv().await.map(|e| (Ok(e), (rx, guard))) })
+}
+
+/// Aborts the producer task when the response stream is dropped (client gone).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+fn usage(d: &Done) -> Value {
+    json!({ "prompt_tokens": d.prompt_tokens, "completion_tokens": d.completion_tokens, "total_tokens": d.prompt_tokens + d.completion_tokens, "prompt_tokens_details": { "cached_tokens": d.reused } })
+}
+
+/// LES's own statistics: cache reuse, timings, expert hit rate and MB read per token.
+fn les_stats(d: &Done) -> Value {
+    json!({
+        "prompt_reused": d.reused,
+        "prompt_ms": d.prompt_ms,
+        "gen_ms": d.gen_ms,
+        "tokens_per_s": if d.gen_ms > 0.0 { d.completion_tokens as f64 * 1000.0 / d.gen_ms } else { 0.0 },
+        "hit_rate": d.hit_rate,
+        "mb_read_per_token": d.mb_per_token,
+    })
+}
