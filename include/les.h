@@ -27,7 +27,8 @@ extern "C" {
 
 /**
  * Load a GGUF model (or a `.les` bundle). `options_json` may be NULL or a JSON object with
- * `memory_budget` ("400MiB"), `backend` ("cpu" | "wgpu" | "auto"), `n_ctx`, `store`.
+ * `memory_budget` ("400MiB"), `backend` ("cpu" | "wgpu" | "auto"), `n_ctx`, `store`,
+ * `reuse_prefix` (default true: a chat that re-sends its conversation runs only the new part).
  * Returns NULL on failure with a message in `err` (`err_len` bytes, NUL-terminated).
  */
 struct LesEngine *les_load(const char *model_path,
@@ -54,10 +55,17 @@ int32_t les_generate(struct LesEngine *engine,
 const char *les_last_error(const struct LesEngine *engine);
 
 /**
- * Statistics as a JSON string (backend, expert cache hit rate, bytes read per token, stall,
- * GPU readbacks); free it with [`les_string_free`]. NULL when `engine` is NULL.
+ * Statistics as a JSON string (backend; `last`: the last generation's prompt tokens, reused
+ * tokens, timings and finish reason; expert cache hit rate, bytes read per token, stall, GPU
+ * readbacks); free it with [`les_string_free`]. NULL when `engine` is NULL.
  */
 char *les_stats_json(const struct LesEngine *engine);
+
+/**
+ * Forget the cached conversation: the next generation runs its prompt from the first token.
+ * Returns 0, or -1 when `engine` is NULL.
+ */
+int32_t les_reset(struct LesEngine *engine);
 
 /**
  * Free a string returned by LES.

@@ -25,6 +25,8 @@ pub struct LesEngine {
     experts: Option<Arc<StreamingExperts>>,
     last_error: CString,
     backend_line: String,
+    /// Statistics of the last generation.
+    last: Option<crate::engine::GenStats>,
 }
 
 /// Load options, given as a JSON object (all fields optional).
@@ -39,6 +41,9 @@ struct LoadOptions {
     n_ctx: Option<usize>,
     /// Device profile name for benchmarks (absent: the real file).
     store: Option<String>,
+    /// Keep the cache between generations and run only what follows the longest prefix it shares
+    /// with the next prompt (default true; see [`les_reset`]).
+    reuse_prefix: Option<bool>,
 }
 
 /// Called with each chunk of generated text (UTF-8, NUL-terminated, valid only during the call).
@@ -86,11 +91,13 @@ fn load(path: &str, opts: &str) -> Result<LesEngine, String> {
         }
     };
     let backend_line = session.set_backend(backend, &GpuOptions::default()).map_err(|e| e.to_string())?;
-    Ok(LesEngine { session, experts, last_error: CString::default(), backend_line })
+    session.reuse_prefix = o.reuse_prefix.unwrap_or(true);
+    Ok(LesEngine { session, experts, last_error: CString::default(), backend_line, last: None })
 }
 
 /// Load a GGUF model (or a `.les` bundle). `options_json` may be NULL or a JSON object with
-/// `memory_budget` ("400MiB"), `backend` ("cpu" | "wgpu" | "auto"), `n_ctx`, `store`.
+/// `memory_budget` ("400MiB"), `backend` ("cpu" | "wgpu" | "auto"), `n_ctx`, `store`,
+/// `reuse_prefix` (default true: a chat that re-sends its conversation runs only the new part).
 /// Returns NULL on failure with a message in `err` (`err_len` bytes, NUL-terminated).
 #[no_mangle]
 pub extern "C" fn les_load(model_path: *const c_char, options_json: *const c_char, err: *mut c_char, err_len: usize) -> *mut LesEngine {
@@ -132,7 +139,8 @@ pub extern "C" fn les_generate(engine: *mut LesEngine, prompt: *const c_char, n_
                 _ => true,
             }
         };
-        let (out, _) = e.session.generate(&toks, n_predict.max(0) as usize, &sampler, false, &mut on).map_err(|x| x.to_string())?;
+        let (out, st) = e.session.generate(&toks, n_predict.max(0) as usize, &sampler, false, &mut on).map_err(|x| x.to_string())?;
+        e.last = Some(st);
         Ok(out.len() as i32)
     }));
     match r {
@@ -158,8 +166,9 @@ pub extern "C" fn les_last_error(engine: *const LesEngine) -> *const c_char {
     unsafe { (*engine).last_error.as_ptr() }
 }
 
-/// Statistics as a JSON string (backend, expert cache hit rate, bytes read per token, stall,
-/// GPU readbacks); free it with [`les_string_free`]. NULL when `engine` is NULL.
+/// Statistics as a JSON string (backend; `last`: the last generation's prompt tokens, reused
+/// tokens, timings and finish reason; expert cache hit rate, bytes read per token, stall, GPU
+/// readbacks); free it with [`les_string_free`]. NULL when `engine` is NULL.
 #[no_mangle]
 pub extern "C" fn les_stats_json(engine: *const LesEngine) -> *mut c_char {
     if engine.is_null() {
@@ -168,7 +177,7 @@ pub extern "C" fn les_stats_json(engine: *const LesEngine) -> *mut c_char {
     // SAFETY: a live engine pointer.
     let e = unsafe { &*engine };
     let r = catch_unwind(AssertUnwindSafe(|| {
-        let mut v = serde_json::json!({ "backend": e.backend_line });
+        let mut v = serde_json::json!({ "backend": e.backend_line, "last": e.last });
         if let Some(x) = &e.experts {
             let s = x.stats();
             v["experts"] = serde_json::json!({
@@ -185,6 +194,19 @@ pub extern "C" fn les_stats_json(engine: *const LesEngine) -> *mut c_char {
         CString::new(v.to_string()).unwrap_or_default().into_raw()
     }));
     r.unwrap_or(std::ptr::null_mut())
+}
+
+/// Forget the cached conversation: the next generation runs its prompt from the first token.
+/// Returns 0, or -1 when `engine` is NULL.
+#[no_mangle]
+pub extern "C" fn les_reset(engine: *mut LesEngine) -> i32 {
+    if engine.is_null() {
+        return -1;
+    }
+    // SAFETY: a pointer from les_load, not yet freed, used by one thread at a time.
+    let e = unsafe { &mut *engine };
+    e.session.reset();
+    0
 }
 
 /// Free a string returned by LES.

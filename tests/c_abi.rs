@@ -22,7 +22,7 @@ fn header_is_current() {
     let have = std::fs::read(&path).unwrap_or_default();
     assert!(have == out, "include/les.h is stale: run LES_BLESS=1 cargo test --release --test c_abi");
     let h = String::from_utf8(out).unwrap();
-    for f in ["les_load", "les_generate", "les_stats_json", "les_free", "les_string_free", "les_last_error"] {
+    for f in ["les_load", "les_generate", "les_stats_json", "les_free", "les_string_free", "les_last_error", "les_reset"] {
         assert!(h.contains(f), "header lacks {f}");
     }
 }
@@ -63,6 +63,23 @@ fn load_generate_stats_free_round_trip() {
     les_string_free(st);
     assert!(js["experts"]["bytes_per_token"].as_f64().unwrap() > 0.0, "{js}");
     assert!(js["backend"].as_str().unwrap().starts_with("backend: cpu"));
+    assert_eq!(js["last"]["prompt_reused"], 0);
+    // A follow-up that extends the conversation runs only its new part; after les_reset, all of it.
+    let follow = CString::new("The capital of France is and then").unwrap();
+    let mut more = String::new();
+    assert!(les_generate(e, follow.as_ptr(), 4, 0.0, 1, Some(collect), &mut more as *mut String as *mut c_void) > 0);
+    let reused = |e| {
+        let st = les_stats_json(e);
+        let js: serde_json::Value = serde_json::from_str(unsafe { CStr::from_ptr(st) }.to_str().unwrap()).unwrap();
+        les_string_free(st);
+        js["last"]["prompt_reused"].as_u64().unwrap()
+    };
+    let r = reused(e);
+    assert!(r >= toks.len() as u64, "the first prompt's {} tokens are reused, not {r}", toks.len());
+    assert_eq!(les_reset(e), 0);
+    assert!(les_generate(e, follow.as_ptr(), 4, 0.0, 1, None, std::ptr::null_mut()) > 0);
+    assert_eq!(reused(e), 0);
+    assert_eq!(les_reset(std::ptr::null_mut()), -1);
     les_free(e);
     les_free(std::ptr::null_mut());
 }
