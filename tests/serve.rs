@@ -237,6 +237,11 @@ fn serve_end_to_end() {
     let e = assert_error(&post(a, "/v1/completions", &json!({ "prompt": long, "max_tokens": 4 })), 400, "prompt longer than the context");
     assert_eq!(e["error"]["code"], "context_length_exceeded");
     assert_error(&http(a, "GET", "/v1/nope", None), 404, "unknown path");
+    // Streamed requests are checked before the stream starts: the error keeps its status.
+    let e = assert_error(&post(a, "/v1/completions", &json!({ "prompt": long, "max_tokens": 4, "stream": true })), 400, "streamed prompt longer than the context");
+    assert_eq!(e["error"]["code"], "context_length_exceeded");
+    assert_error(&post(a, "/v1/completions", &json!({ "prompt": p, "repeat_penalty": 0 })), 400, "repeat_penalty 0");
+    assert_eq!(post(a, "/v1/completions", &json!({ "prompt": p, "max_tokens": 2, "stream": null })).status, 200);
 
     // A client that goes away mid-stream: the server stops that request and serves the next.
     {

@@ -117,7 +117,8 @@ impl Generation {
     /// The tokens to run next (the prompt's new part, then the last sampled token; more than
     /// one after a context shift); `None` when finished.
     pub fn next_input(&mut self) -> Option<Vec<u32>> {
-        if self.done {
+        // Empty only when a caller steps again after a failed forward: nothing left to run.
+        if self.done || self.input.is_empty() {
             return None;
         }
         Some(std::mem::take(&mut self.input))
@@ -209,7 +210,7 @@ impl Generation {
         let keep = self
             .stop
             .iter()
-            .map(|s| (1..s.len()).rev().find(|&k| s.is_char_boundary(k) && self.held.ends_with(&s[..k])).unwrap_or(0))
+            .map(|s| (1..s.len().min(self.held.len() + 1)).rev().find(|&k| s.is_char_boundary(k) && self.held.ends_with(&s[..k])).unwrap_or(0))
             .max()
             .unwrap_or(0);
         let cut = self.held.len() - keep;

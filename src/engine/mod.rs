@@ -187,15 +187,30 @@ impl Session {
     /// One forward pass on the session's backend.
     pub fn forward(&mut self, tokens: &[u32], want: Logits) -> Result<Vec<f32>, EngineError> {
         self.cached.truncate(self.kv.len);
+        let pos0 = self.kv.len;
         #[cfg(not(target_arch = "wasm32"))]
-        let l = match &self.gpu {
-            Some(g) => self.model.forward_gpu_blocking(g, tokens, &mut self.kv, want)?,
-            None => self.model.forward(tokens, &mut self.kv, want)?,
+        let r = match &self.gpu {
+            Some(g) => self.model.forward_gpu_blocking(g, tokens, &mut self.kv, want),
+            None => self.model.forward(tokens, &mut self.kv, want),
         };
         #[cfg(target_arch = "wasm32")]
-        let l = self.model.forward(tokens, &mut self.kv, want)?;
-        self.cached.extend_from_slice(tokens);
-        Ok(l)
+        let r = self.model.forward(tokens, &mut self.kv, want);
+        self.commit(pos0, tokens, r)
+    }
+
+    /// After a forward of `tokens` at `pos0`: on success the cache holds them; on an error (a GPU
+    /// forward may have advanced by whole chunks) it holds what it held before.
+    fn commit(&mut self, pos0: usize, tokens: &[u32], r: Result<Vec<f32>, crate::model::ModelError>) -> Result<Vec<f32>, EngineError> {
+        match r {
+            Ok(l) => {
+                self.cached.extend_from_slice(tokens);
+                Ok(l)
+            }
+            Err(e) => {
+                self.kv.truncate(pos0);
+                Err(e.into())
+            }
+        }
     }
 
     /// [`Session::forward`] as a future: on the GPU it awaits the readbacks (the browser cannot
@@ -204,9 +219,9 @@ impl Session {
         match &self.gpu {
             Some(g) => {
                 self.cached.truncate(self.kv.len);
-                let l = self.model.forward_gpu(g, tokens, &mut self.kv, want).await?;
-                self.cached.extend_from_slice(tokens);
-                Ok(l)
+                let pos0 = self.kv.len;
+                let r = self.model.forward_gpu(g, tokens, &mut self.kv, want).await;
+                self.commit(pos0, tokens, r)
             }
             None => self.forward(tokens, want),
         }
@@ -220,9 +235,9 @@ impl Session {
             return self.forward(tokens, want);
         }
         self.cached.truncate(self.kv.len);
-        let l = self.model.forward_per_row(tokens, &mut self.kv, want)?;
-        self.cached.extend_from_slice(tokens);
-        Ok(l)
+        let pos0 = self.kv.len;
+        let r = self.model.forward_per_row(tokens, &mut self.kv, want);
+        self.commit(pos0, tokens, r)
     }
 
     /// The tokens whose keys and values the cache holds, in position order.
@@ -260,7 +275,14 @@ impl Session {
     pub fn chat_prompt(&self, messages: &[chat::Message]) -> Result<String, EngineError> {
         let t = self.gguf.get_str("tokenizer.chat_template").ok_or(chat::ChatError::NoTemplate)?;
         let piece = |id: Option<u32>| id.map(|i| self.tokenizer.token_text(i).to_string()).unwrap_or_default();
-        Ok(chat::render(t, messages, &piece(self.tokenizer.bos()), &piece(self.tokenizer.eos()))?)
+        let bos = piece(self.tokenizer.bos());
+        let text = chat::render(t, messages, &bos, &piece(self.tokenizer.eos()))?;
+        // Tokenizing adds BOS itself: a template's own leading BOS text would make it twice
+        // (llama.cpp's common/chat.cpp strips it the same way).
+        Ok(match text.strip_prefix(bos.as_str()) {
+            Some(rest) if self.tokenizer.add_bos() && !bos.is_empty() => rest.to_string(),
+            _ => text,
+        })
     }
 
     /// Tokenize as llama-completion does (add special tokens, parse special tokens in text).

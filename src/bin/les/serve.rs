@@ -97,8 +97,7 @@ struct StreamOpts {
 /// servers do).
 #[derive(Deserialize)]
 struct Common {
-    #[serde(default)]
-    stream: bool,
+    stream: Option<bool>,
     stream_options: Option<StreamOpts>,
     max_tokens: Option<i64>,
     max_completion_tokens: Option<i64>,
@@ -140,8 +139,10 @@ enum Prompt {
     Text(String),
 }
 
-/// What the worker sends back for one request.
+/// What the worker sends back for one request: `Started` once the prompt is accepted (or an
+/// `Error` instead), then text, then `Done` (or an `Error`).
 enum Msg {
+    Started,
     Text(String),
     Done(Done),
     Error(ApiError),
@@ -168,6 +169,8 @@ struct Job {
 
 struct App {
     jobs: std::sync::mpsc::SyncSender<Job>,
+    /// False once the worker thread has stopped (a panic it could not recover from).
+    alive: Arc<std::sync::atomic::AtomicBool>,
     model: String,
     created: u64,
     next_id: std::sync::atomic::AtomicU64,
@@ -183,10 +186,15 @@ pub fn cmd_serve(a: ServeArgs) -> Res {
     sess.reuse_prefix = true;
     let model = a.alias.clone().unwrap_or_else(|| std::path::Path::new(&a.m.model).file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_else(|| "les".into()));
     let (tx, rx) = std::sync::mpsc::sync_channel::<Job>(QUEUE);
-    std::thread::Builder::new().name("les-worker".into()).spawn(move || worker(sess, experts, rx))?;
-    let app = Arc::new(App { jobs: tx, model, created: unix_now(), next_id: 0.into(), defaults: a.g.clone() });
+    let alive = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let flag = alive.clone();
+    std::thread::Builder::new().name("les-worker".into()).spawn(move || {
+        worker(sess, experts, rx);
+        flag.store(false, std::sync::atomic::Ordering::Relaxed);
+    })?;
+    let app = Arc::new(App { jobs: tx, alive, model, created: unix_now(), next_id: 0.into(), defaults: a.g.clone() });
     let router = Router::new()
-        .route("/health", get(|| async { Json(json!({ "status": "ok" })) }))
+        .route("/health", get(health))
         .route("/v1/models", get(models))
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
@@ -202,17 +210,53 @@ pub fn cmd_serve(a: ServeArgs) -> Res {
     Ok(())
 }
 
-/// The session's thread: one request at a time, in arrival order.
+async fn health(State(app): State<Arc<App>>) -> Response {
+    if app.alive.load(std::sync::atomic::Ordering::Relaxed) {
+        Json(json!({ "status": "ok" })).into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, Json(json!({ "status": "error", "error": { "message": "the model worker stopped", "type": "server_error" } }))).into_response()
+    }
+}
+
+/// The session's thread: one request at a time, in arrival order. A request that panics in the
+/// engine is answered with a 500 and the session starts over from an empty cache.
 fn worker(mut sess: Session, experts: Option<Arc<StreamingExperts>>, rx: std::sync::mpsc::Receiver<Job>) {
     while let Ok(job) = rx.recv() {
         if job.tx.is_closed() {
             continue; // the client left while the request waited
         }
-        let msg = match run_job(&mut sess, experts.as_deref(), &job) {
-            Ok(d) => Msg::Done(d),
-            Err(e) => Msg::Error(e),
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_job(&mut sess, experts.as_deref(), &job)));
+        let msg = match r {
+            Ok(Ok(d)) => Msg::Done(d),
+            Ok(Err(e)) => Msg::Error(e),
+            Err(_) => {
+                sess.reset();
+                Msg::Error(ApiError { status: StatusCode::INTERNAL_SERVER_ERROR, message: "internal error while generating".into(), kind: "server_error", param: None, code: None })
+            }
         };
-        let _ = job.tx.blocking_send(msg);
+        let _ = send(&job.tx, msg);
+    }
+}
+
+/// How long a client may leave its stream unread before its request is stopped (the worker
+/// serves everyone else meanwhile).
+const STALL: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Hand `m` to the request's handler; false when the client is gone or has not read for `STALL`.
+fn send(tx: &tokio::sync::mpsc::Sender<Msg>, mut m: Msg) -> bool {
+    let t0 = std::time::Instant::now();
+    loop {
+        match tx.try_send(m) {
+            Ok(()) => return true,
+            Err(tokio::sync::mpsc::error::TrySendError::Closed(_)) => return false,
+            Err(tokio::sync::mpsc::error::TrySendError::Full(back)) => {
+                if t0.elapsed() > STALL {
+                    return false;
+                }
+                m = back;
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+        }
     }
 }
 
@@ -233,11 +277,16 @@ fn run_job(sess: &mut Session, experts: Option<&StreamingExperts>, job: &Job) ->
     if !job.n_given {
         opts.n = n_ctx - toks.len();
     }
+    // With a context shift a generation could run on without end: at most 8 contexts' worth.
+    opts.n = opts.n.min(8 * n_ctx);
     if let Some(e) = experts {
         e.reset_stats();
     }
     let tx = &job.tx;
-    let r = sess.generate_with(&toks, &opts, &mut |_, t| if t.is_empty() { !tx.is_closed() } else { tx.blocking_send(Msg::Text(t.to_string())).is_ok() });
+    if !send(tx, Msg::Started) {
+        return Err(ApiError::bad("the client went away", None));
+    }
+    let r = sess.generate_with(&toks, &opts, &mut |_, t| if t.is_empty() { !tx.is_closed() } else { send(tx, Msg::Text(t.to_string())) });
     let (ids, st) = r.map_err(|e| ApiError { status: StatusCode::INTERNAL_SERVER_ERROR, message: e.to_string(), kind: "server_error", param: None, code: None })?;
     let es = experts.map(|e| e.stats());
     Ok(Done {
@@ -291,8 +340,19 @@ fn options(app: &App, c: &Common) -> Result<(GenOptions, bool), ApiError> {
     if stop.len() > MAX_STOP {
         return Err(ApiError::bad(format!("at most {MAX_STOP} stop strings"), Some("stop")));
     }
-    let seed = c.seed.unwrap_or_else(|| unix_now() ^ app.next_id.load(std::sync::atomic::Ordering::Relaxed).wrapping_mul(0x9E37_79B9_7F4A_7C15));
-    let sampler = SamplerConfig { temperature, top_p, min_p, top_k: c.top_k.unwrap_or(d.top_k), repeat_penalty: c.repeat_penalty.unwrap_or(d.repeat_penalty), seed, ..d };
+    let repeat_penalty = c.repeat_penalty.unwrap_or(d.repeat_penalty);
+    if !(repeat_penalty > 0.0 && repeat_penalty.is_finite()) {
+        return Err(ApiError::bad("repeat_penalty must be a positive number", Some("repeat_penalty")));
+    }
+    // A temperature too small to divide by is greedy.
+    let temperature = if temperature < 1e-4 { 0.0 } else { temperature };
+    let seed = c.seed.unwrap_or_else(|| {
+        let n = app.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
+        t ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+    });
+    let sampler = SamplerConfig { temperature, top_p, min_p, top_k: c.top_k.unwrap_or(d.top_k), repeat_penalty, seed, ..d };
+    let stop = if c.stop.is_none() { app.defaults.stop.clone() } else { stop };
     let n = max.map(|m| m.min(u32::MAX as i64) as usize).unwrap_or(0);
     Ok((GenOptions { n, sampler, ignore_eos: false, stop, context: app.defaults.context() }, max.is_some()))
 }
@@ -359,18 +419,29 @@ async fn submit(app: Arc<App>, prompt: Prompt, c: &Common, chat: bool) -> Respon
         Err(e) => return e.into_response(),
     };
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Msg>(256);
-    if app.jobs.try_send(Job { prompt, opts, n_given, tx }).is_err() {
-        return ApiError { status: StatusCode::SERVICE_UNAVAILABLE, message: "the request queue is full; retry later".into(), kind: "server_error", param: None, code: None }.into_response();
+    let busy = |m: &str| ApiError { status: StatusCode::SERVICE_UNAVAILABLE, message: m.into(), kind: "server_error", param: None, code: None }.into_response();
+    match app.jobs.try_send(Job { prompt, opts, n_given, tx }) {
+        Ok(()) => {}
+        Err(std::sync::mpsc::TrySendError::Full(_)) => return busy("the request queue is full; retry later"),
+        Err(std::sync::mpsc::TrySendError::Disconnected(_)) => return busy("the model worker stopped"),
+    }
+    // The worker accepts the prompt (or rejects it: the error goes out with its own status, also
+    // for a streamed request) before the response starts.
+    match rx.recv().await {
+        Some(Msg::Started) => {}
+        Some(Msg::Error(e)) => return e.into_response(),
+        _ => return busy("the model worker stopped"),
     }
     let n = app.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let id = if chat { format!("chatcmpl-les-{n}") } else { format!("cmpl-les-{n}") };
     let created = unix_now();
     let model = app.model.clone();
     let object = if chat { "chat.completion" } else { "text_completion" };
-    if !c.stream {
+    if !c.stream.unwrap_or(false) {
         let mut text = String::new();
         while let Some(m) = rx.recv().await {
             match m {
+                Msg::Started => {}
                 Msg::Text(t) => text.push_str(&t),
                 Msg::Error(e) => return e.into_response(),
                 Msg::Done(d) => {
@@ -395,6 +466,7 @@ async fn submit(app: Arc<App>, prompt: Prompt, c: &Common, chat: bool) -> Respon
         }
         while let Some(m) = rx.recv().await {
             match m {
+                Msg::Started => {}
                 Msg::Text(t) => {
                     let choice = if chat { json!({ "index": 0, "delta": { "content": t }, "logprobs": null, "finish_reason": null }) } else { json!({ "index": 0, "text": t, "logprobs": null, "finish_reason": null }) };
                     emit(Event::default().data(head(choice).to_string())).await;
