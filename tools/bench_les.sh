@@ -2,6 +2,8 @@
 # LES benchmarks recorded in BENCHMARKS.md. Run on a quiet machine; every figure in one run.
 #   tools/bench_les.sh decode    LES vs llama.cpp decode on SmolLM2-135M (2 threads, same session)
 #   tools/bench_les.sh ladder    the streaming ladder for SmolMoE-32x2 / 64x4 at 400 MiB
+#   tools/bench_les.sh pptg      `les bench pp-tg` and llama-bench (pp512, tg128) interleaved, REPS
+#                                rounds, at 1 and 2 threads, on SmolLM2 and resident SmolMoE-32x2
 # llama.cpp: LLAMA_CPP_DIR (default: the llama-cpp-python 0.3.36 vendored build, see ../shared/ENVIRONMENT.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,6 +17,19 @@ if [ "$what" = decode ] || [ "$what" = all ]; then
   if [ -x "$LLAMA_CPP_DIR/build/bin/llama-bench" ]; then
     "$LLAMA_CPP_DIR/build/bin/llama-bench" -m models/SmolLM2-135M-Instruct.Q4_1.gguf -t 2 -p 0 -n 128 -r 3 -o md
   fi
+fi
+if [ "$what" = pptg ] || [ "$what" = all ]; then
+  for round in $(seq 1 ${REPS:-2}); do
+    for m in ${PPTG_MODELS:-SmolLM2-135M-Instruct.Q4_1 smolmoe-32x2}; do
+      for t in 1 2; do
+        echo "== round $round: $m, $t threads"
+        $LES bench pp-tg --model models/$m.gguf -t $t -p 512 -n 128 -r 3
+        if [ -x "$LLAMA_CPP_DIR/build/bin/llama-bench" ]; then
+          "$LLAMA_CPP_DIR/build/bin/llama-bench" -m models/$m.gguf -t $t -p 512 -n 128 -r 3 -o md
+        fi
+      done
+    done
+  done
 fi
 if [ "$what" = ladder ] || [ "$what" = all ]; then
   for m in ${MODELS:-smolmoe-32x2 smolmoe-64x4}; do

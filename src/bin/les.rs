@@ -390,6 +390,24 @@ enum BenchCmd {
         #[arg(long, default_value = "tests/fixtures/chat.txt")]
         messages: String,
     },
+    /// What llama-bench measures, in its table format: prompt processing (`ppN`: N random tokens in
+    /// one forward from an empty cache) and token generation (`tgN`: N single-token forwards
+    /// from an empty cache), each repeated after a warm-up, t/s as mean ± sd.
+    PpTg {
+        #[command(flatten)]
+        m: ModelArgs,
+        #[command(flatten)]
+        s: StreamArgs,
+        /// Prompt lengths (llama-bench `-p`; 0 to skip).
+        #[arg(short = 'p', long = "n-prompt", value_delimiter = ',', default_value = "512")]
+        n_prompt: Vec<usize>,
+        /// Generated tokens (llama-bench `-n`; 0 to skip).
+        #[arg(short = 'n', long = "n-gen", value_delimiter = ',', default_value = "128")]
+        n_gen: Vec<usize>,
+        /// Repetitions (llama-bench `-r`).
+        #[arg(short = 'r', long, default_value_t = 5)]
+        reps: usize,
+    },
     /// Decode speed: a short prompt, then N greedy tokens; prints tokens/s.
     Decode {
         #[command(flatten)]
@@ -447,6 +465,7 @@ fn run(cli: Cli) -> Res {
             }
         }
         Cmd::Bench(BenchCmd::Decode { m, n_predict, reps }) => cmd_bench_decode(&m, n_predict, reps),
+        Cmd::Bench(BenchCmd::PpTg { m, s, n_prompt, n_gen, reps }) => cmd_bench_pp_tg(&m, &s, &n_prompt, &n_gen, reps),
         Cmd::Bench(BenchCmd::Chat { m, s, n_predict, reps, messages }) => cmd_bench_chat(&m, &s, n_predict, reps, &messages),
         Cmd::Pack { input, output, expert_types, mixed_precision, target_bytes, calibration, calib_tokens } => {
             if mixed_precision {
@@ -925,6 +944,72 @@ fn cmd_bench_chat(m: &ModelArgs, s: &StreamArgs, n: usize, reps: usize, messages
                 );
             }
         }
+    }
+    Ok(())
+}
+
+fn cmd_bench_pp_tg(m: &ModelArgs, s: &StreamArgs, n_prompt: &[usize], n_gen: &[usize], reps: usize) -> Res {
+    use les::model::Logits;
+    let (mut sess, _experts) = open_session(m, s, 0)?;
+    if m.ctx_size < n_prompt.iter().chain(n_gen).copied().max().unwrap_or(0) {
+        return Err(format!("-c {} is smaller than the longest test", m.ctx_size).into());
+    }
+    let g = GgufFile::read(&FileSource::open(&m.model)?).ok();
+    // Size and parameters of the GGUF (a bundle: its file size; parameters of the dense part).
+    let (size, params) = g.as_ref().map(|g| (g.tensors.iter().map(|t| t.size).sum::<u64>(), g.tensors.iter().map(|t| t.dims.iter().product::<u64>()).sum::<u64>())).unwrap_or((std::fs::metadata(&m.model)?.len(), 0));
+    // The type holding most bytes names the file, as llama-bench's model column does.
+    let mut by_type: std::collections::HashMap<&'static str, u64> = Default::default();
+    for t in g.iter().flat_map(|g| &g.tensors) {
+        *by_type.entry(t.ty.name()).or_default() += t.size;
+    }
+    let main_type = by_type.into_iter().max_by_key(|x| x.1).map(|x| x.0).unwrap_or("?");
+    let c = &sess.model.cfg;
+    let n_vocab = c.n_vocab.max(1) as u64;
+    let desc = if g.is_some() { format!("{} {:.0}M {main_type}", c.arch.name(), params as f64 / 1e6) } else { format!("{} (bundle)", c.arch.name()) };
+    let params = if g.is_some() { format!("{:.2} M", params as f64 / 1e6) } else { "-".into() };
+    let backend = match (&sess.gpu, &s.memory_budget) {
+        (Some(_), None) => "wgpu".to_string(),
+        (Some(_), Some(b)) => format!("wgpu, budget {b}"),
+        (None, None) => "CPU".to_string(),
+        (None, Some(b)) => format!("CPU, budget {b}"),
+    };
+    // Random token ids, as llama-bench uses (a fixed xorshift sequence here).
+    let mut state = 0x2545_F491_4F6C_DD1Du64;
+    let mut rnd = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state % n_vocab) as u32
+    };
+    println!("| model | size | params | backend | threads | test | t/s |");
+    println!("| --- | ---: | ---: | --- | ---: | ---: | ---: |");
+    let tests: Vec<(bool, usize)> = n_prompt.iter().filter(|&&n| n > 0).map(|&n| (true, n)).chain(n_gen.iter().filter(|&&n| n > 0).map(|&n| (false, n))).collect();
+    for (pp, n) in tests {
+        let mut tps = Vec::new();
+        for rep in 0..=reps.max(1) {
+            sess.reset();
+            let t0 = std::time::Instant::now();
+            if pp {
+                let toks: Vec<u32> = (0..n).map(|_| rnd()).collect();
+                sess.forward(&toks, Logits::Last)?;
+            } else {
+                for _ in 0..n {
+                    sess.forward(&[rnd()], Logits::Last)?;
+                }
+            }
+            let dt = t0.elapsed().as_secs_f64();
+            if rep > 0 {
+                tps.push(n as f64 / dt.max(1e-9)); // rep 0 warms up, as llama-bench's warm-up run
+            }
+        }
+        let mean = tps.iter().sum::<f64>() / tps.len() as f64;
+        let sd = (tps.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (tps.len().max(2) - 1) as f64).sqrt();
+        println!(
+            "| {desc} | {:.2} MiB | {params} | {backend} | {} | {}{n} | {mean:.2} ± {sd:.2} |",
+            size as f64 / 1048576.0,
+            les::backend::cpu::par::n_threads(),
+            if pp { "pp" } else { "tg" }
+        );
     }
     Ok(())
 }
