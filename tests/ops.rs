@@ -12,6 +12,8 @@
 //! when it drifts (`LES_WRITE_OPS_DOC=1 cargo test --release --test ops` rewrites it).
 //! Set `LES_NO_GPU=1` to skip the GPU columns on a machine without any adapter (never in CI).
 
+mod common;
+use common::WEIGHT_TYPES as TYPES;
 use les::backend::cpu::exec::CpuExec;
 use les::backend::cpu::kv::KvCache;
 use les::backend::cpu::matmul::Weight;
@@ -21,37 +23,15 @@ use les::backend::wgpu::exec::{GpuBackend, GpuOptions, GpuShapes};
 use les::backend::wgpu::{block_on, GpuContext};
 use les::expert::{ExpertBlock, ExpertError, ExpertLayout, ExpertSource};
 use les::quant::{self, GgmlType};
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
+use common::root;
 
 fn f32s(name: &str) -> Vec<f32> {
     let b = std::fs::read(root().join("tests/fixtures/quant").join(name)).unwrap();
     b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
 }
 
-/// Weight types of the matmul rows (every type the GGUF files LES loads use).
-const TYPES: [GgmlType; 16] = [
-    GgmlType::F32,
-    GgmlType::F16,
-    GgmlType::BF16,
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q5_0,
-    GgmlType::Q5_1,
-    GgmlType::Q8_0,
-    GgmlType::Q2K,
-    GgmlType::Q3K,
-    GgmlType::Q4K,
-    GgmlType::Q5K,
-    GgmlType::Q6K,
-    GgmlType::IQ4NL,
-    GgmlType::IQ4XS,
-    GgmlType::MXFP4,
-];
 
 const E: usize = 512;
 const FF: usize = 64;

@@ -6,6 +6,8 @@
 //!
 //! Set `LES_NO_GPU=1` to skip on a machine without any adapter (never in CI).
 
+mod common;
+use common::WEIGHT_TYPES;
 use les::backend::cpu::ops;
 use les::backend::wgpu::kernels::Kernels;
 use les::backend::wgpu::{block_on, GpuContext, Recorder};
@@ -134,24 +136,7 @@ fn matvec_every_type_matches_cpu() {
         let arena = Recorder::arena_buffer(&g.ctx);
         let x = f32s("act_x.f32");
         let mut done = Vec::new();
-        for ty in [
-            GgmlType::F32,
-            GgmlType::F16,
-            GgmlType::BF16,
-            GgmlType::Q4_0,
-            GgmlType::Q4_1,
-            GgmlType::Q5_0,
-            GgmlType::Q5_1,
-            GgmlType::Q8_0,
-            GgmlType::Q2K,
-            GgmlType::Q3K,
-            GgmlType::Q4K,
-            GgmlType::Q5K,
-            GgmlType::Q6K,
-            GgmlType::IQ4NL,
-            GgmlType::IQ4XS,
-            GgmlType::MXFP4,
-        ] {
+        for ty in WEIGHT_TYPES {
             let w = fixture(&format!("weights_{}.bin", ty.name()));
             // 1024 elements: as 2 rows of 512 (two K-quant super-blocks or 16 small blocks per row),
             // times 4 activation rows.

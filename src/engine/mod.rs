@@ -255,7 +255,7 @@ impl Session {
     /// `prompt` when [`Self::reuse_prefix`] is on (at most `prompt.len() - 1`: the last token is
     /// run for its logits), clear it otherwise. Returns the number of positions kept.
     pub fn reuse(&mut self, prompt: &[u32]) -> usize {
-        let n = if self.reuse_prefix { self.cached_tokens().iter().zip(prompt).take_while(|(a, b)| a == b).count().min(prompt.len().saturating_sub(1)) } else { 0 };
+        let n = if self.reuse_prefix { common_prefix(self.cached_tokens(), prompt).min(prompt.len().saturating_sub(1)) } else { 0 };
         self.kv.truncate(n);
         self.cached.truncate(n);
         n
@@ -324,6 +324,12 @@ impl Session {
 }
 
 pub use crate::clock::now_ms;
+
+/// Length of the longest common prefix of two token sequences (what a cache holding `a` can keep
+/// for `b`).
+pub fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
 
 #[cfg(test)]
 mod tests {

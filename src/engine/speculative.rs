@@ -173,7 +173,7 @@ impl Draft for DraftModel {
     fn prefill(&mut self, prompt: &[u32]) -> Result<(), EngineError> {
         let n = prompt.len().min(self.kv.n_ctx);
         // Keep the common prefix with what the draft's cache holds (a conversation's earlier turns).
-        let common = self.kv_tokens.iter().zip(&prompt[..n]).take_while(|(a, b)| a == b).count().min(self.kv.len);
+        let common = super::common_prefix(&self.kv_tokens, &prompt[..n]).min(self.kv.len);
         self.kv.truncate(common);
         self.kv_tokens.truncate(common);
         if n > common {
@@ -193,7 +193,7 @@ impl Draft for DraftModel {
         }
         // Roll back to the longest common prefix with the committed tokens (at least one token
         // must be fed to get logits), then catch up.
-        let common = self.kv_tokens.iter().zip(ctx).take_while(|(a, b)| a == b).count().min(ctx.len() - 1);
+        let common = super::common_prefix(&self.kv_tokens, ctx).min(ctx.len() - 1);
         self.kv.truncate(common);
         self.kv_tokens.truncate(common);
         self.model.take_captured();

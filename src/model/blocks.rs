@@ -133,6 +133,11 @@ impl<'a, B: Ops> Fwd<'a, B> {
         B::shape(t).0
     }
 
+    /// `W_i · x` for each matrix of `ws`, as an array (one activation conversion for all).
+    fn matmuls<const N: usize>(&mut self, x: &B::T, ws: [Mat; N]) -> Result<[B::T; N], ModelError> {
+        self.b.matmul(x, &ws)?.try_into().map_err(|_| ModelError::Internal("matmul returned the wrong number of tensors".into()))
+    }
+
     /// Name an intermediate (read back only when dumping is on).
     pub async fn dump(&mut self, name: &str, il: usize, t: &B::T) -> Result<(), ModelError> {
         if dump_wanted() {
@@ -168,7 +173,7 @@ impl<'a, B: Ops> Fwd<'a, B> {
     /// Self-attention of `cur` (`build_qkv` + RoPE + `build_attn` + output projection).
     pub async fn attention(&mut self, il: usize, cur: &B::T, a: &Attention) -> Result<B::T, ModelError> {
         let c = &self.m.cfg;
-        let [mut q, mut k, mut v]: [B::T; 3] = self.b.matmul(cur, &[a.wq, a.wk, a.wv])?.try_into().map_err(|_| ModelError::Internal("matmul returned the wrong number of tensors".into()))?;
+        let [mut q, mut k, mut v] = self.matmuls(cur, [a.wq, a.wk, a.wv])?;
         self.dump("Qcur", il, &q).await?;
         self.dump("Kcur", il, &k).await?;
         self.dump("Vcur", il, &v).await?;
@@ -189,7 +194,7 @@ impl<'a, B: Ops> Fwd<'a, B> {
         let p = Attn { n_head: c.n_head, n_head_kv: c.n_head_kv, head_dim: c.head_dim, scale: 1.0 / (c.head_dim as f32).sqrt() };
         let o = self.b.attention(il, &q, &k, &v, self.pos0, &p)?;
         self.dump("kqv_out", il, &o).await?;
-        let out = self.b.matmul(&o, &[a.wo])?.remove(0);
+        let [out] = self.matmuls(&o, [a.wo])?;
         self.dump("attn_out", il, &out).await?;
         Ok(out)
     }
@@ -216,12 +221,13 @@ impl<'a, B: Ops> Fwd<'a, B> {
 
     /// A SwiGLU FFN of `cur` (`build_ffn` with `LLM_FFN_SILU`, `LLM_FFN_PAR`).
     pub async fn ffn(&mut self, il: usize, cur: &B::T, w: &Swiglu) -> Result<B::T, ModelError> {
-        let [g, u]: [B::T; 2] = self.b.matmul(cur, &[w.gate, w.up])?.try_into().map_err(|_| ModelError::Internal("matmul returned the wrong number of tensors".into()))?;
+        let [g, u] = self.matmuls(cur, [w.gate, w.up])?;
         self.dump("ffn_gate", il, &g).await?;
         self.dump("ffn_up", il, &u).await?;
         let h = self.b.swiglu(&g, &u)?;
         self.dump("ffn_swiglu", il, &h).await?;
-        Ok(self.b.matmul(&h, &[w.down])?.remove(0))
+        let [y] = self.matmuls(&h, [w.down])?;
+        Ok(y)
     }
 
     /// A MoE FFN of `cur` (`build_moe_ffn`): router logits → softmax → top-k → weights (on the
@@ -231,7 +237,7 @@ impl<'a, B: Ops> Fwd<'a, B> {
         let c = &self.m.cfg;
         let src = self.m.experts().ok_or(ModelError::NoExperts)?.clone();
         let t_n = Self::rows(cur);
-        let logits = self.b.matmul(cur, &[w.router])?.remove(0);
+        let [logits] = self.matmuls(cur, [w.router])?;
         // One synchronisation: the router logits, and when decoding the FFN input too (the
         // lookahead predictor's input).
         let mut parts = vec![(&logits, 0..t_n)];
@@ -252,7 +258,7 @@ impl<'a, B: Ops> Fwd<'a, B> {
             self.dump("ffn_shexp", il, &y).await?;
             match sh.gate_inp {
                 Some(gi) => {
-                    let g = self.b.matmul(cur, &[gi])?.remove(0);
+                    let [g] = self.matmuls(cur, [gi])?;
                     self.dump("ffn_shexp_gate_inp", il, &g).await?;
                     self.b.gate_add(&mut out, &y, &g)?;
                 }
@@ -284,7 +290,8 @@ impl<'a, B: Ops> Fwd<'a, B> {
         let n = Self::rows(&x);
         let x = if want == Logits::Last && n > 1 { self.b.last_row(x)? } else { x };
         let h = self.norm(&x, self.m.output_norm, "result_norm", 0).await?;
-        let logits = self.b.matmul(&h, &[self.m.output])?.remove(0);
+        let output = self.m.output;
+        let [logits] = self.matmuls(&h, [output])?;
         let rows = Self::rows(&logits);
         let out = self.b.read(&[(&logits, 0..rows)]).await?.remove(0);
         dump("result_output", 0, &out);

@@ -1,6 +1,7 @@
 //! Shared helpers for tests that compare LES with llama.cpp reference files.
 #![allow(dead_code)]
 
+use les::quant::GgmlType;
 use serde_json::Value;
 use std::path::PathBuf;
 
@@ -65,3 +66,24 @@ pub fn load_refs(stem: &str) -> Refs {
         .collect();
     Refs { llama_cpp: v["llama_cpp"].as_str().unwrap_or("").to_string(), prompts }
 }
+
+/// The weight types of the block fixtures `tests/fixtures/quant/weights_<TYPE>.bin` (gguf-py's
+/// bytes, 2 rows × 512): every type the GGUF files LES loads use, and the wgpu matvec supports.
+pub const WEIGHT_TYPES: [GgmlType; 16] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q2K,
+    GgmlType::Q3K,
+    GgmlType::Q4K,
+    GgmlType::Q5K,
+    GgmlType::Q6K,
+    GgmlType::IQ4NL,
+    GgmlType::IQ4XS,
+    GgmlType::MXFP4,
+];
