@@ -44,12 +44,15 @@ function config() {
     memoryBudgetMB: Number($('budget').value) || 0,
     backend: $('backend').value,
     backing: new URLSearchParams(location.search).get('backing') ?? 'auto',
+    // `?prefetch=0`: on-demand reads only; `?slots=N`: an expert cache of N slots.
+    prefetch: new URLSearchParams(location.search).get('prefetch') !== '0',
+    expertSlots: Number(new URLSearchParams(location.search).get('slots')) || null,
   };
 }
 
 async function load() {
   const c = config();
-  const key = JSON.stringify([typeof c.model === 'string' ? c.model : c.model.name, c.memoryBudgetMB, c.backend]);
+  const key = JSON.stringify([typeof c.model === 'string' ? c.model : c.model.name, c.memoryBudgetMB, c.backend, c.prefetch, c.expertSlots]);
   if (state.engine && state.key === key) return state.engine;
   if (state.engine) await state.engine.unload();
   state.engine = null;

@@ -228,4 +228,5 @@ impl ExpertSource for ResidentExperts {
 
 pub mod store;
 pub mod stream;
+pub mod io;
 pub mod bundle;

@@ -16,6 +16,7 @@
 //! The model combines expert outputs in rank order, so all of this changes only *when* bytes
 //! arrive, never the logits.
 
+use super::io::{AsyncIo, AsyncReader, Inline, ReadExecutor, Threads};
 use super::store::ExpertStore;
 use super::{ExpertBlock, ExpertError, ExpertLayout, ExpertSource};
 use std::collections::{HashMap, HashSet};
@@ -241,7 +242,8 @@ pub struct TraceEvent {
     pub tid: u32,
 }
 
-struct Inner {
+/// The policy's state, behind [`Shared`]'s lock.
+pub(crate) struct Inner {
     slots: Vec<Slot>,
     map: HashMap<(usize, usize), usize>,
     queue: Vec<Req>,
@@ -268,10 +270,13 @@ struct Inner {
     shutdown: bool,
 }
 
-struct Shared {
+/// The policy: its state, the slot buffers and the store, shared with the executor's threads.
+pub(crate) struct Shared {
     inner: Mutex<Inner>,
-    io_cv: Condvar,
-    done_cv: Condvar,
+    /// Signalled when requests were queued (executor threads wait on it).
+    pub(crate) io_cv: Condvar,
+    /// Signalled when a read finished (the compute thread waits on it).
+    pub(crate) done_cv: Condvar,
     bufs: Vec<RwLock<ExpertBlock>>,
     store: Arc<dyn ExpertStore>,
     cfg: StreamConfig,
@@ -281,7 +286,8 @@ struct Shared {
 /// [`ExpertSource`] backed by a slot cache over an [`ExpertStore`], with lookahead prefetch.
 pub struct StreamingExperts {
     sh: Arc<Shared>,
-    workers: Vec<std::thread::JoinHandle<()>>,
+    /// Who executes the reads ([`super::io`]).
+    exec: RwLock<Arc<dyn ReadExecutor>>,
     /// Router weights per MoE layer as f32 [n_expert × n_embd] (for cross-layer prediction).
     routers: Vec<Vec<f32>>,
     n_expert: usize,
@@ -333,15 +339,10 @@ impl StreamingExperts {
         };
         let sh = Arc::new(Shared { inner: Mutex::new(inner), io_cv: Condvar::new(), done_cv: Condvar::new(), bufs, store, cfg: cfg.clone(), t0: Instant::now() });
         // `io_threads == 0` (always on wasm32, which has no threads): no workers; the thread
-        // that needs an expert reads it itself (`service_inline`).
+        // that needs an expert reads it itself (the browser installs its own executor).
         let n_workers = if cfg!(target_arch = "wasm32") { 0 } else { cfg.io_threads };
-        let workers = (0..n_workers)
-            .map(|w| {
-                let sh = sh.clone();
-                std::thread::Builder::new().name(format!("les-io-{w}")).spawn(move || io_worker(sh, w)).expect("spawn I/O worker")
-            })
-            .collect();
-        let s = Self { sh, workers, routers, n_expert, n_used, hidden: Mutex::new(Vec::new()), ffn_norms: Vec::new(), holder: std::sync::RwLock::new(None) };
+        let exec: Arc<dyn ReadExecutor> = if n_workers == 0 { Arc::new(Inline) } else { Arc::new(Threads::spawn(&sh, n_workers, cfg.max_prefetch_inflight)) };
+        let s = Self { sh, exec: RwLock::new(exec), routers, n_expert, n_used, hidden: Mutex::new(Vec::new()), ffn_norms: Vec::new(), holder: std::sync::RwLock::new(None) };
         s.load_pinned();
         s
     }
@@ -362,6 +363,33 @@ impl StreamingExperts {
         let mut g = self.sh.inner.lock().unwrap();
         let d = self.sh.cfg.depth.max(1);
         g.stats = StreamStats::empty(self.routers.len(), d);
+    }
+
+    /// Read prefetches through `reader` from now on ([`AsyncIo`]: the browser page's
+    /// asynchronous reads, `lanes` in flight); demand reads run on the compute thread.
+    pub fn use_async_reader<R: AsyncReader + 'static>(&self, reader: R, lanes: usize) {
+        self.set_executor(Arc::new(AsyncIo::new(reader, lanes)));
+    }
+
+    /// Run reads with `exec` from now on. The previous executor is shut down; requests it had
+    /// not started stay queued for the new one.
+    fn set_executor(&self, exec: Arc<dyn ReadExecutor>) {
+        let old = std::mem::replace(&mut *self.exec.write().unwrap(), exec);
+        old.shutdown(&self.sh);
+        self.kick();
+    }
+
+    /// What executes the reads (for statistics).
+    pub fn executor(&self) -> String {
+        self.exec().describe()
+    }
+
+    fn exec(&self) -> Arc<dyn ReadExecutor> {
+        self.exec.read().unwrap().clone()
+    }
+
+    fn kick(&self) {
+        self.exec().kick(&self.sh);
     }
 
     pub fn stats(&self) -> StreamStats {
@@ -476,14 +504,16 @@ impl StreamingExperts {
             return;
         }
         let holder = self.holder.read().unwrap().clone();
+        let lanes = self.exec().prefetch_lanes();
         let mut g = sh.inner.lock().unwrap();
         let mut protect: HashSet<(usize, usize)> = HashSet::new();
         for (l2, _, p, _) in &plans {
             protect.extend(p.iter().map(|&e| (*l2, e)));
         }
-        // Without I/O threads (wasm32) a prefetch could only run on this thread, before the
-        // compute it should overlap: give the byte source a hint instead (the browser store
-        // starts an asynchronous range fetch) and keep the slots for demand loads.
+        // When the executor cannot read ahead (no I/O threads), a prefetch could only run on
+        // this thread, before the compute it should overlap: give the byte source a hint instead
+        // (the browser store starts an asynchronous range fetch) and keep the slots for demand
+        // loads.
         let mut hints: Vec<(usize, usize)> = Vec::new();
         for (l2, d, mut p, cross_layer) in plans {
             if cross_layer {
@@ -504,7 +534,7 @@ impl StreamingExperts {
                 if g.map.contains_key(&key) || holder.as_ref().is_some_and(|h| h.holds(l2, e)) {
                     continue;
                 }
-                if sh.inline() {
+                if lanes == 0 {
                     hints.push(key);
                     continue;
                 }
@@ -518,7 +548,7 @@ impl StreamingExperts {
         for (l, e) in hints {
             sh.store.hint(l, e);
         }
-        sh.io_cv.notify_all();
+        self.kick();
     }
 
     pub fn config(&self) -> &StreamConfig {
@@ -556,14 +586,8 @@ impl StreamingExperts {
 
 impl Drop for StreamingExperts {
     fn drop(&mut self) {
-        {
-            let mut g = self.sh.inner.lock().unwrap();
-            g.shutdown = true;
-        }
-        self.sh.io_cv.notify_all();
-        for w in self.workers.drain(..) {
-            let _ = w.join();
-        }
+        self.sh.inner.lock().unwrap().shutdown = true;
+        self.exec().shutdown(&self.sh);
     }
 }
 
@@ -604,13 +628,11 @@ fn now_us(sh: &Shared) -> f64 {
 }
 
 /// The best queued request: demand first, then the nearest prefetch, FIFO within a class.
-/// Prefetches may use all workers but one, so a demand miss always starts at once, and start
-/// only while no demand read is in flight (they use idle I/O time); without workers (inline
-/// mode) only demands are served.
-fn pick_request(sh: &Shared, g: &mut Inner) -> Option<Req> {
-    let max_pf = if sh.inline() { 0 } else { sh.cfg.max_prefetch_inflight.min(sh.cfg.io_threads.saturating_sub(1)).max(if sh.cfg.io_threads == 1 { 1 } else { 0 }) };
-    let pf_ok = g.inflight_prefetch < max_pf && g.inflight_demand == 0;
-    let best = g.queue.iter().enumerate().filter(|(_, r)| r.demand || pf_ok).min_by_key(|(_, r)| (!r.demand, r.dist, r.seq)).map(|(i, _)| i)?;
+/// At most `lanes` prefetches are in flight, and they start only while no demand read is in
+/// flight (they use idle I/O time). `take` limits the class.
+fn pick_request(g: &mut Inner, lanes: usize, take: Take) -> Option<Req> {
+    let pf_ok = take != Take::Demand && g.inflight_prefetch < lanes && g.inflight_demand == 0;
+    let best = g.queue.iter().enumerate().filter(|(_, r)| if r.demand { take != Take::Prefetch } else { pf_ok }).min_by_key(|(_, r)| (!r.demand, r.dist, r.seq)).map(|(i, _)| i)?;
     let r = g.queue.swap_remove(best);
     g.slots[r.slot].state = State::Loading;
     if r.demand {
@@ -619,25 +641,6 @@ fn pick_request(sh: &Shared, g: &mut Inner) -> Option<Req> {
         g.inflight_prefetch += 1;
     }
     Some(r)
-}
-
-fn io_worker(sh: Arc<Shared>, w: usize) {
-    lower_io_priority();
-    loop {
-        let req = {
-            let mut g = sh.inner.lock().unwrap();
-            loop {
-                if g.shutdown {
-                    return;
-                }
-                if let Some(r) = pick_request(&sh, &mut g) {
-                    break r;
-                }
-                g = sh.io_cv.wait(g).unwrap();
-            }
-        };
-        run_request(&sh, req, w);
-    }
 }
 
 /// The next piece of an expert's read at buffer offset `done`: (file offset, length). Chunked
@@ -658,136 +661,228 @@ fn next_piece(ranges: &[(u64, usize)], done: usize, chunk: Option<usize>) -> (u6
     (0, 0)
 }
 
-/// I/O workers run at the lowest CPU priority (Linux: nice 19 for this thread), so the CPU work
-/// of a read (the copy out of the page cache, the wake-ups) never preempts a compute thread:
-/// it runs on cores the compute leaves idle (while it waits for a demand read, or between
-/// parallel sections). `LES_IO_NICE=0` keeps the default priority.
-fn lower_io_priority() {
-    #[cfg(target_os = "linux")]
-    {
-        let nice: i32 = std::env::var("LES_IO_NICE").ok().and_then(|v| v.parse().ok()).unwrap_or(19);
-        // SAFETY: setpriority on this thread's id (Linux nice values are per thread).
-        unsafe {
-            let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
-            libc::setpriority(libc::PRIO_PROCESS, tid, nice);
-        }
+/// One expert read the policy has handed to an executor ([`super::io`]): which slot, which
+/// bytes, how far it got. The executor reads its pieces ([`Shared::piece`], [`Shared::fill`])
+/// and reports each ([`Shared::piece_done`]); the policy decides between pieces whether the read
+/// goes on, yields to a demand read or is dropped.
+pub(crate) struct Job {
+    req: Req,
+    ranges: Vec<(u64, usize)>,
+    total: usize,
+    /// `ranges` could not be listed: the job fails at its first report.
+    err: Option<ExpertError>,
+}
+
+impl Job {
+    /// The cache slot the bytes go to.
+    pub(crate) fn slot(&self) -> usize {
+        self.req.slot
+    }
+    pub(crate) fn key(&self) -> (usize, usize) {
+        self.req.key
     }
 }
 
-/// Read one requested expert into its slot and publish the result. A prefetch nobody waits for
-/// is read in chunks; between chunks it is dropped if the router made it stale, or put back in
-/// the queue (keeping what it has read) when a demand read needs the store.
-fn run_request(sh: &Shared, mut req: Req, w: usize) {
-    let (layer, expert) = req.key;
-    let (ranges, mut res) = match sh.store.ranges(layer, expert) {
-        Ok(r) => (r, Ok(())),
-        Err(e) => (Vec::new(), Err(e)),
-    };
-    let total: usize = ranges.iter().map(|x| x.1).sum();
-    if res.is_ok() && req.done == 0 {
-        let mut b = sh.bufs[req.slot].write().unwrap();
-        b.layout = sh.store.layout(layer).clone();
-        b.data.resize(total, 0);
-    }
-    while res.is_ok() && req.done < total {
-        let waited_on = sh.inner.lock().unwrap().slots[req.slot].pins > 0;
-        let chunk = if req.demand || waited_on { None } else { Some(sh.cfg.prefetch_chunk) };
-        let (off, len) = next_piece(&ranges, req.done, chunk);
-        let t = Instant::now();
-        let ts = now_us(sh);
-        res = {
-            let mut b = sh.bufs[req.slot].write().unwrap();
-            sh.store.read_range(layer, expert, off, &mut b.data[req.done..req.done + len])
-        };
-        let ms = t.elapsed().as_secs_f64() * 1000.0;
-        let mut g = sh.inner.lock().unwrap();
-        g.stats.io_busy_ms += ms;
-        g.stats.reads += 1;
-        if sh.cfg.trace {
-            g.trace.push(TraceEvent {
-                name: format!("{} L{layer} E{expert}", if req.demand { "demand" } else { "prefetch" }),
-                cat: "io",
-                ph: "X",
-                ts,
-                dur: ms * 1000.0,
-                pid: 1,
-                tid: 100 + w as u32,
-            });
-        }
-        if res.is_err() {
-            break;
-        }
-        g.stats.bytes_read += len as u64;
-        req.done += len;
-        if req.done == total || req.demand {
-            continue;
-        }
-        let slot = &mut g.slots[req.slot];
-        if slot.pins > 0 {
-            continue;
-        }
-        if slot.cancel {
-            // Stale: the router of its layer has decided without it.
-            g.drop_prefetch(req.slot);
-            g.inflight_prefetch -= 1;
-            drop(g);
-            sh.io_cv.notify_all();
-            return;
-        }
-        if g.inflight_demand > 0 || g.queue.iter().any(|r| r.demand) {
-            // Yield the store to the demand read; resume later from `done`.
-            g.slots[req.slot].state = State::Queued;
-            g.inflight_prefetch -= 1;
-            g.stats.prefetch_yields += 1;
-            g.queue.push(req);
-            drop(g);
-            sh.io_cv.notify_all();
-            return;
-        }
-    }
-    if res.is_ok() {
-        let b = sh.bufs[req.slot].read().unwrap();
-        res = sh.store.verify(layer, expert, &b.data);
-    }
-    let mut g = sh.inner.lock().unwrap();
-    if req.demand {
-        g.inflight_demand -= 1;
-    } else {
-        g.inflight_prefetch -= 1;
-    }
-    match res {
-        Ok(()) => {
-            let slot = &mut g.slots[req.slot];
-            slot.state = State::Ready;
-            slot.failed = None;
-            slot.cancel = false;
-            if req.demand {
-                g.stats.demand_loads += 1;
-            } else {
-                g.stats.prefetch_loads += 1;
-            }
-        }
-        Err(e) => {
-            // Never keep a partly read expert: the slot becomes empty again.
-            g.stats.load_failures += 1;
-            let slot = &mut g.slots[req.slot];
-            slot.state = State::Empty;
-            slot.failed = Some(e.to_string());
-            slot.cancel = false;
-            if slot.pins == 0 {
-                slot.key = None;
-                g.map.remove(&req.key);
-            }
-        }
-    }
-    drop(g);
-    sh.done_cv.notify_all();
-    sh.io_cv.notify_all();
+/// Which requests an executor takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Take {
+    /// Demand reads first, then prefetches.
+    Any,
+    /// Demand reads only (the compute thread reads what it waits for).
+    Demand,
+    /// Prefetches only (asynchronous reads ahead of the compute).
+    Prefetch,
+}
+
+/// What an executor does after reporting a piece.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Next {
+    /// Read the job's next piece.
+    Piece,
+    /// The job is over (finished, failed, dropped as stale, or put back in the queue).
+    Stop,
 }
 
 impl Shared {
-    fn inline(&self) -> bool {
-        cfg!(target_arch = "wasm32") || self.cfg.io_threads == 0
+    /// Take the best request the policy allows now (see [`pick_request`]) and size its slot's
+    /// buffer. `lanes`: prefetch reads allowed in flight.
+    pub(crate) fn take_job(&self, g: &mut Inner, lanes: usize, take: Take) -> Option<Job> {
+        let req = pick_request(g, lanes, take)?;
+        let (layer, expert) = req.key;
+        let (ranges, err) = match self.store.ranges(layer, expert) {
+            Ok(r) => (r, None),
+            Err(e) => (Vec::new(), Some(e)),
+        };
+        let total = ranges.iter().map(|x| x.1).sum();
+        if err.is_none() && req.done == 0 {
+            let mut b = self.bufs[req.slot].write().unwrap();
+            b.layout = self.store.layout(layer).clone();
+            b.data.resize(total, 0);
+        }
+        Some(Job { req, ranges, total, err })
+    }
+
+    /// The job's next piece: (file offset, length). A prefetch nobody waits for is read in chunks
+    /// of [`StreamConfig::prefetch_chunk`]; a demand read (or a prefetch the router now waits
+    /// for) in one piece per range. `(_, 0)`: nothing left (the job fails or finishes at its report).
+    pub(crate) fn piece(&self, job: &Job) -> (u64, usize) {
+        if job.err.is_some() {
+            return (0, 0);
+        }
+        let waited_on = self.inner.lock().unwrap().slots[job.req.slot].pins > 0;
+        let chunk = if job.req.demand || waited_on { None } else { Some(self.cfg.prefetch_chunk) };
+        next_piece(&job.ranges, job.req.done, chunk)
+    }
+
+    /// Let `read` fill the next `len` bytes of the job's slot (its argument: the destination).
+    pub(crate) fn fill(&self, job: &Job, len: usize, read: impl FnOnce(&mut [u8]) -> Result<(), ExpertError>) -> Result<(), ExpertError> {
+        let mut b = self.bufs[job.req.slot].write().unwrap();
+        let at = job.req.done;
+        match b.data.get_mut(at..at + len) {
+            Some(dst) => read(dst),
+            None => Err(ExpertError::Invalid { layer: job.req.key.0, expert: job.req.key.1, why: format!("piece {at}+{len} outside the expert's {} bytes", b.data.len()) }),
+        }
+    }
+
+    /// Report a piece of `len` bytes (`res`: its read's outcome; `ms`: how long it took;
+    /// `lane`: the executor's lane, for the trace). The policy then finishes the job (verify,
+    /// publish), or between a prefetch's chunks drops it when the router made it stale or puts
+    /// it back in the queue (keeping what it has read) when a demand read needs the store.
+    pub(crate) fn piece_done(&self, job: &mut Job, len: usize, res: Result<(), ExpertError>, ms: f64, lane: usize) -> Next {
+        let req = &mut job.req;
+        let (layer, expert) = req.key;
+        let mut res = match job.err.take() {
+            Some(e) => Err(e),
+            None => res,
+        };
+        if len > 0 || res.is_err() {
+            let mut g = self.inner.lock().unwrap();
+            g.stats.io_busy_ms += ms;
+            g.stats.reads += 1;
+            if self.cfg.trace {
+                let ts = now_us(self) - ms * 1000.0;
+                g.trace.push(TraceEvent {
+                    name: format!("{} L{layer} E{expert}", if req.demand { "demand" } else { "prefetch" }),
+                    cat: "io",
+                    ph: "X",
+                    ts,
+                    dur: ms * 1000.0,
+                    pid: 1,
+                    tid: 100 + lane as u32,
+                });
+            }
+            if res.is_ok() {
+                g.stats.bytes_read += len as u64;
+                req.done += len;
+                if req.done < job.total && !req.demand {
+                    let slot = &mut g.slots[req.slot];
+                    if slot.pins == 0 {
+                        if slot.cancel {
+                            // Stale: the router of its layer has decided without it.
+                            g.drop_prefetch(req.slot);
+                            g.inflight_prefetch -= 1;
+                            drop(g);
+                            self.io_cv.notify_all();
+                            return Next::Stop;
+                        }
+                        if g.inflight_demand > 0 || g.queue.iter().any(|r| r.demand) {
+                            // Yield the store to the demand read; resume later from `done`.
+                            g.slots[req.slot].state = State::Queued;
+                            g.inflight_prefetch -= 1;
+                            g.stats.prefetch_yields += 1;
+                            g.queue.push(*req);
+                            drop(g);
+                            self.io_cv.notify_all();
+                            return Next::Stop;
+                        }
+                    }
+                }
+            }
+        }
+        if res.is_ok() && req.done < job.total {
+            return Next::Piece;
+        }
+        if res.is_ok() {
+            let b = self.bufs[req.slot].read().unwrap();
+            res = self.store.verify(layer, expert, &b.data);
+        }
+        let mut g = self.inner.lock().unwrap();
+        if req.demand {
+            g.inflight_demand -= 1;
+        } else {
+            g.inflight_prefetch -= 1;
+        }
+        match res {
+            Ok(()) => {
+                let slot = &mut g.slots[req.slot];
+                slot.state = State::Ready;
+                slot.failed = None;
+                slot.cancel = false;
+                if req.demand {
+                    g.stats.demand_loads += 1;
+                } else {
+                    g.stats.prefetch_loads += 1;
+                }
+            }
+            Err(e) => {
+                // Never keep a partly read expert: the slot becomes empty again.
+                g.stats.load_failures += 1;
+                let slot = &mut g.slots[req.slot];
+                slot.state = State::Empty;
+                slot.failed = Some(e.to_string());
+                slot.cancel = false;
+                if slot.pins == 0 {
+                    slot.key = None;
+                    g.map.remove(&req.key);
+                }
+            }
+        }
+        drop(g);
+        self.done_cv.notify_all();
+        self.io_cv.notify_all();
+        Next::Stop
+    }
+
+    /// A prefetch job its executor cannot run (e.g. the browser cannot read those bytes
+    /// asynchronously): it is dropped like a stale one and the slot freed.
+    pub(crate) fn abandon(&self, job: Job) {
+        let mut g = self.inner.lock().unwrap();
+        if job.req.demand {
+            g.inflight_demand -= 1;
+        } else {
+            g.inflight_prefetch -= 1;
+        }
+        if g.slots[job.req.slot].pins == 0 && !job.req.demand {
+            g.drop_prefetch(job.req.slot);
+        } else {
+            // Somebody waits for it: back to the queue as a demand read.
+            g.slots[job.req.slot].state = State::Queued;
+            let mut r = job.req;
+            r.demand = true;
+            g.queue.push(r);
+        }
+        drop(g);
+        self.done_cv.notify_all();
+        self.io_cv.notify_all();
+    }
+
+    pub(crate) fn store(&self) -> &dyn ExpertStore {
+        &*self.store
+    }
+
+    /// The policy's lock (executors wait on [`Shared::io_cv`] / [`Shared::done_cv`] with it).
+    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap()
+    }
+
+    /// The executor shuts down (its owner is dropped).
+    pub(crate) fn shutting_down(g: &Inner) -> bool {
+        g.shutdown
+    }
+
+    /// Does the compute thread wait for (or use) `slot`?
+    pub(crate) fn pinned(g: &Inner, slot: usize) -> bool {
+        g.slots[slot].pins > 0
     }
 }
 
@@ -1070,8 +1165,9 @@ impl ExpertSource for StreamingExperts {
                 None => true,
             });
         }
-        sh.io_cv.notify_all();
+        self.kick();
         self.prefetch_after(Some(layer));
+        let exec = self.exec();
         let unpin = |slot: usize| {
             let mut g = sh.inner.lock().unwrap();
             g.touch(slot);
@@ -1140,25 +1236,16 @@ impl ExpertSource for StreamingExperts {
                             break Err(ExpertError::Invalid { layer, expert: keys[i].1, why: format!("load failed twice: {msg}") });
                         }
                     }
-                    if sh.inline() {
-                        // No I/O workers: read the next demanded expert on this thread.
-                        match pick_request(sh, &mut g) {
-                            Some(req) => {
-                                drop(g);
-                                run_request(sh, req, 0);
-                                g = sh.inner.lock().unwrap();
-                                continue;
+                    g = match exec.wait(sh, g) {
+                        Ok(g) => g,
+                        Err(mut g) => {
+                            for &(_, s2) in &waiting {
+                                g.slots[s2].pins -= 1;
                             }
-                            None => {
-                                for &(_, s2) in &waiting {
-                                    g.slots[s2].pins -= 1;
-                                }
-                                waiting.clear();
-                                break Err(ExpertError::Invalid { layer, expert: keys[unassigned.first().copied().unwrap_or(0)].1, why: "no slot free and nothing to load (cache too small for one layer's experts)".into() });
-                            }
+                            waiting.clear();
+                            break Err(ExpertError::Invalid { layer, expert: keys[unassigned.first().copied().unwrap_or(0)].1, why: "no slot free and nothing to load (cache too small for one layer's experts)".into() });
                         }
-                    }
-                    g = sh.done_cv.wait(g).unwrap();
+                    };
                 }
             };
             let (i, s) = match next {
@@ -1346,6 +1433,110 @@ mod tests {
         assert_eq!((s.refine_pred_tp, s.refine_pred_made, s.refine_pred_routed), (1, 1, 1));
         assert_eq!((s.layers[1].hits, s.layers[1].misses), (1, 0));
         assert_eq!(s.recall(1), 0.0, "the first stage's own recall stays separate");
+    }
+
+    /// A reader like the browser page's: a read submitted now finishes at the second poll after
+    /// it (or at `wait`, when it may block); every `refuse_every`-th submission is refused.
+    struct PageReader {
+        store: Arc<SlowStore>,
+        pending: Mutex<Vec<(u32, u64, usize, u32)>>,
+        done: Mutex<HashMap<u32, (u64, usize)>>,
+        submits: std::sync::atomic::AtomicUsize,
+        can_block: bool,
+        refuse_every: usize,
+    }
+
+    impl AsyncReader for Arc<PageReader> {
+        fn submit(&self, id: u32, offset: u64, len: usize) -> bool {
+            let n = self.submits.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+            if n % self.refuse_every == 0 {
+                return false;
+            }
+            self.pending.lock().unwrap().push((id, offset, len, 0));
+            true
+        }
+        fn poll(&self) -> Vec<u32> {
+            let mut p = self.pending.lock().unwrap();
+            let mut out = Vec::new();
+            p.retain_mut(|(id, off, len, age)| {
+                *age += 1;
+                if *age < 2 {
+                    return true;
+                }
+                self.done.lock().unwrap().insert(*id, (*off, *len));
+                out.push(*id);
+                false
+            });
+            out
+        }
+        fn take(&self, id: u32, dest: &mut [u8]) -> Result<(), String> {
+            let (off, len) = self.done.lock().unwrap().remove(&id).ok_or("not finished")?;
+            assert_eq!(len, dest.len());
+            self.store.read_range(0, 0, off, dest).map_err(|e| e.to_string())
+        }
+        fn wait(&self, id: u32) -> bool {
+            if !self.can_block {
+                return false;
+            }
+            let mut p = self.pending.lock().unwrap();
+            if let Some(i) = p.iter().position(|x| x.0 == id) {
+                let (id, off, len, _) = p.remove(i);
+                self.done.lock().unwrap().insert(id, (off, len));
+            }
+            true
+        }
+        fn cancel(&self, id: u32) {
+            self.pending.lock().unwrap().retain(|x| x.0 != id);
+            self.done.lock().unwrap().remove(&id);
+        }
+        fn max_piece(&self) -> usize {
+            3000
+        }
+        fn describe(&self) -> String {
+            "test page".into()
+        }
+    }
+
+    /// The browser's executor ([`AsyncIo`]) against a page-like reader: pieces shorter than the
+    /// policy's chunks, reads that land only at later layers, refused submissions (dropped
+    /// prefetches), pieces the router waits for (blocked on, or abandoned and read here). Every
+    /// expert handed to the model has exactly the store's bytes, and prefetches do load.
+    #[test]
+    fn asynchronous_reads_hand_over_the_stores_bytes() {
+        for can_block in [true, false] {
+            let bytes = 5000;
+            let (store, router, n_expert) = unit_router_store(bytes, 3, 0);
+            let cfg = StreamConfig { slots: 5, prefetch: true, depth: 2, temporal: true, io_threads: 0, prefetch_chunk: 2048, ..Default::default() };
+            let ex = StreamingExperts::new(store.clone(), vec![router.clone(); 3], n_expert, 1, cfg);
+            let reader = Arc::new(PageReader { store, pending: Mutex::new(Vec::new()), done: Mutex::new(HashMap::new()), submits: Default::default(), can_block, refuse_every: 7 });
+            ex.use_async_reader(reader.clone(), 2);
+            assert!(ex.executor().contains("test page"));
+            let mut handed = 0;
+            for t in 0..40usize {
+                for layer in 0..3usize {
+                    // Routed expert and a hidden state that predicts the next layer's pick
+                    // right two times in three.
+                    let e = (t * 5 + layer * 3) % n_expert;
+                    let next = (t * 5 + (layer + 1) * 3 + usize::from(t % 3 == 0)) % n_expert;
+                    let mut h = vec![0.0f32; 4];
+                    h[next] = 1.0;
+                    ex.on_hidden(layer, &h, 1);
+                    ex.with_experts(layer, &[e as u32], &mut |_, b| {
+                        assert_eq!(b.data.len(), 3 * bytes);
+                        for (i, &v) in b.data.iter().enumerate() {
+                            assert_eq!(v, SlowStore::byte(layer, e, i), "L{layer} E{e} byte {i} (can_block {can_block})");
+                        }
+                        handed += 1;
+                    })
+                    .unwrap();
+                }
+            }
+            assert_eq!(handed, 120);
+            let s = ex.stats();
+            assert!(s.prefetch_loads > 0 && s.prefetch_used > 0, "{s:?}");
+            assert!(s.prefetch_cancelled > 0, "refused submissions drop their prefetch: {s:?}");
+            assert_eq!(s.load_failures, 0);
+        }
     }
 
     #[test]

@@ -3,9 +3,12 @@
 //! `FileSystemSyncAccessHandle`, IndexedDB chunks, or a synchronous HTTP `Range` request for bytes
 //! not stored yet) and drives generation one token per promise, so the worker stays responsive to
 //! `abort` and `stats` between tokens. Expert streaming, lookahead prediction and the slot cache are
-//! the native ones (`expert::stream`), run without I/O threads (wasm32 has none): a missed expert is
-//! read on the calling thread, and predicted experts become `hint`s to the store, which fetches
-//! them by range in the background (lookahead range fetches).
+//! the native ones (`expert::stream`); only the execution of reads differs ([`io`]): a missed
+//! expert is read on the calling thread, predicted experts are read asynchronously by the page
+//! (`www/les/io.js`) while the engine computes. Without that reader (or for bytes not stored
+//! yet), predictions become `hint`s to the store, which fetches them by range in the background.
+
+pub mod io;
 
 use crate::engine::sampling::SamplerConfig;
 use crate::engine::stream::{open_streaming_sources, BudgetPlan, OpenError, StreamOptions};
@@ -114,6 +117,30 @@ struct Inner {
     backend: String,
     gen: Option<Generation>,
     model_bytes: u64,
+    /// FNV-1a over the bits of every logit row of the current generation (tests compare runs).
+    logits_fnv: u64,
+}
+
+/// Engine options (JSON from JS; every field optional).
+#[derive(serde::Deserialize)]
+#[serde(default)]
+struct EngineOptions {
+    /// Lookahead prefetching (on by default).
+    prefetch: bool,
+    /// Split the budget's expert slots into a small CPU staging cache and a GPU pool (the page
+    /// is about to call `useWebGpu`), as natively with `--backend wgpu`.
+    gpu_pool: bool,
+    /// Asynchronous prefetch reads in flight at once.
+    io_lanes: usize,
+    /// Expert cache slots, instead of what the budget allows (tests and benchmarks: a cache of a
+    /// given fraction of the experts).
+    expert_slots: Option<usize>,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        Self { prefetch: true, gpu_pool: false, io_lanes: 2, expert_slots: None }
+    }
 }
 
 /// Generation options (JSON from JS; every field optional).
@@ -147,9 +174,15 @@ pub struct Engine {
 impl Engine {
     /// Load a model (GGUF or `.les` bundle) of `len` bytes through `read(offset, length)` (and
     /// `hint(offset, length)` for lookahead range fetches, optional). `budget_bytes > 0` streams
-    /// experts under that memory budget; `0` keeps every expert resident.
+    /// experts under that memory budget; `0` keeps every expert resident. `options`: JSON
+    /// `{prefetch, gpu_pool, io_lanes}`; `reads`: the page's asynchronous reader (`AsyncReads`
+    /// of `io.js`) that loads predicted experts while the engine computes.
     #[wasm_bindgen(constructor)]
-    pub fn new(read: js_sys::Function, hint: Option<js_sys::Function>, len: f64, budget_bytes: f64, n_ctx: u32, name: String) -> Result<Engine, JsError> {
+    pub fn new(read: js_sys::Function, hint: Option<js_sys::Function>, len: f64, budget_bytes: f64, n_ctx: u32, name: String, options: Option<String>, reads: Option<io::AsyncReads>) -> Result<Engine, JsError> {
+        let eo: EngineOptions = match options.as_deref() {
+            None | Some("") => EngineOptions::default(),
+            Some(j) => serde_json::from_str(j).map_err(err)?,
+        };
         let src: Arc<dyn ByteSource> = Arc::new(JsSource { read, hint, len: len as u64 });
         let n_ctx = if n_ctx == 0 { 2048 } else { n_ctx as usize };
         // A bundle is always read through the expert cache (its experts are not GGUF tensors);
@@ -159,9 +192,9 @@ impl Engine {
                 budget: budget_bytes as u64,
                 n_ctx,
                 direct: false,
-                cache: StreamConfig { io_threads: 0, ..Default::default() },
-                slots: if budget_bytes > 0.0 { None } else { Some(usize::MAX) },
-                gpu_pool: false,
+                cache: StreamConfig { io_threads: 0, prefetch: eo.prefetch, ..Default::default() },
+                slots: if budget_bytes > 0.0 { eo.expert_slots } else { Some(usize::MAX) },
+                gpu_pool: eo.gpu_pool && budget_bytes > 0.0,
             };
             match open_streaming_sources(src.clone(), src.clone(), src.clone(), &name, &opts) {
                 Ok(s) => Some((s.session, Some(s.experts), Some(s.plan))),
@@ -172,13 +205,19 @@ impl Engine {
             None
         };
         let (session, experts, plan) = match streamed {
+            Some((s, Some(ex), plan)) => {
+                if let (Some(r), true) = (reads, eo.prefetch) {
+                    ex.use_async_reader(io::JsReads(r), eo.io_lanes);
+                }
+                (s, Some(ex), plan)
+            }
             Some(x) => x,
             None => (Session::load_with_batch(&*src, ExpertMode::Resident, n_ctx, 32).map_err(err)?, None, None),
         };
         let mut session = session;
         // A chat re-sends the conversation: its common prefix with the cache is not run again.
         session.reuse_prefix = true;
-        let inner = Inner { session, experts, plan, backend: "cpu (wasm)".into(), gen: None, model_bytes: len as u64 };
+        let inner = Inner { session, experts, plan, backend: "cpu (wasm)".into(), gen: None, model_bytes: len as u64, logits_fnv: FNV_OFFSET };
         Ok(Engine { inner: Rc::new(RefCell::new(inner)), last_stats: Rc::new(RefCell::new("{}".into())) })
     }
 
@@ -193,7 +232,8 @@ impl Engine {
             let what = [i.name.as_str(), i.driver.as_str(), i.driver_info.as_str()].into_iter().filter(|s| !s.is_empty()).collect::<Vec<_>>().join(", ");
             let line = if what.is_empty() { "webgpu".to_string() } else { format!("webgpu ({what})") };
             let mut g = inner.try_borrow_mut().map_err(|_| JsValue::from(err("engine busy")))?;
-            let slots = expert_slots.map(|n| n as usize).or(g.plan.as_ref().map(|p| p.slots));
+            // The budget's GPU pool when the plan was split for one (`gpu_pool`), else its slots.
+            let slots = expert_slots.map(|n| n as usize).or(g.plan.as_ref().map(|p| if p.gpu_slots > 0 { p.gpu_slots } else { p.slots }));
             let opts = crate::backend::wgpu::exec::GpuOptions { expert_slots: slots, ..Default::default() };
             g.session.use_gpu(ctx, &opts).map_err(|e| JsValue::from(err(e)))?;
             g.backend = line.clone();
@@ -258,6 +298,7 @@ impl Engine {
         };
         let gen = Generation::with_options(&mut inner.session, &toks, &go).map_err(err)?;
         inner.gen = Some(gen);
+        inner.logits_fnv = FNV_OFFSET;
         Ok(toks.len() as u32)
     }
 
@@ -317,6 +358,8 @@ fn stats_json(g: &Inner) -> String {
         "hit_rate": s.as_ref().map(|s| s.hit_rate()), "recall_d1": s.as_ref().map(|s| s.recall(1)),
         "bytes_per_token": s.as_ref().map(|s| s.bytes_per_token()),
         "stream": s, "gpu": gpu, "backend": g.backend,
+        "reads": g.experts.as_ref().map(|e| e.executor()),
+        "logits_fnv": format!("{:016x}", g.logits_fnv),
         // The wasm linear memory (grows, never shrinks): the model never passes through it whole.
         "wasm_heap_bytes": core::arch::wasm32::memory_size::<0>() as u64 * 65536,
     })
@@ -324,7 +367,7 @@ fn stats_json(g: &Inner) -> String {
 }
 
 async fn step(g: &mut Inner) -> Result<JsValue, crate::engine::EngineError> {
-    let Inner { session, gen, .. } = g;
+    let Inner { session, gen, logits_fnv, .. } = g;
     let Some(gen) = gen.as_mut() else { return Ok(step_result(-1, "", true)) };
     let Some(input) = gen.next_input() else {
         let rest = gen.finish();
@@ -338,6 +381,11 @@ async fn step(g: &mut Inner) -> Result<JsValue, crate::engine::EngineError> {
     } else {
         session.forward(&input, Logits::Last)?
     };
+    for v in logits.iter() {
+        for b in v.to_bits().to_le_bytes() {
+            *logits_fnv = (*logits_fnv ^ b as u64).wrapping_mul(0x100000001b3);
+        }
+    }
     Ok(match gen.feed(session, &logits) {
         Some((tok, text)) => {
             let done = gen.is_done();
@@ -350,6 +398,8 @@ async fn step(g: &mut Inner) -> Result<JsValue, crate::engine::EngineError> {
         }
     })
 }
+
+const FNV_OFFSET: u64 = 0xcbf29ce484222325;
 
 fn step_result(token: i64, text: &str, done: bool) -> JsValue {
     let o = js_sys::Object::new();

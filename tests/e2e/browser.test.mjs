@@ -255,3 +255,78 @@ test('chat keeps its state: the second turn reuses the first turn, New chat star
     await ctx.close();
   }
 });
+
+// Lookahead Expert Scheduling in the browser (www/les/io.js, src/wasm/io.rs): on a cross-origin
+// isolated page an I/O worker reads predicted experts into shared memory while the engine
+// computes. The policy is the native one, so only timing changes: at caches of 10%, 30% and 60% of
+// the expert bytes the logits of every step are bit-identical with prefetch on and off, and the
+// tokens equal the native engine's (portable kernels).
+test('lookahead in the browser: experts prefetched by an I/O worker, logits equal with prefetch on and off at 10/30/60% of expert bytes', async () => {
+  const n = 12;
+  const want = nativeTokens(SMALL, SMALL_PROMPT, n, ['--memory-budget', '1GiB'], { LES_NO_SIMD: '1' });
+  const ctx = await launch();
+  try {
+    const page = await ctx.newPage();
+    const q = { model: '/models/rand-llama-moe.les', budget: '64', backend: 'cpu', prompt: SMALL_PROMPT, n: String(n) };
+    // Store the model (asynchronous reads serve stored bytes only).
+    let r = await runDemo(page, base, { ...q, n: '1' });
+    assert.equal(r.error, null, JSON.stringify(r.error));
+    await page.evaluate(() => window.les.engine.waitForDownload());
+    const info = await page.evaluate(() => window.les.engine.info);
+    const all = info.n_layer * info.n_expert;
+    let prefetched = 0;
+    for (const f of [0.1, 0.3, 0.6]) {
+      const slots = String(Math.max(info.n_expert_used + 1, Math.round(f * all)));
+      const on = await runDemo(page, base, { ...q, slots, prefetch: '1' });
+      const off = await runDemo(page, base, { ...q, slots, prefetch: '0' });
+      for (const x of [on, off]) assert.equal(x.error, null, JSON.stringify(x.error));
+      assert.equal((await page.evaluate(() => window.les.engine.info)).plan.slots, Number(slots));
+      assert.deepEqual(on.last.tokens, want, `${f}: prefetch on vs native`);
+      assert.deepEqual(off.last.tokens, want, `${f}: prefetch off vs native`);
+      assert.equal(on.last.stats.logits_fnv, off.last.stats.logits_fnv, `${f}: logits differ with prefetch on and off`);
+      assert.match(on.last.stats.reads, /asynchronous reads \(shared/);
+      assert.equal(on.last.reads.mode, 'shared');
+      assert.equal(on.last.reads.failed, 0);
+      assert.equal(off.last.stats.stream.prefetch_loads, 0);
+      assert.equal(off.last.reads, null);
+      prefetched += on.last.stats.stream.prefetch_loads;
+      assert.ok(on.last.reads.completed > 0 && on.last.reads.bytes > 0, JSON.stringify(on.last.reads));
+    }
+    assert.ok(prefetched > 0, 'no prefetch completed');
+  } finally {
+    await ctx.close();
+  }
+});
+
+// Without cross-origin isolation there is no shared memory: on WebGPU the engine's worker starts
+// the reads itself and takes them in at its awaits (every layer's readback); the GPU pool holds the
+// budget's experts behind a small CPU staging cache. Logits equal with prefetch on and off.
+test('lookahead without cross-origin isolation: reads land at the WebGPU awaits, logits unchanged', async () => {
+  const plain = await startServer(0, { isolated: false });
+  const url = `http://127.0.0.1:${plain.port}`;
+  const n = 8;
+  const want = nativeTokens(SMALL, SMALL_PROMPT, n, ['--memory-budget', '1GiB', '--backend', 'wgpu']);
+  const ctx = await launch();
+  try {
+    const page = await ctx.newPage();
+    const q = { model: '/models/rand-llama-moe.les', budget: '64', backend: 'webgpu', prompt: SMALL_PROMPT, n: String(n), slots: '10' };
+    let r = await runDemo(page, url, { ...q, n: '1', backend: 'cpu' });
+    assert.equal(r.error, null, JSON.stringify(r.error));
+    assert.equal(await page.evaluate(() => self.crossOriginIsolated), false);
+    await page.evaluate(() => window.les.engine.waitForDownload());
+    const on = await runDemo(page, url, { ...q, prefetch: '1' }, 600_000);
+    const off = await runDemo(page, url, { ...q, prefetch: '0' }, 600_000);
+    for (const x of [on, off]) assert.equal(x.error, null, JSON.stringify(x.error));
+    assert.match(on.backend, /^webgpu/);
+    const plan = (await page.evaluate(() => window.les.engine.info)).plan;
+    assert.ok(plan.gpu_slots > 0 && plan.gpu_slots < plan.slots, `budget split into staging + GPU pool: ${JSON.stringify(plan)}`);
+    assert.deepEqual(on.last.tokens, want);
+    assert.deepEqual(off.last.tokens, want);
+    assert.equal(on.last.stats.logits_fnv, off.last.stats.logits_fnv);
+    assert.equal(on.last.reads?.mode, 'local');
+    assert.equal(on.last.reads.failed, 0);
+  } finally {
+    await ctx.close();
+    plain.server.close();
+  }
+});

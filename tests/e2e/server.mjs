@@ -14,7 +14,10 @@ const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..')
 const TYPES = { '.html': 'text/html', '.js': 'text/javascript', '.mjs': 'text/javascript', '.css': 'text/css', '.wasm': 'application/wasm', '.json': 'application/json', '.png': 'image/png', '.svg': 'image/svg+xml' };
 
 // `opts.root`: serve this folder at `/` instead of www/ (the npm package test's scratch app).
+// `opts.isolated` (default true): send COOP/COEP, so pages are cross-origin isolated (shared
+// memory for the engine's I/O worker, as a host following www/les/README.md does).
 export function startServer(port = 0, opts = {}) {
+  const isolation = opts.isolated === false ? {} : { 'Cross-Origin-Opener-Policy': 'same-origin', 'Cross-Origin-Embedder-Policy': 'require-corp' };
   const web = path.resolve(opts.root ?? path.join(ROOT, 'www'));
   const models = path.join(ROOT, 'models');
   const st = { requests: 0, bytes: 0, ranges: [], cut: null, corrupt: null };
@@ -37,7 +40,7 @@ export function startServer(port = 0, opts = {}) {
       return;
     }
     const size = fs.statSync(file).size;
-    const headers = { 'Content-Type': TYPES[path.extname(file)] ?? 'application/octet-stream', 'Accept-Ranges': 'bytes', 'Cache-Control': 'no-store' };
+    const headers = { 'Content-Type': TYPES[path.extname(file)] ?? 'application/octet-stream', 'Accept-Ranges': 'bytes', 'Cache-Control': 'no-store', ...isolation };
     let start = 0, end = size; // [start, end)
     let status = 200;
     const m = /^bytes=(\d+)-(\d*)$/.exec(req.headers.range ?? '');

@@ -24,8 +24,19 @@ export interface CreateEngineOptions {
   nCtx?: number;
   /** Browser storage for URL models: 'auto' (OPFS, else IndexedDB), 'opfs' or 'indexeddb'. */
   backing?: 'auto' | 'opfs' | 'indexeddb';
-  /** Expert slots on the GPU (default: the budget's expert slots). */
+  /** Expert slots on the GPU (default: the budget's GPU pool; see README "Memory"). */
   gpuExpertSlots?: number;
+  /**
+   * Lookahead prefetching (default true): experts predicted for the coming layers are read
+   * asynchronously while the engine computes. With a cross-origin-isolated page (COOP/COEP) an I/O
+   * worker reads them into shared memory; without it they land whenever the engine awaits (every
+   * layer on WebGPU, between tokens on the CPU).
+   */
+  prefetch?: boolean;
+  /** Asynchronous prefetch reads in flight at once (default 2). */
+  ioLanes?: number;
+  /** Expert cache slots instead of what the budget allows (benchmarks, tests). */
+  expertSlots?: number;
   onProgress?: (p: Progress) => void;
   /** URL of worker.js when a bundler moves it. */
   workerUrl?: string | URL;
@@ -74,14 +85,33 @@ export interface EngineStats {
   bytes_per_token: number | null;
   stream: { tokens: number; bytes_read: number; stall_ms: number; layers: LayerStats[]; [k: string]: unknown } | null;
   backend: string;
+  /** What executes expert reads: 'asynchronous reads (shared|local, N lanes)' or 'on the compute thread'; null when resident. */
+  reads: string | null;
+  /** FNV-1a (hex) over the bits of every logit row of this generation: equal runs, equal hashes. */
+  logits_fnv: string;
   /** Size of the wasm linear memory in bytes. */
   wasm_heap_bytes: number;
+}
+
+/** Counters of the page's asynchronous expert reads (null: none, e.g. prefetch off or all resident). */
+export interface ReadStats {
+  /** 'shared': an I/O worker and shared memory (cross-origin isolated page); 'local': promises in the engine's worker. */
+  mode: 'shared' | 'local';
+  submitted: number;
+  /** Reads refused (bytes not stored yet: the store's range fetch serves them). */
+  refused: number;
+  completed: number;
+  failed: number;
+  bytes: number;
+  /** Times the engine blocked on a read it needed (shared mode). */
+  blocked: number;
 }
 
 export interface Stats {
   engine: EngineStats | null;
   storage: { verified: number; checksumFailures: number; fetchedOnDemand: number; fetchedBackground: number } | null;
   http: { requests: number; bytes: number } | null;
+  reads: ReadStats | null;
   complete: boolean | null;
 }
 
@@ -94,6 +124,7 @@ export interface GenerateResult {
   finishReason: 'stop' | 'length' | 'abort';
   aborted: boolean;
   stats: EngineStats;
+  reads: ReadStats | null;
 }
 
 export interface ModelInfo {
@@ -106,7 +137,8 @@ export interface ModelInfo {
   n_vocab: number;
   n_ctx: number;
   model_bytes: number;
-  plan: { budget: number; dense: number; kv: number; scratch: number; expert_bytes_max: number; slots: number; minimum: number; total_expert_bytes: number } | null;
+  /** `slots` expert slots in all; of them `gpu_slots` on the GPU (WebGPU: the rest is a CPU staging cache). */
+  plan: { budget: number; dense: number; kv: number; scratch: number; expert_bytes_max: number; slots: number; gpu_slots: number; minimum: number; total_expert_bytes: number } | null;
   backend: string;
   has_chat_template: boolean;
 }

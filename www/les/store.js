@@ -474,6 +474,18 @@ export class CachedModel {
     }
   }
 
+  // Where io.js may read asynchronously (the OPFS file; IndexedDB units are read synchronously
+  // only), and whether [offset, offset + length) is stored there already.
+  asyncSource() {
+    return this.backing?.kind === 'opfs' ? { kind: 'opfs', dir: this.dir } : null;
+  }
+  canReadAsync(offset, length) {
+    if (!this.backing || this.fatal) return false;
+    const end = offset + length;
+    for (let i = this.findUnit(offset); i < this.units.length && this.units[i].start < end; i++) if (!this.bits[i]) return false;
+    return true;
+  }
+
   // Download every missing unit (resumable: units already present are skipped).
   async download(signal) {
     for (let i = 0; i < this.units.length; i++) {
@@ -515,6 +527,12 @@ export class FileModel {
     return new Uint8Array(new FileReaderSync().readAsArrayBuffer(this.file.slice(offset, offset + length)));
   }
   complete() {
+    return true;
+  }
+  asyncSource() {
+    return { kind: 'file', file: this.file };
+  }
+  canReadAsync() {
     return true;
   }
   hint() {}

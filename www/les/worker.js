@@ -2,10 +2,12 @@
 // events {event: 'progress' | 'token', ...}. One model per worker.
 import init, { Engine, crc32 } from './pkg/les.js';
 import { CachedModel, FileModel, listModels, deleteModel, storageUsage } from './store.js';
+import { AsyncReads } from './io.js';
 
 let ready = null;
 let engine = null;
 let model = null;
+let reads = null;
 let download = null;
 let aborted = false;
 let generating = false;
@@ -35,7 +37,7 @@ function yieldToEvents() {
   });
 }
 
-async function load({ model: src, memoryBudgetMB = 0, backend = 'auto', nCtx = 2048, backing = 'auto', gpuExpertSlots = null }) {
+async function load({ model: src, memoryBudgetMB = 0, backend = 'auto', nCtx = 2048, backing = 'auto', gpuExpertSlots = null, prefetch = true, ioLanes = 2, expertSlots = null }) {
   await (ready ??= init({ module_or_path: new URL('./pkg/les_bg.wasm', import.meta.url) }));
   const onProgress = (p) => post({ event: 'progress', ...p });
   if (typeof src === 'string') {
@@ -49,20 +51,39 @@ async function load({ model: src, memoryBudgetMB = 0, backend = 'auto', nCtx = 2
   }
   onProgress({ phase: 'load', loaded: 0, total: model.size });
   const t0 = performance.now();
+  const wantGpu = backend === 'webgpu' || (backend === 'auto' && !!navigator.gpu);
+  const open = async (gpuPool) => {
+    // Predicted experts are read asynchronously while the engine computes (io.js). Without
+    // shared memory, reads land only when the worker awaits: every layer on WebGPU, but only
+    // between tokens on the CPU, too late to pay for the slots they take there.
+    reads?.close();
+    reads = prefetch && memoryBudgetMB > 0 ? await AsyncReads.create(model, { lanes: ioLanes }) : null;
+    if (reads?.mode === 'local' && !gpuPool) {
+      reads.close();
+      reads = null;
+    }
+    // The GPU run keeps its experts in GPU slots: the budget is split into a small CPU staging
+    // cache and the GPU pool, as natively.
+    const opts = JSON.stringify({ prefetch, gpu_pool: gpuPool, io_lanes: ioLanes, expert_slots: expertSlots ?? undefined });
+    return new Engine((off, len) => model.readSync(off, len), (off, len) => model.hint(off, len), model.size, memoryBudgetMB * 1048576, nCtx, String(src.name ?? src), opts, reads ?? undefined);
+  };
   try {
-    engine = new Engine((off, len) => model.readSync(off, len), (off, len) => model.hint(off, len), model.size, memoryBudgetMB * 1048576, nCtx, String(src.name ?? src));
+    engine = await open(wantGpu);
   } catch (e) {
     throw await storageFailure(e);
   }
   const loadMs = performance.now() - t0;
   let backendLine = 'cpu (wasm)';
   let gpuError = null;
-  if (backend === 'webgpu' || (backend === 'auto' && navigator.gpu)) {
+  if (wantGpu) {
     try {
       backendLine = await engine.useWebGpu(gpuExpertSlots ?? undefined);
     } catch (e) {
       gpuError = errorOf(e).message;
       if (backend === 'webgpu') throw e;
+      // No GPU after all: the CPU cache gets the whole budget again.
+      engine.free();
+      engine = await open(false);
     }
   }
   // Keep downloading the rest in the background; generation reads missing blocks on demand.
@@ -100,7 +121,7 @@ async function generate({ id, prompt, options }) {
       await yieldToEvents();
     }
     const stats = JSON.parse(engine.stats());
-    return { text, tokens, promptTokens: nPrompt, promptReused: stats.prompt_reused ?? 0, finishReason: aborted ? 'abort' : stats.finish_reason ?? 'stop', aborted, stats };
+    return { text, tokens, promptTokens: nPrompt, promptReused: stats.prompt_reused ?? 0, finishReason: aborted ? 'abort' : stats.finish_reason ?? 'stop', aborted, stats, reads: reads ? { mode: reads.mode, ...reads.stats } : null };
   } finally {
     generating = false;
   }
@@ -113,7 +134,7 @@ const ops = {
     aborted = true;
     return true;
   },
-  stats: async () => ({ engine: engine ? JSON.parse(engine.stats()) : null, storage: model?.stats ?? null, http: model?.http ? { requests: model.http.requests, bytes: model.http.bytes } : null, complete: model?.complete() ?? null }),
+  stats: async () => ({ engine: engine ? JSON.parse(engine.stats()) : null, storage: model?.stats ?? null, reads: reads ? { mode: reads.mode, ...reads.stats } : null, http: model?.http ? { requests: model.http.requests, bytes: model.http.bytes } : null, complete: model?.complete() ?? null }),
   waitDownload: async () => {
     if (download) await download.promise;
     return { complete: model?.complete() ?? false, storage: model?.stats, http: model?.http ? { requests: model.http.requests, bytes: model.http.bytes } : null };
@@ -129,6 +150,8 @@ const ops = {
     download?.ctl.abort();
     engine?.free();
     engine = null;
+    reads?.close();
+    reads = null;
     model?.close();
     model = null;
     return true;

@@ -1,0 +1,50 @@
+// The I/O worker of io.js's 'shared' mode: reads pieces of the model file into lanes of a
+// SharedArrayBuffer and flags each lane DONE (2) or FAILED (3) with Atomics, waking the engine's
+// worker if it blocks on it. Messages: {init: source, sab, ctrl, maxPiece}, then {lane, id,
+// offset, length}. An OPFS model is read through this worker's own sync access handle straight
+// into the shared lane (Chromium: `readwrite-unsafe` handles coexist with the engine's); where
+// that is refused, through a `File` snapshot.
+import { openReader } from './io.js';
+
+const DONE = 2, FAILED = 3;
+let read = null, handle = null, sab = null, ctrl = null, maxPiece = 0;
+let ready = null;
+
+async function init(m) {
+  read = openReader(m.init);
+  ({ sab, ctrl, maxPiece } = m);
+  if (m.init.kind === 'opfs') {
+    try {
+      handle = await (await m.init.dir.getFileHandle('data')).createSyncAccessHandle({ mode: 'readwrite-unsafe' });
+    } catch (_) {
+      handle = null;
+    }
+  }
+}
+
+onmessage = async (ev) => {
+  const m = ev.data;
+  if (m.init) {
+    ready = init(m);
+    await ready;
+    postMessage({ ready: true });
+    return;
+  }
+  await ready;
+  const { lane, offset, length } = m;
+  let st = FAILED;
+  try {
+    const dest = new Uint8Array(sab, lane * maxPiece, length);
+    if (handle) {
+      const n = handle.read(dest, { at: offset });
+      if (n !== length) throw new Error(`short read (${n} of ${length} bytes at ${offset})`);
+    } else {
+      dest.set(await read(offset, length));
+    }
+    st = DONE;
+  } catch (e) {
+    console.warn(`LES I/O worker: ${e?.message ?? e}`);
+  }
+  Atomics.store(ctrl, 4 * lane, st);
+  Atomics.notify(ctrl, 4 * lane);
+};

@@ -1,0 +1,189 @@
+// Asynchronous expert reads for the engine (the browser's read executor, src/wasm/io.rs). The
+// engine decides what to read and when (the native scheduling policy); this file only executes
+// reads of prefetch pieces while the engine computes. Interface (synchronous calls from wasm):
+//   submit(id, offset, length) -> bool   start a read (false: these bytes cannot be read
+//                                         asynchronously here, e.g. not stored yet)
+//   poll() -> number[]                    ids finished (or failed) since the last poll
+//   take(id, dest: Uint8Array)            copy the bytes into dest (throws the read's error)
+//   wait(id) -> bool                      block until finished (false: cannot block here)
+//   cancel(id)                            forget a read
+//
+// Modes:
+//   'shared' (self.crossOriginIsolated): an I/O worker (io-worker.js) reads each piece from the
+//            model's File into its lane of a SharedArrayBuffer and flags it with Atomics, so
+//            pieces arrive while the engine computes without it yielding, and `wait` can block.
+//   'local'  (no isolation): `File.slice().arrayBuffer()` promises in this worker; they land
+//            whenever the worker awaits (WebGPU readbacks, between tokens). `wait` cannot block.
+
+const FREE = 0, BUSY = 1, DONE = 2, FAILED = 3;
+
+// A reader over a postable source description: {kind: 'opfs', dir} (the model's OPFS folder; its
+// `data` file) or {kind: 'file', file}. Returns async (offset, length) => Uint8Array.
+export function openReader(src) {
+  let file = src.kind === 'file' ? src.file : null;
+  const snapshot = async () => (file = await (await src.dir.getFileHandle('data')).getFile());
+  return async (offset, length) => {
+    for (let attempt = 0; ; attempt++) {
+      try {
+        if (!file) await snapshot();
+        const b = new Uint8Array(await file.slice(offset, offset + length).arrayBuffer());
+        if (b.byteLength !== length) throw new Error(`short read (${b.byteLength} of ${length} bytes at ${offset})`);
+        return b;
+      } catch (e) {
+        // An OPFS snapshot goes stale when the file is written (the background download): take
+        // a new one once.
+        if (src.kind !== 'opfs' || attempt > 0) throw e;
+        file = null;
+      }
+    }
+  };
+}
+
+export class AsyncReads {
+  // model: {asyncSource() -> source description | null, canReadAsync(offset, length) -> bool}.
+  // Resolves to null when the model has no source for asynchronous reads. In 'shared' mode it
+  // resolves once the I/O worker runs: a worker started by this one is only set up while this
+  // one yields, and the engine does not yield while it computes.
+  static async create(model, { lanes = 2, maxPiece = 1 << 20, shared = !!globalThis.crossOriginIsolated } = {}) {
+    const src = model.asyncSource?.();
+    if (!src) return null;
+    const r = new AsyncReads();
+    r.model = model;
+    r.reported = new Set();
+    r.lanes = lanes;
+    r.maxPiece = maxPiece;
+    r.stats = { submitted: 0, refused: 0, completed: 0, failed: 0, bytes: 0, blocked: 0 };
+    if (shared && typeof SharedArrayBuffer === 'function' && typeof Atomics?.wait === 'function') {
+      r.mode = 'shared';
+      r.sab = new SharedArrayBuffer(lanes * maxPiece);
+      r.ctrl = new Int32Array(new SharedArrayBuffer(lanes * 4 * 4)); // per lane: state, id, length, -
+      r.laneOf = new Map();
+      r.cancelled = new Set();
+      r.worker = new Worker(new URL('./io-worker.js', import.meta.url), { type: 'module' });
+      const started = new Promise((res) => {
+        r.worker.onmessage = (e) => res(e.data?.ready === true);
+        r.worker.onerror = () => res(false);
+        setTimeout(() => res(false), 10000);
+      });
+      r.worker.postMessage({ init: src, sab: r.sab, ctrl: r.ctrl, maxPiece });
+      if (!(await started)) {
+        r.worker.terminate();
+        return AsyncReads.create(model, { lanes, maxPiece, shared: false });
+      }
+    } else {
+      r.mode = 'local';
+      r.read = openReader(src);
+      r.flights = new Map(); // id -> {bytes | error | null}
+      r.finished = [];
+    }
+    return r;
+  }
+
+  submit(id, offset, length) {
+    if (length > this.maxPiece || !this.model.canReadAsync(offset, length)) {
+      this.stats.refused++;
+      return false;
+    }
+    if (this.mode === 'shared') {
+      let lane = -1;
+      for (let l = 0; l < this.lanes; l++) if (Atomics.load(this.ctrl, 4 * l) === FREE) { lane = l; break; }
+      if (lane < 0) return false;
+      this.ctrl[4 * lane + 1] = id;
+      this.ctrl[4 * lane + 2] = length;
+      Atomics.store(this.ctrl, 4 * lane, BUSY);
+      this.laneOf.set(id, lane);
+      this.worker.postMessage({ lane, id, offset, length });
+    } else {
+      if (this.flights.size >= this.lanes) return false;
+      const f = { bytes: null, error: null };
+      this.flights.set(id, f);
+      this.read(offset, length).then((b) => { f.bytes = b; }, (e) => { f.error = e; }).finally(() => {
+        if (this.flights.get(id) === f) this.finished.push(id);
+      });
+    }
+    this.stats.submitted++;
+    return true;
+  }
+
+  poll() {
+    if (this.mode === 'local') return this.finished.splice(0);
+    const out = [];
+    for (let l = 0; l < this.lanes; l++) {
+      const st = Atomics.load(this.ctrl, 4 * l);
+      if (st !== DONE && st !== FAILED) continue;
+      const id = this.ctrl[4 * l + 1];
+      if (this.cancelled.delete(id)) {
+        this.laneOf.delete(id);
+        Atomics.store(this.ctrl, 4 * l, FREE);
+      } else if (!this.reported.has(id)) {
+        this.reported.add(id);
+        out.push(id);
+      }
+    }
+    return out;
+  }
+
+  take(id, dest) {
+    if (this.mode === 'local') {
+      const f = this.flights.get(id);
+      this.flights.delete(id);
+      if (!f || f.error || !f.bytes) {
+        this.stats.failed++;
+        throw f?.error ?? new Error(`read ${id} is not finished`);
+      }
+      dest.set(f.bytes);
+    } else {
+      const lane = this.laneOf.get(id);
+      if (lane === undefined) throw new Error(`no read ${id}`);
+      this.laneOf.delete(id);
+      this.reported.delete(id);
+      const st = Atomics.load(this.ctrl, 4 * lane);
+      try {
+        if (st !== DONE) {
+          this.stats.failed++;
+          throw new Error(st === FAILED ? 'the I/O worker could not read the model file' : `read ${id} is not finished`);
+        }
+        dest.set(new Uint8Array(this.sab, lane * this.maxPiece, this.ctrl[4 * lane + 2]));
+      } finally {
+        if (st === DONE || st === FAILED) Atomics.store(this.ctrl, 4 * lane, FREE);
+      }
+    }
+    this.stats.completed++;
+    this.stats.bytes += dest.byteLength;
+  }
+
+  wait(id) {
+    if (this.mode !== 'shared') return false;
+    const lane = this.laneOf.get(id);
+    if (lane === undefined) return true;
+    this.stats.blocked++;
+    // A read that has not finished within a minute is given up on (the engine reads it itself).
+    const t0 = performance.now();
+    while (Atomics.load(this.ctrl, 4 * lane) === BUSY) {
+      if (performance.now() - t0 > 60000) return false;
+      Atomics.wait(this.ctrl, 4 * lane, BUSY, 1000);
+    }
+    return true;
+  }
+
+  cancel(id) {
+    if (this.mode === 'local') {
+      this.flights.delete(id);
+      return;
+    }
+    const lane = this.laneOf.get(id);
+    if (lane === undefined) return;
+    this.reported.delete(id);
+    const st = Atomics.load(this.ctrl, 4 * lane);
+    if (st === BUSY) {
+      this.cancelled.add(id); // the lane is freed once the worker has finished with it
+    } else {
+      this.laneOf.delete(id);
+      Atomics.store(this.ctrl, 4 * lane, FREE);
+    }
+  }
+
+  close() {
+    this.worker?.terminate();
+  }
+}
