@@ -81,6 +81,9 @@ export class AsyncReads {
 
   submit(id, offset, length) {
     if (length > this.maxPiece || !this.model.canReadAsync(offset, length)) {
+      // Not stored yet: the store fetches it by range in the background (lookahead range fetch),
+      // and a read that comes first fetches it itself.
+      this.model.hint?.(offset, length);
       this.stats.refused++;
       return false;
     }
