@@ -47,12 +47,16 @@ function config() {
     // `?prefetch=0`: on-demand reads only; `?slots=N`: an expert cache of N slots.
     prefetch: new URLSearchParams(location.search).get('prefetch') !== '0',
     expertSlots: Number(new URLSearchParams(location.search).get('slots')) || null,
+    // Benchmarks (tests/e2e/ladder.mjs): `?policy=lru`, `?store=phone-4GBps`, `?lanes=N`.
+    policy: new URLSearchParams(location.search).get('policy'),
+    store: new URLSearchParams(location.search).get('store'),
+    ioLanes: Number(new URLSearchParams(location.search).get('lanes')) || 1,
   };
 }
 
 async function load() {
   const c = config();
-  const key = JSON.stringify([typeof c.model === 'string' ? c.model : c.model.name, c.memoryBudgetMB, c.backend, c.prefetch, c.expertSlots]);
+  const key = JSON.stringify([typeof c.model === 'string' ? c.model : c.model.name, c.memoryBudgetMB, c.backend, c.prefetch, c.expertSlots, c.policy, c.store, c.ioLanes]);
   if (state.engine && state.key === key) return state.engine;
   if (state.engine) await state.engine.unload();
   state.engine = null;

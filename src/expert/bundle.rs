@@ -897,7 +897,8 @@ impl Bundle {
     }
 }
 
-/// Experts read from a bundle: one range read per expert, its crc32 checked on every read.
+/// Experts read from a bundle: one range read per expert, its crc32 checked on every read
+/// (unless the source verified it when storing it, [`ByteSource::verified_at_rest`]).
 #[derive(Clone)]
 pub struct BundleExpertStore {
     src: Arc<dyn ByteSource>,
@@ -936,6 +937,9 @@ impl ExpertStore for BundleExpertStore {
         self.src.read_at(off, buf).map_err(|source| ExpertError::Store { layer, expert, source })
     }
     fn verify(&self, layer: usize, expert: usize, buf: &[u8]) -> Result<(), ExpertError> {
+        if self.src.verified_at_rest() {
+            return Ok(());
+        }
         let Some(b) = self.manifest.block(layer, expert) else {
             return Err(ExpertError::Invalid { layer, expert, why: "no such expert".into() });
         };

@@ -7,7 +7,6 @@ use std::sync::Arc;
 
 #[cfg(not(target_arch = "wasm32"))]
 mod file;
-#[cfg(not(target_arch = "wasm32"))]
 pub mod throttle;
 #[cfg(not(target_arch = "wasm32"))]
 pub use file::FileSource;
@@ -41,6 +40,12 @@ pub trait ByteSource: Send + Sync {
     /// Lookahead: `[offset, offset + len)` will probably be read soon. Sources that can fetch
     /// in the background (the browser's range store) start now; others ignore it.
     fn hint(&self, _offset: u64, _len: usize) {}
+    /// Every block this source returns had its bundle checksum verified when it was stored (the
+    /// browser's OPFS / IndexedDB store checks each block's CRC-32 before marking it present):
+    /// the bundle's expert store need not check it again on every read.
+    fn verified_at_rest(&self) -> bool {
+        false
+    }
     /// Read a range into a new vector. The length is checked against the source size before
     /// allocating, so a hostile length cannot cause an allocation larger than the source.
     fn read_vec(&self, offset: u64, len: usize) -> Result<Vec<u8>, StoreError> {
@@ -66,6 +71,9 @@ impl<T: ByteSource + ?Sized> ByteSource for Arc<T> {
     fn hint(&self, offset: u64, len: usize) {
         (**self).hint(offset, len)
     }
+    fn verified_at_rest(&self) -> bool {
+        (**self).verified_at_rest()
+    }
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
         (**self).read_at(offset, buf)
     }
@@ -77,6 +85,9 @@ impl<T: ByteSource + ?Sized> ByteSource for Box<T> {
     }
     fn hint(&self, offset: u64, len: usize) {
         (**self).hint(offset, len)
+    }
+    fn verified_at_rest(&self) -> bool {
+        (**self).verified_at_rest()
     }
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
         (**self).read_at(offset, buf)

@@ -11,9 +11,8 @@
 //! Figures: `phone-1.5GBps` ≈ iPhone 15 Pro flash sequential read (about 1.45 GB/s measured
 //! publicly); `phone-4GBps` ≈ recent flagship UFS 4.0 phones; `laptop-nvme` ≈ PCIe 4 NVMe.
 
-use super::{ByteSource, StoreError};
-use std::sync::{Condvar, Mutex};
-use std::time::{Duration, Instant};
+#[cfg(not(target_arch = "wasm32"))]
+pub use native::Throttled;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct DeviceProfile {
@@ -42,82 +41,93 @@ impl DeviceProfile {
     }
 }
 
-struct DevState {
-    in_service: usize,
-    /// When the shared transfer channel is next free.
-    channel_free_at: Option<Instant>,
-}
+/// The throttled byte source (native: it sleeps; the browser models the same device in
+/// `www/les/device.js`).
+#[cfg(not(target_arch = "wasm32"))]
+mod native {
+    use super::DeviceProfile;
+    use crate::store::{ByteSource, StoreError};
+    use std::sync::{Condvar, Mutex};
+    use std::time::{Duration, Instant};
 
-/// A [`ByteSource`] slowed down to a [`DeviceProfile`]. The inner read happens first (its own
-/// time is not hidden); the wrapper then sleeps until the modelled completion time.
-pub struct Throttled<S> {
-    inner: S,
-    pub profile: DeviceProfile,
-    state: Mutex<DevState>,
-    cv: Condvar,
-}
-
-impl<S: ByteSource> Throttled<S> {
-    pub fn new(inner: S, profile: DeviceProfile) -> Self {
-        Self { inner, profile, state: Mutex::new(DevState { in_service: 0, channel_free_at: None }), cv: Condvar::new() }
+    struct DevState {
+        in_service: usize,
+        /// When the shared transfer channel is next free.
+        channel_free_at: Option<Instant>,
     }
-}
-
-/// Linux lets a sleeping thread wake up to 50 µs late by default (its timer slack): more than
-/// the modelled latency of a read. Ask for 1 µs on each thread that sleeps in a device model.
-fn precise_timer_slack() {
-    #[cfg(target_os = "linux")]
-    {
-        thread_local!(static SET: std::cell::Cell<bool> = const { std::cell::Cell::new(false) });
-        SET.with(|s| {
-            if !s.get() {
-                // SAFETY: PR_SET_TIMERSLACK takes one integer argument and only affects this thread.
-                unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1000 as libc::c_ulong) };
-                s.set(true);
-            }
-        });
+    
+    /// A [`ByteSource`] slowed down to a [`DeviceProfile`]. The inner read happens first (its own
+    /// time is not hidden); the wrapper then sleeps until the modelled completion time.
+    pub struct Throttled<S> {
+        inner: S,
+        pub profile: DeviceProfile,
+        state: Mutex<DevState>,
+        cv: Condvar,
     }
-}
-
-impl<S: ByteSource> ByteSource for Throttled<S> {
-    fn len(&self) -> u64 {
-        self.inner.len()
-    }
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
-        let start = Instant::now();
-        // Admission: at most queue_depth reads in service.
-        let done_at = {
-            let mut st = self.state.lock().unwrap();
-            while st.in_service >= self.profile.queue_depth.max(1) {
-                st = self.cv.wait(st).unwrap();
-            }
-            st.in_service += 1;
-            // Latency overlaps with other reads; the transfer serialises on the channel.
-            let ready = start + Duration::from_secs_f64(self.profile.latency);
-            let xfer_start = match st.channel_free_at {
-                Some(t) if t > ready => t,
-                _ => ready,
-            };
-            let done = xfer_start + Duration::from_secs_f64(buf.len() as f64 / self.profile.bandwidth);
-            st.channel_free_at = Some(done);
-            done
-        };
-        let r = self.inner.read_at(offset, buf);
-        let now = Instant::now();
-        if done_at > now {
-            precise_timer_slack();
-            std::thread::sleep(done_at - now);
+    
+    impl<S: ByteSource> Throttled<S> {
+        pub fn new(inner: S, profile: DeviceProfile) -> Self {
+            Self { inner, profile, state: Mutex::new(DevState { in_service: 0, channel_free_at: None }), cv: Condvar::new() }
         }
-        let mut st = self.state.lock().unwrap();
-        st.in_service -= 1;
-        self.cv.notify_one();
-        r
+    }
+    
+    /// Linux lets a sleeping thread wake up to 50 µs late by default (its timer slack): more than
+    /// the modelled latency of a read. Ask for 1 µs on each thread that sleeps in a device model.
+    fn precise_timer_slack() {
+        #[cfg(target_os = "linux")]
+        {
+            thread_local!(static SET: std::cell::Cell<bool> = const { std::cell::Cell::new(false) });
+            SET.with(|s| {
+                if !s.get() {
+                    // SAFETY: PR_SET_TIMERSLACK takes one integer argument and only affects this thread.
+                    unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1000 as libc::c_ulong) };
+                    s.set(true);
+                }
+            });
+        }
+    }
+    
+    impl<S: ByteSource> ByteSource for Throttled<S> {
+        fn len(&self) -> u64 {
+            self.inner.len()
+        }
+        fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+            let start = Instant::now();
+            // Admission: at most queue_depth reads in service.
+            let done_at = {
+                let mut st = self.state.lock().unwrap();
+                while st.in_service >= self.profile.queue_depth.max(1) {
+                    st = self.cv.wait(st).unwrap();
+                }
+                st.in_service += 1;
+                // Latency overlaps with other reads; the transfer serialises on the channel.
+                let ready = start + Duration::from_secs_f64(self.profile.latency);
+                let xfer_start = match st.channel_free_at {
+                    Some(t) if t > ready => t,
+                    _ => ready,
+                };
+                let done = xfer_start + Duration::from_secs_f64(buf.len() as f64 / self.profile.bandwidth);
+                st.channel_free_at = Some(done);
+                done
+            };
+            let r = self.inner.read_at(offset, buf);
+            let now = Instant::now();
+            if done_at > now {
+                precise_timer_slack();
+                std::thread::sleep(done_at - now);
+            }
+            let mut st = self.state.lock().unwrap();
+            st.in_service -= 1;
+            self.cv.notify_one();
+            r
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Instant;
     use crate::store::MemSource;
 
     #[test]

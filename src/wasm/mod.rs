@@ -13,7 +13,7 @@ pub mod io;
 use crate::engine::sampling::SamplerConfig;
 use crate::engine::stream::{open_streaming_sources, BudgetPlan, OpenError, StreamOptions};
 use crate::engine::{chat, Generation, Session};
-use crate::expert::stream::{StreamConfig, StreamingExperts};
+use crate::expert::stream::{Policy, StreamConfig, StreamStats, StreamingExperts};
 use crate::model::{ExpertMode, Logits};
 use crate::store::{check_range, ByteSource, StoreError};
 use std::cell::RefCell;
@@ -24,6 +24,14 @@ use wasm_bindgen::prelude::*;
 #[wasm_bindgen(start)]
 pub fn start() {
     console_error_panic_hook::set_once();
+}
+
+/// A modelled flash device (`--store` profiles natively, src/store/throttle.rs) as JSON
+/// `{name, bandwidth, latency, queue_depth}` (bytes/s, s), or undefined for an unknown name.
+#[wasm_bindgen(js_name = deviceProfile)]
+pub fn device_profile(name: &str) -> Option<String> {
+    let p = crate::store::throttle::DeviceProfile::by_name(name)?;
+    Some(serde_json::json!({ "name": p.name, "bandwidth": p.bandwidth, "latency": p.latency, "queue_depth": p.queue_depth }).to_string())
 }
 
 /// CRC-32 (IEEE) of `data`, as the bundle manifest records it (`crc32fast`).
@@ -68,6 +76,8 @@ struct JsSource {
     /// `hint(offset, length)`: lookahead (the store may start fetching); errors are ignored.
     hint: Option<js_sys::Function>,
     len: u64,
+    /// The page's store checked every bundle block's CRC-32 before storing it.
+    verified: bool,
 }
 
 // wasm32 without atomics is single-threaded: the JS function is only ever called on this thread.
@@ -91,6 +101,9 @@ impl ByteSource for JsSource {
         }
         a.copy_to(buf);
         Ok(())
+    }
+    fn verified_at_rest(&self) -> bool {
+        self.verified
     }
     fn hint(&self, offset: u64, len: usize) {
         if let Some(h) = &self.hint {
@@ -119,6 +132,8 @@ struct Inner {
     model_bytes: u64,
     /// FNV-1a over the bits of every logit row of the current generation (tests compare runs).
     logits_fnv: u64,
+    /// Streaming counters when the prompt's step ended (decode-only figures are the difference).
+    at_first_token: Option<StreamStats>,
 }
 
 /// Engine options (JSON from JS; every field optional).
@@ -135,11 +150,18 @@ struct EngineOptions {
     /// Expert cache slots, instead of what the budget allows (tests and benchmarks: a cache of a
     /// given fraction of the experts).
     expert_slots: Option<usize>,
+    /// Eviction policy (`lru`, `lfu`, `next-use`; default next-use, as `les run`).
+    policy: Option<String>,
+    /// Lookahead depth in layers (default 1, as `les run --lookahead`).
+    lookahead: usize,
+    /// The page's store verified each bundle block's CRC-32 when it stored it (`CachedModel`):
+    /// reads are not checked again on the engine's thread.
+    verified_at_rest: bool,
 }
 
 impl Default for EngineOptions {
     fn default() -> Self {
-        Self { prefetch: true, gpu_pool: false, io_lanes: 2, expert_slots: None }
+        Self { prefetch: true, gpu_pool: false, io_lanes: 1, expert_slots: None, policy: None, lookahead: 1, verified_at_rest: false }
     }
 }
 
@@ -183,7 +205,11 @@ impl Engine {
             None | Some("") => EngineOptions::default(),
             Some(j) => serde_json::from_str(j).map_err(err)?,
         };
-        let src: Arc<dyn ByteSource> = Arc::new(JsSource { read, hint, len: len as u64 });
+        let policy = match eo.policy.as_deref() {
+            None => StreamConfig::default().policy,
+            Some(p) => Policy::parse(p).ok_or_else(|| err(format!("unknown eviction policy {p:?} (lru, lfu, next-use)")))?,
+        };
+        let src: Arc<dyn ByteSource> = Arc::new(JsSource { read, hint, len: len as u64, verified: eo.verified_at_rest });
         let n_ctx = if n_ctx == 0 { 2048 } else { n_ctx as usize };
         // A bundle is always read through the expert cache (its experts are not GGUF tensors);
         // without a budget the cache holds every expert.
@@ -192,7 +218,7 @@ impl Engine {
                 budget: budget_bytes as u64,
                 n_ctx,
                 direct: false,
-                cache: StreamConfig { io_threads: 0, prefetch: eo.prefetch, ..Default::default() },
+                cache: StreamConfig { io_threads: 0, prefetch: eo.prefetch, policy, depth: eo.lookahead.max(1), ..Default::default() },
                 slots: if budget_bytes > 0.0 { eo.expert_slots } else { Some(usize::MAX) },
                 gpu_pool: eo.gpu_pool && budget_bytes > 0.0,
             };
@@ -217,7 +243,7 @@ impl Engine {
         let mut session = session;
         // A chat re-sends the conversation: its common prefix with the cache is not run again.
         session.reuse_prefix = true;
-        let inner = Inner { session, experts, plan, backend: "cpu (wasm)".into(), gen: None, model_bytes: len as u64, logits_fnv: FNV_OFFSET };
+        let inner = Inner { session, experts, plan, backend: "cpu (wasm)".into(), gen: None, model_bytes: len as u64, logits_fnv: FNV_OFFSET, at_first_token: None };
         Ok(Engine { inner: Rc::new(RefCell::new(inner)), last_stats: Rc::new(RefCell::new("{}".into())) })
     }
 
@@ -299,6 +325,7 @@ impl Engine {
         let gen = Generation::with_options(&mut inner.session, &toks, &go).map_err(err)?;
         inner.gen = Some(gen);
         inner.logits_fnv = FNV_OFFSET;
+        inner.at_first_token = None;
         Ok(toks.len() as u32)
     }
 
@@ -360,6 +387,11 @@ fn stats_json(g: &Inner) -> String {
         "stream": s, "gpu": gpu, "backend": g.backend,
         "reads": g.experts.as_ref().map(|e| e.executor()),
         "logits_fnv": format!("{:016x}", g.logits_fnv),
+        // Reads and stalls of the decode steps only (after the prompt's step), as `les bench ladder` counts them.
+        "decode": match (&s, &g.at_first_token) {
+            (Some(now), Some(f)) => serde_json::json!({ "bytes_read": now.bytes_read - f.bytes_read, "stall_ms": now.stall_ms - f.stall_ms, "loads": (now.demand_loads + now.prefetch_loads) - (f.demand_loads + f.prefetch_loads) }),
+            _ => serde_json::Value::Null,
+        },
         // The wasm linear memory (grows, never shrinks): the model never passes through it whole.
         "wasm_heap_bytes": core::arch::wasm32::memory_size::<0>() as u64 * 65536,
     })
@@ -367,7 +399,7 @@ fn stats_json(g: &Inner) -> String {
 }
 
 async fn step(g: &mut Inner) -> Result<JsValue, crate::engine::EngineError> {
-    let Inner { session, gen, logits_fnv, .. } = g;
+    let Inner { session, gen, logits_fnv, at_first_token, experts, .. } = g;
     let Some(gen) = gen.as_mut() else { return Ok(step_result(-1, "", true)) };
     let Some(input) = gen.next_input() else {
         let rest = gen.finish();
@@ -381,6 +413,9 @@ async fn step(g: &mut Inner) -> Result<JsValue, crate::engine::EngineError> {
     } else {
         session.forward(&input, Logits::Last)?
     };
+    if at_first_token.is_none() {
+        *at_first_token = experts.as_ref().map(|e| e.stats());
+    }
     for v in logits.iter() {
         for b in v.to_bits().to_le_bytes() {
             *logits_fnv = (*logits_fnv ^ b as u64).wrapping_mul(0x100000001b3);

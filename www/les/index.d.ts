@@ -33,8 +33,18 @@ export interface CreateEngineOptions {
    * layer on WebGPU, between tokens on the CPU).
    */
   prefetch?: boolean;
-  /** Asynchronous prefetch reads in flight at once (default 2). */
+  /** Asynchronous prefetch reads in flight at once (default 1, as `les run --prefetch-inflight`). */
   ioLanes?: number;
+  /** Eviction policy of the expert cache (default 'next-use', as `les run --policy`). */
+  policy?: 'lru' | 'lfu' | 'next-use';
+  /** Lookahead depth in layers (default 1, as `les run --lookahead`). */
+  lookahead?: number;
+  /**
+   * Benchmarks: read the stored model at the pace of a modelled flash device, the native
+   * `--store` profiles ('phone-1.5GBps', 'phone-4GBps', 'laptop-nvme'; 'disk' or absent: as fast
+   * as browser storage goes). Needs a cross-origin isolated page.
+   */
+  store?: string;
   /** Expert cache slots instead of what the budget allows (benchmarks, tests). */
   expertSlots?: number;
   onProgress?: (p: Progress) => void;

@@ -5,14 +5,17 @@
 // into the shared lane (Chromium: `readwrite-unsafe` handles coexist with the engine's); where
 // that is refused, through a `File` snapshot.
 import { openReader } from './io.js';
+import { Device } from './device.js';
 
 const DONE = 2, FAILED = 3;
-let read = null, handle = null, sab = null, ctrl = null, maxPiece = 0;
+let read = null, handle = null, sab = null, ctrl = null, maxPiece = 0, device = null;
 let ready = null;
 
 async function init(m) {
   read = openReader(m.init);
   ({ sab, ctrl, maxPiece } = m);
+  // The engine's modelled flash device, shared with its worker (benchmarks).
+  device = m.device ? new Device(m.device.profile, m.device.state) : null;
   if (m.init.kind === 'opfs') {
     try {
       handle = await (await m.init.dir.getFileHandle('data')).createSyncAccessHandle({ mode: 'readwrite-unsafe' });
@@ -36,10 +39,10 @@ onmessage = async (ev) => {
   try {
     const dest = new Uint8Array(sab, lane * maxPiece, length);
     if (handle) {
-      const n = handle.read(dest, { at: offset });
+      const n = device ? device.read(length, () => handle.read(dest, { at: offset })) : handle.read(dest, { at: offset });
       if (n !== length) throw new Error(`short read (${n} of ${length} bytes at ${offset})`);
     } else {
-      dest.set(await read(offset, length));
+      dest.set(device ? await device.readAsync(length, () => read(offset, length)) : await read(offset, length));
     }
     st = DONE;
   } catch (e) {

@@ -65,7 +65,8 @@ export class AsyncReads {
         r.worker.onerror = () => res(false);
         setTimeout(() => res(false), 10000);
       });
-      r.worker.postMessage({ init: src, sab: r.sab, ctrl: r.ctrl, maxPiece });
+      const device = model.device ? { profile: model.device.profile, state: model.device.state } : null;
+      r.worker.postMessage({ init: src, sab: r.sab, ctrl: r.ctrl, maxPiece, device });
       if (!(await started)) {
         r.worker.terminate();
         return AsyncReads.create(model, { lanes, maxPiece, shared: false });

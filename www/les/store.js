@@ -446,7 +446,8 @@ export class CachedModel {
       if (!this.bits[i]) this._fetchUnitSync(i);
     }
     const out = new Uint8Array(length);
-    this.backing.read(offset, out, this.units, (o) => this.findUnit(o));
+    const read = () => this.backing.read(offset, out, this.units, (o) => this.findUnit(o));
+    if (this.device) this.device.read(length, read); else read();
     return out;
   }
 
@@ -524,7 +525,8 @@ export class FileModel {
     this.stats = {};
   }
   readSync(offset, length) {
-    return new Uint8Array(new FileReaderSync().readAsArrayBuffer(this.file.slice(offset, offset + length)));
+    const read = () => new Uint8Array(new FileReaderSync().readAsArrayBuffer(this.file.slice(offset, offset + length)));
+    return this.device ? this.device.read(length, read) : read();
   }
   complete() {
     return true;

@@ -1,8 +1,9 @@
 // The LES engine's dedicated worker. Messages in: {id, op, ...}; out: {id, ok, result | error} and
 // events {event: 'progress' | 'token', ...}. One model per worker.
-import init, { Engine, crc32 } from './pkg/les.js';
+import init, { Engine, crc32, deviceProfile } from './pkg/les.js';
 import { CachedModel, FileModel, listModels, deleteModel, storageUsage } from './store.js';
 import { AsyncReads } from './io.js';
+import { Device } from './device.js';
 
 let ready = null;
 let engine = null;
@@ -37,7 +38,7 @@ function yieldToEvents() {
   });
 }
 
-async function load({ model: src, memoryBudgetMB = 0, backend = 'auto', nCtx = 2048, backing = 'auto', gpuExpertSlots = null, prefetch = true, ioLanes = 2, expertSlots = null }) {
+async function load({ model: src, memoryBudgetMB = 0, backend = 'auto', nCtx = 2048, backing = 'auto', gpuExpertSlots = null, prefetch = true, ioLanes = 1, expertSlots = null, policy = null, lookahead = 1, store = null }) {
   await (ready ??= init({ module_or_path: new URL('./pkg/les_bg.wasm', import.meta.url) }));
   const onProgress = (p) => post({ event: 'progress', ...p });
   if (typeof src === 'string') {
@@ -48,6 +49,12 @@ async function load({ model: src, memoryBudgetMB = 0, backend = 'auto', nCtx = 2
     model = new FileModel(src);
   } else {
     throw new TypeError('model must be a URL string, a File or a FileSystemFileHandle');
+  }
+  if (store && store !== 'disk') {
+    // Benchmarks: model reads at the pace of a flash device (the native `--store` profiles).
+    const p = deviceProfile(store);
+    if (!p) throw new Error(`unknown store profile ${store}`);
+    model.device = new Device(JSON.parse(p));
   }
   onProgress({ phase: 'load', loaded: 0, total: model.size });
   const t0 = performance.now();
@@ -64,7 +71,7 @@ async function load({ model: src, memoryBudgetMB = 0, backend = 'auto', nCtx = 2
     }
     // The GPU run keeps its experts in GPU slots: the budget is split into a small CPU staging
     // cache and the GPU pool, as natively.
-    const opts = JSON.stringify({ prefetch, gpu_pool: gpuPool, io_lanes: ioLanes, expert_slots: expertSlots ?? undefined });
+    const opts = JSON.stringify({ prefetch, gpu_pool: gpuPool, io_lanes: ioLanes, expert_slots: expertSlots ?? undefined, policy: policy ?? undefined, lookahead, verified_at_rest: model instanceof CachedModel });
     return new Engine((off, len) => model.readSync(off, len), (off, len) => model.hint(off, len), model.size, memoryBudgetMB * 1048576, nCtx, String(src.name ?? src), opts, reads ?? undefined);
   };
   try {
