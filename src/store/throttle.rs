@@ -128,7 +128,7 @@ mod native {
 mod tests {
     use super::*;
     use std::time::Instant;
-    use crate::store::MemSource;
+    use crate::store::{ByteSource, MemSource};
 
     #[test]
     fn profile_time_follows_bandwidth_and_latency() {
