@@ -499,7 +499,7 @@ fn run(cli: Cli) -> Res {
                 les::backend::cpu::par::init_threads(t);
             }
             let budget = les::engine::stream::parse_bytes(s.memory_budget.as_deref().ok_or("bench ladder needs --memory-budget")?)?;
-            let opts = s.options(budget, m.ctx_size)?;
+            let opts = m.stream_options(&s, budget)?;
             let text = std::fs::read_to_string(&prompts).map_err(|e| format!("{prompts}: {e}"))?;
             let ps: Vec<String> = text.lines().filter(|l| !l.trim().is_empty()).take(n_prompts).map(String::from).collect();
             let bundle = match bundle {
@@ -513,7 +513,8 @@ fn run(cli: Cli) -> Res {
                 }
             };
             let spec = les::engine::ladder::SpecRung { draft_model, draft_max, mixed_bundle };
-            let rep = les::engine::ladder::run(&m.model, &bundle, &opts, &ps, n_predict, !no_resident, &spec)?;
+            let backend = |sess: &mut Session, gpu_slots: Option<usize>| m.apply_backend_with(sess, gpu_slots.filter(|&n| n > 0));
+            let rep = les::engine::ladder::run(&m.model, &bundle, &opts, &ps, n_predict, !no_resident, &spec, &backend)?;
             println!("{}", rep.table());
             if let Some(p) = &s.stats_json {
                 std::fs::write(p, serde_json::to_string_pretty(&rep)?)?;

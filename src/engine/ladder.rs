@@ -184,14 +184,20 @@ fn evict(path: &str) {
     }
 }
 
+/// Moves a session to a compute backend (see [`run`]).
+pub type Backend<'a> = dyn Fn(&mut Session, Option<usize>) -> Result<(), Box<dyn std::error::Error>> + 'a;
+
 /// Run the ladder. Decode time only (prefill excluded); every streamed rung starts cold (the file
 /// is evicted from the page cache first).
-pub fn run(model: &str, bundle: &str, opts: &StreamOptions, prompts: &[String], n: usize, resident: bool, spec: &SpecRung) -> Result<LadderReport, Box<dyn std::error::Error>> {
+/// `backend` moves each rung's session to the compute backend (given the GPU pool's slots under
+/// the budget, `None` for the resident rung); the CPU's is a no-op.
+pub fn run(model: &str, bundle: &str, opts: &StreamOptions, prompts: &[String], n: usize, resident: bool, spec: &SpecRung, backend: &Backend<'_>) -> Result<LadderReport, Box<dyn std::error::Error>> {
     let mut rep = LadderReport { model: model.into(), store: opts.profile.map(|p| p.name.to_string()).unwrap_or_else(|| if opts.direct { "disk (O_DIRECT)".into() } else { "disk".into() }), budget: opts.budget, ..Default::default() };
     let mut compute_ms_per_tok = None;
     if resident {
         let src = FileSource::open(model)?;
         let mut s = Session::load(&src, ExpertMode::Resident, opts.n_ctx)?;
+        backend(&mut s, None)?;
         let (t, ms, _, _) = decode_all(&mut s, prompts, n, None)?;
         compute_ms_per_tok = Some(ms / t.max(1) as f64);
         rep.rungs.push(Rung { name: "resident".into(), tokens_per_s: t as f64 / (ms / 1000.0), hit_rate: 1.0, tokens: t, ..Default::default() });
@@ -216,6 +222,7 @@ pub fn run(model: &str, bundle: &str, opts: &StreamOptions, prompts: &[String], 
         o.cache.policy = policy;
         evict(path);
         let mut st = open_streaming(path, &o)?;
+        backend(&mut st.session, Some(st.plan.gpu_slots))?;
         if name == "on-demand" {
             // The header's cache size: the original model's (a mixed bundle's experts are smaller).
             rep.slots = st.experts.config().slots;
@@ -268,6 +275,7 @@ pub fn run(model: &str, bundle: &str, opts: &StreamOptions, prompts: &[String], 
         let gamma = spec.draft_max.unwrap_or(if spec.draft_model.is_some() { speculative::DRAFT_MODEL_DRAFT_MAX } else { speculative::LOOKUP_DRAFT_MAX });
         evict(spec_bundle);
         let mut st = open_streaming(spec_bundle, &o)?;
+        backend(&mut st.session, Some(st.plan.gpu_slots))?;
         rep.spec_note += &format!(", {} expert slots, on {spec_bundle}", st.experts.config().slots);
         st.experts.reset_stats();
         let ex = st.experts.clone();
