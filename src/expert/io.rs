@@ -166,9 +166,10 @@ pub(crate) fn read_demand_here<'a>(sh: &'a Shared, mut g: MutexGuard<'a, Inner>)
 /// Reads started on one call and finished later by someone else: the browser page's
 /// `AsyncReads` (`www/les/io.js`). All calls come from the compute thread.
 pub trait AsyncReader: Send + Sync {
-    /// Start reading `len` bytes at file offset `offset` as read `id`. False: these bytes cannot
-    /// be read asynchronously (e.g. not stored yet) or no lane is free.
-    fn submit(&self, id: u32, offset: u64, len: usize) -> bool;
+    /// Start read `id`: the byte ranges `(file offset, length)`, one after the other into one
+    /// buffer (at most [`Self::max_piece`] bytes in all). False: these bytes cannot be read
+    /// asynchronously (e.g. not stored yet) or no lane is free.
+    fn submit(&self, id: u32, ranges: &[(u64, usize)]) -> bool;
     /// Reads finished (or failed) since the last call.
     fn poll(&self) -> Vec<u32>;
     /// Copy finished read `id` into `dest` (its length); Err: the read failed.
@@ -177,7 +178,7 @@ pub trait AsyncReader: Send + Sync {
     fn wait(&self, id: u32) -> bool;
     /// Forget read `id` (its bytes, when they come, are dropped).
     fn cancel(&self, id: u32);
-    /// Longest read it takes at once.
+    /// Most bytes one read may take.
     fn max_piece(&self) -> usize;
     fn describe(&self) -> String;
 }
@@ -234,9 +235,8 @@ impl<R: AsyncReader> AsyncIo<R> {
     /// Start the job's next piece as an asynchronous read (or hand the job back).
     fn start(&self, sh: &Shared, mut job: Job) {
         loop {
-            let (off, len) = sh.piece(&job);
-            // A shorter piece is fine: the policy continues from where it ends.
-            let len = len.min(self.reader.max_piece().max(1));
+            let ranges = sh.pieces(&job, self.reader.max_piece());
+            let len: usize = ranges.iter().map(|r| r.1).sum();
             if len == 0 {
                 // Nothing left to read (or the job failed): the report finishes it.
                 if sh.piece_done(&mut job, 0, Ok(()), 0.0, 0) == Next::Piece {
@@ -245,7 +245,7 @@ impl<R: AsyncReader> AsyncIo<R> {
                 return;
             }
             let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-            if self.reader.submit(id, off, len) {
+            if self.reader.submit(id, &ranges) {
                 self.flights.lock().unwrap().insert(id, Flight { job, len, t0: crate::clock::now_ms() });
             } else {
                 // The router reads it on demand if it picks it.

@@ -734,6 +734,29 @@ impl Shared {
         next_piece(&job.ranges, job.req.done, chunk)
     }
 
+    /// The job's remaining byte ranges from where it got, up to `max_bytes` in all (at least one
+    /// piece): what an asynchronous reader reads in one go. It does not need the chunking that
+    /// lets a demand read overtake a prefetch on shared I/O threads (demand reads do not wait
+    /// behind it), and each of its reads completes only at the next layer.
+    pub(crate) fn pieces(&self, job: &Job, max_bytes: usize) -> Vec<(u64, usize)> {
+        let mut out = Vec::new();
+        if job.err.is_some() {
+            return out;
+        }
+        let (mut done, mut left) = (job.req.done, max_bytes.max(1));
+        while left > 0 {
+            let (off, len) = next_piece(&job.ranges, done, None);
+            if len == 0 {
+                break;
+            }
+            let len = len.min(left);
+            out.push((off, len));
+            done += len;
+            left -= len;
+        }
+        out
+    }
+
     /// Let `read` fill the next `len` bytes of the job's slot (its argument: the destination).
     pub(crate) fn fill(&self, job: &Job, len: usize, read: impl FnOnce(&mut [u8]) -> Result<(), ExpertError>) -> Result<(), ExpertError> {
         let mut b = self.bufs[job.req.slot].write().unwrap();
@@ -1439,40 +1462,47 @@ mod tests {
     /// it (or at `wait`, when it may block); every `refuse_every`-th submission is refused.
     struct PageReader {
         store: Arc<SlowStore>,
-        pending: Mutex<Vec<(u32, u64, usize, u32)>>,
-        done: Mutex<HashMap<u32, (u64, usize)>>,
+        pending: Mutex<Vec<(u32, Vec<(u64, usize)>, u32)>>,
+        done: Mutex<HashMap<u32, Vec<(u64, usize)>>>,
         submits: std::sync::atomic::AtomicUsize,
         can_block: bool,
         refuse_every: usize,
+        max_piece: usize,
     }
 
     impl AsyncReader for Arc<PageReader> {
-        fn submit(&self, id: u32, offset: u64, len: usize) -> bool {
+        fn submit(&self, id: u32, ranges: &[(u64, usize)]) -> bool {
             let n = self.submits.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
             if n % self.refuse_every == 0 {
                 return false;
             }
-            self.pending.lock().unwrap().push((id, offset, len, 0));
+            assert!(ranges.iter().map(|r| r.1).sum::<usize>() <= self.max_piece());
+            self.pending.lock().unwrap().push((id, ranges.to_vec(), 0));
             true
         }
         fn poll(&self) -> Vec<u32> {
             let mut p = self.pending.lock().unwrap();
             let mut out = Vec::new();
-            p.retain_mut(|(id, off, len, age)| {
+            p.retain_mut(|(id, ranges, age)| {
                 *age += 1;
                 if *age < 2 {
                     return true;
                 }
-                self.done.lock().unwrap().insert(*id, (*off, *len));
+                self.done.lock().unwrap().insert(*id, std::mem::take(ranges));
                 out.push(*id);
                 false
             });
             out
         }
         fn take(&self, id: u32, dest: &mut [u8]) -> Result<(), String> {
-            let (off, len) = self.done.lock().unwrap().remove(&id).ok_or("not finished")?;
-            assert_eq!(len, dest.len());
-            self.store.read_range(0, 0, off, dest).map_err(|e| e.to_string())
+            let ranges = self.done.lock().unwrap().remove(&id).ok_or("not finished")?;
+            assert_eq!(ranges.iter().map(|r| r.1).sum::<usize>(), dest.len());
+            let mut at = 0;
+            for (off, len) in ranges {
+                self.store.read_range(0, 0, off, &mut dest[at..at + len]).map_err(|e| e.to_string())?;
+                at += len;
+            }
+            Ok(())
         }
         fn wait(&self, id: u32) -> bool {
             if !self.can_block {
@@ -1480,8 +1510,8 @@ mod tests {
             }
             let mut p = self.pending.lock().unwrap();
             if let Some(i) = p.iter().position(|x| x.0 == id) {
-                let (id, off, len, _) = p.remove(i);
-                self.done.lock().unwrap().insert(id, (off, len));
+                let (id, ranges, _) = p.remove(i);
+                self.done.lock().unwrap().insert(id, ranges);
             }
             true
         }
@@ -1490,25 +1520,25 @@ mod tests {
             self.done.lock().unwrap().remove(&id);
         }
         fn max_piece(&self) -> usize {
-            3000
+            self.max_piece
         }
         fn describe(&self) -> String {
             "test page".into()
         }
     }
 
-    /// The browser's executor ([`AsyncIo`]) against a page-like reader: pieces shorter than the
-    /// policy's chunks, reads that land only at later layers, refused submissions (dropped
+    /// The browser's executor ([`AsyncIo`]) against a page-like reader: reads shorter than one
+    /// range and reads spanning several ranges, reads that land only at later layers, refused submissions (dropped
     /// prefetches), pieces the router waits for (blocked on, or abandoned and read here). Every
     /// expert handed to the model has exactly the store's bytes, and prefetches do load.
     #[test]
     fn asynchronous_reads_hand_over_the_stores_bytes() {
-        for can_block in [true, false] {
+        for (can_block, max_piece) in [(true, 3000), (false, 3000), (true, 12000), (false, 12000)] {
             let bytes = 5000;
             let (store, router, n_expert) = unit_router_store(bytes, 3, 0);
             let cfg = StreamConfig { slots: 5, prefetch: true, depth: 2, temporal: true, io_threads: 0, prefetch_chunk: 2048, ..Default::default() };
             let ex = StreamingExperts::new(store.clone(), vec![router.clone(); 3], n_expert, 1, cfg);
-            let reader = Arc::new(PageReader { store, pending: Mutex::new(Vec::new()), done: Mutex::new(HashMap::new()), submits: Default::default(), can_block, refuse_every: 7 });
+            let reader = Arc::new(PageReader { store, pending: Mutex::new(Vec::new()), done: Mutex::new(HashMap::new()), submits: Default::default(), can_block, refuse_every: 7, max_piece });
             ex.use_async_reader(reader.clone(), 2);
             assert!(ex.executor().contains("test page"));
             let mut handed = 0;

@@ -18,8 +18,9 @@ use wasm_bindgen::prelude::*;
 extern "C" {
     /// `AsyncReads` of `www/les/io.js`.
     pub type AsyncReads;
+    /// `ranges`: [offset, length, offset, length, ...].
     #[wasm_bindgen(method, catch)]
-    fn submit(this: &AsyncReads, id: u32, offset: f64, length: u32) -> Result<bool, JsValue>;
+    fn submit(this: &AsyncReads, id: u32, ranges: &[f64]) -> Result<bool, JsValue>;
     #[wasm_bindgen(method)]
     fn poll(this: &AsyncReads) -> Vec<u32>;
     #[wasm_bindgen(method, catch)]
@@ -42,8 +43,9 @@ unsafe impl Send for JsReads {}
 unsafe impl Sync for JsReads {}
 
 impl AsyncReader for JsReads {
-    fn submit(&self, id: u32, offset: u64, len: usize) -> bool {
-        self.0.submit(id, offset as f64, len as u32).unwrap_or(false)
+    fn submit(&self, id: u32, ranges: &[(u64, usize)]) -> bool {
+        let flat: Vec<f64> = ranges.iter().flat_map(|&(o, l)| [o as f64, l as f64]).collect();
+        self.0.submit(id, &flat).unwrap_or(false)
     }
     fn poll(&self) -> Vec<u32> {
         self.0.poll()

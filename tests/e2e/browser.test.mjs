@@ -300,8 +300,9 @@ test('lookahead in the browser: experts prefetched by an I/O worker, logits equa
 
 // Without cross-origin isolation there is no shared memory: on WebGPU the engine's worker starts
 // the reads itself and takes them in at its awaits (every layer's readback); the GPU pool holds the
-// budget's experts behind a small CPU staging cache. Logits equal with prefetch on and off.
-test('lookahead without cross-origin isolation: reads land at the WebGPU awaits, logits unchanged', async () => {
+// budget's experts behind a small CPU staging cache. At caches of 10%, 30% and 60% of the expert
+// bytes, logits equal with prefetch on and off, and tokens equal the native wgpu exact path's.
+test('lookahead without cross-origin isolation: reads land at the WebGPU awaits, logits unchanged at 10/30/60%', async () => {
   const plain = await startServer(0, { isolated: false });
   const url = `http://127.0.0.1:${plain.port}`;
   const n = 8;
@@ -309,22 +310,28 @@ test('lookahead without cross-origin isolation: reads land at the WebGPU awaits,
   const ctx = await launch();
   try {
     const page = await ctx.newPage();
-    const q = { model: '/models/rand-llama-moe.les', budget: '64', backend: 'webgpu', prompt: SMALL_PROMPT, n: String(n), slots: '10' };
+    const q = { model: '/models/rand-llama-moe.les', budget: '64', backend: 'webgpu', prompt: SMALL_PROMPT, n: String(n) };
     let r = await runDemo(page, url, { ...q, n: '1', backend: 'cpu' });
     assert.equal(r.error, null, JSON.stringify(r.error));
     assert.equal(await page.evaluate(() => self.crossOriginIsolated), false);
     await page.evaluate(() => window.les.engine.waitForDownload());
-    const on = await runDemo(page, url, { ...q, prefetch: '1' }, 600_000);
-    const off = await runDemo(page, url, { ...q, prefetch: '0' }, 600_000);
-    for (const x of [on, off]) assert.equal(x.error, null, JSON.stringify(x.error));
-    assert.match(on.backend, /^webgpu/);
-    const plan = (await page.evaluate(() => window.les.engine.info)).plan;
-    assert.ok(plan.gpu_slots > 0 && plan.gpu_slots < plan.slots, `budget split into staging + GPU pool: ${JSON.stringify(plan)}`);
-    assert.deepEqual(on.last.tokens, want);
-    assert.deepEqual(off.last.tokens, want);
-    assert.equal(on.last.stats.logits_fnv, off.last.stats.logits_fnv);
-    assert.equal(on.last.reads?.mode, 'local');
-    assert.equal(on.last.reads.failed, 0);
+    const info = await page.evaluate(() => window.les.engine.info);
+    const all = info.n_layer * info.n_expert;
+    for (const f of [0.1, 0.3, 0.6]) {
+      const slots = String(Math.max(info.n_expert_used + 1, Math.round(f * all)));
+      const on = await runDemo(page, url, { ...q, slots, prefetch: '1' }, 600_000);
+      const off = await runDemo(page, url, { ...q, slots, prefetch: '0' }, 600_000);
+      for (const x of [on, off]) assert.equal(x.error, null, JSON.stringify(x.error));
+      assert.match(on.backend, /^webgpu/);
+      const plan = (await page.evaluate(() => window.les.engine.info)).plan;
+      assert.ok(plan.gpu_slots > 0, `a GPU pool under the budget: ${JSON.stringify(plan)}`);
+      if (f > 0.5) assert.ok(plan.gpu_slots < plan.slots, `budget split into staging + GPU pool: ${JSON.stringify(plan)}`);
+      assert.deepEqual(on.last.tokens, want, `${f}: prefetch on vs native wgpu`);
+      assert.deepEqual(off.last.tokens, want, `${f}: prefetch off vs native wgpu`);
+      assert.equal(on.last.stats.logits_fnv, off.last.stats.logits_fnv, `${f}: logits differ with prefetch on and off`);
+      assert.equal(on.last.reads?.mode, 'local');
+      assert.equal(on.last.reads.failed, 0);
+    }
   } finally {
     await ctx.close();
     plain.server.close();

@@ -1,7 +1,7 @@
 // The I/O worker of io.js's 'shared' mode: reads pieces of the model file into lanes of a
 // SharedArrayBuffer and flags each lane DONE (2) or FAILED (3) with Atomics, waking the engine's
-// worker if it blocks on it. Messages: {init: source, sab, ctrl, maxPiece}, then {lane, id,
-// offset, length}. An OPFS model is read through this worker's own sync access handle straight
+// worker if it blocks on it. Messages: {init: source, sab, ctrl, maxPiece, device}, then {lane,
+// id, ranges: [offset, length, ...]} (read one after the other into the lane). An OPFS model is read through this worker's own sync access handle straight
 // into the shared lane (Chromium: `readwrite-unsafe` handles coexist with the engine's); where
 // that is refused, through a `File` snapshot.
 import { openReader } from './io.js';
@@ -34,15 +34,20 @@ onmessage = async (ev) => {
     return;
   }
   await ready;
-  const { lane, offset, length } = m;
+  const { lane, ranges } = m;
   let st = FAILED;
   try {
-    const dest = new Uint8Array(sab, lane * maxPiece, length);
-    if (handle) {
-      const n = device ? device.read(length, () => handle.read(dest, { at: offset })) : handle.read(dest, { at: offset });
-      if (n !== length) throw new Error(`short read (${n} of ${length} bytes at ${offset})`);
-    } else {
-      dest.set(device ? await device.readAsync(length, () => read(offset, length)) : await read(offset, length));
+    let at = lane * maxPiece;
+    for (let i = 0; i < ranges.length; i += 2) {
+      const offset = ranges[i], length = ranges[i + 1];
+      const dest = new Uint8Array(sab, at, length);
+      if (handle) {
+        const n = device ? device.read(length, () => handle.read(dest, { at: offset })) : handle.read(dest, { at: offset });
+        if (n !== length) throw new Error(`short read (${n} of ${length} bytes at ${offset})`);
+      } else {
+        dest.set(device ? await device.readAsync(length, () => read(offset, length)) : await read(offset, length));
+      }
+      at += length;
     }
     st = DONE;
   } catch (e) {

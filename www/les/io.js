@@ -1,8 +1,9 @@
 // Asynchronous expert reads for the engine (the browser's read executor, src/wasm/io.rs). The
 // engine decides what to read and when (the native scheduling policy); this file only executes
-// reads of prefetch pieces while the engine computes. Interface (synchronous calls from wasm):
-//   submit(id, offset, length) -> bool   start a read (false: these bytes cannot be read
-//                                         asynchronously here, e.g. not stored yet)
+// reads of prefetches while the engine computes. Interface (synchronous calls from wasm):
+//   submit(id, ranges) -> bool           start a read of ranges = [offset, length, ...], one after
+//                                         the other into one buffer (false: these bytes cannot be
+//                                         read asynchronously here, e.g. not stored yet)
 //   poll() -> number[]                    ids finished (or failed) since the last poll
 //   take(id, dest: Uint8Array)            copy the bytes into dest (throws the read's error)
 //   wait(id) -> bool                      block until finished (false: cannot block here)
@@ -44,7 +45,9 @@ export class AsyncReads {
   // Resolves to null when the model has no source for asynchronous reads. In 'shared' mode it
   // resolves once the I/O worker runs: a worker started by this one is only set up while this
   // one yields, and the engine does not yield while it computes.
-  static async create(model, { lanes = 2, maxPiece = 1 << 20, shared = !!globalThis.crossOriginIsolated } = {}) {
+  // `maxPiece`: bytes per read (a shared lane's size): a whole expert of most models, so one
+  // prefetch is one read.
+  static async create(model, { lanes = 1, maxPiece = 4 << 20, shared = !!globalThis.crossOriginIsolated } = {}) {
     const src = model.asyncSource?.();
     if (!src) return null;
     const r = new AsyncReads();
@@ -80,11 +83,18 @@ export class AsyncReads {
     return r;
   }
 
-  submit(id, offset, length) {
-    if (length > this.maxPiece || !this.model.canReadAsync(offset, length)) {
-      // Not stored yet: the store fetches it by range in the background (lookahead range fetch),
-      // and a read that comes first fetches it itself.
-      this.model.hint?.(offset, length);
+  submit(id, ranges) {
+    let length = 0, stored = true;
+    for (let i = 0; i < ranges.length; i += 2) {
+      length += ranges[i + 1];
+      if (!this.model.canReadAsync(ranges[i], ranges[i + 1])) {
+        // Not stored yet: the store fetches it by range in the background (lookahead range
+        // fetch), and a read that comes first fetches it itself.
+        this.model.hint?.(ranges[i], ranges[i + 1]);
+        stored = false;
+      }
+    }
+    if (length > this.maxPiece || !stored) {
       this.stats.refused++;
       return false;
     }
@@ -96,12 +106,19 @@ export class AsyncReads {
       this.ctrl[4 * lane + 2] = length;
       Atomics.store(this.ctrl, 4 * lane, BUSY);
       this.laneOf.set(id, lane);
-      this.worker.postMessage({ lane, id, offset, length });
+      this.worker.postMessage({ lane, id, ranges: Array.from(ranges) });
     } else {
       if (this.flights.size >= this.lanes) return false;
       const f = { bytes: null, error: null };
       this.flights.set(id, f);
-      this.read(offset, length).then((b) => { f.bytes = b; }, (e) => { f.error = e; }).finally(() => {
+      const parts = [];
+      for (let i = 0; i < ranges.length; i += 2) parts.push(this.read(ranges[i], ranges[i + 1]));
+      Promise.all(parts).then((bs) => {
+        const b = new Uint8Array(length);
+        let at = 0;
+        for (const x of bs) { b.set(x, at); at += x.byteLength; }
+        f.bytes = b;
+      }, (e) => { f.error = e; }).finally(() => {
         if (this.flights.get(id) === f) this.finished.push(id);
       });
     }
