@@ -3,7 +3,7 @@
 // `les bench ladder` on the same files, budget and device profile, interleaved and repeated.
 //
 //   node tests/e2e/ladder.mjs [--store phone-4GBps|phone-1.5GBps|laptop-nvme|disk] [--backend cpu|webgpu]
-//                             [-n 24] [--repeat 2] [--budget 400] [--threads 1]
+//                             [-n 24] [--repeat 2] [--budget 400] [--threads 1] [--lanes N]
 //
 // Every rung runs in a fresh worker (a cold expert cache), decode-only figures (after the
 // prompt's step), as the native ladder counts them. The page is cross-origin isolated (the test
@@ -27,6 +27,7 @@ const n = Number(arg('-n', backend === 'cpu' ? '24' : '8'));
 const repeat = Number(arg('--repeat', '2'));
 const budget = arg('--budget', '400');
 const threads = arg('--threads', '1');
+const lanes = arg('--lanes', null); // asynchronous prefetch reads in flight (default: the engine's)
 const GGUF = 'smolmoe-32x2.gguf', BUNDLE = 'smolmoe-32x2.les';
 for (const f of [GGUF, BUNDLE]) need(path.join(ROOT, 'models', f), 'run `./build.sh models` and `les pack`');
 need(LES, 'run `cargo build --release --bin les`');
@@ -63,7 +64,7 @@ try {
   }
   for (let rep = 0; rep < repeat; rep++) {
     for (const [name, file, prefetch, policy] of RUNGS) {
-      const q = { model: `/models/${file}`, budget, backend, prompt, n: String(n), prefetch, policy, ...(store === 'disk' ? {} : { store }) };
+      const q = { model: `/models/${file}`, budget, backend, prompt, n: String(n), prefetch, policy, ...(store === 'disk' ? {} : { store }), ...(lanes ? { lanes } : {}) };
       const r = await runDemo(page, base, q, 3_600_000);
       if (r.error) throw new Error(`${name}: ${JSON.stringify(r.error)}`);
       const s = r.last.stats;
