@@ -44,11 +44,21 @@ need_browser() {
   [ -d tests/e2e/node_modules/playwright-core ] || (cd tests/e2e && npm ci --silent --no-audit --no-fund)
 }
 
+# The threaded wasm build (www/les/pkg-mt, used on cross-origin isolated pages): std rebuilt with
+# atomics (`-Zbuild-std`, which needs the rust-src component; RUSTC_BOOTSTRAP lets the stable
+# toolchain take the unstable flag) and shared, imported memory with its thread-local-storage
+# exports, as wasm-bindgen's threads support expects (../shared/research/browser_threads.md §2.1).
+WASM_MT_FLAGS="-C target-feature=+atomics,+bulk-memory,+simd128 -C link-args=--shared-memory -C link-args=--max-memory=4294967296 -C link-args=--import-memory -C link-args=--export=__wasm_init_tls -C link-args=--export=__tls_size -C link-args=--export=__tls_align -C link-args=--export=__tls_base"
+
 build_web() {
   need_targets wasm32-unknown-unknown
   need_wasm_bindgen
   cargo build --release --lib --target wasm32-unknown-unknown
   wasm-bindgen --target web --out-dir www/les/pkg --out-name les target/wasm32-unknown-unknown/release/les.wasm
+  rustup component list --installed 2>/dev/null | grep -q '^rust-src' || rustup component add rust-src
+  RUSTC_BOOTSTRAP=1 CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUSTFLAGS="$WASM_MT_FLAGS" \
+    cargo build --release --lib --target wasm32-unknown-unknown -Zbuild-std=std,panic_abort --target-dir target/wasm-mt
+  wasm-bindgen --target web --out-dir www/les/pkg-mt --out-name les target/wasm-mt/wasm32-unknown-unknown/release/les.wasm
 }
 
 need_python_pkgs() {

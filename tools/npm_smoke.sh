@@ -9,4 +9,5 @@ trap 'rm -rf "$app"' EXIT
 cp tests/e2e/npm-app/index.html "$app/"
 (cd "$app" && npm init -y >/dev/null && npm install --silent --no-audit --no-fund "$OLDPWD/$tgz")
 [ -f "$app/node_modules/les-engine/pkg/les_bg.wasm" ] || { echo "the tarball lacks the wasm engine" >&2; exit 1; }
+[ -f "$app/node_modules/les-engine/pkg-mt/les_bg.wasm" ] || { echo "the tarball lacks the threaded wasm engine" >&2; exit 1; }
 node tests/e2e/npm-app/run.mjs "$app"

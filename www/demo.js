@@ -51,12 +51,14 @@ function config() {
     policy: new URLSearchParams(location.search).get('policy'),
     store: new URLSearchParams(location.search).get('store'),
     ioLanes: Number(new URLSearchParams(location.search).get('lanes')) || 1,
+    // `?threads=N`: CPU kernel threads on a cross-origin isolated page (1: the plain build).
+    threads: Number(new URLSearchParams(location.search).get('threads')) || null,
   };
 }
 
 async function load() {
   const c = config();
-  const key = JSON.stringify([typeof c.model === 'string' ? c.model : c.model.name, c.memoryBudgetMB, c.backend, c.prefetch, c.expertSlots, c.policy, c.store, c.ioLanes]);
+  const key = JSON.stringify([typeof c.model === 'string' ? c.model : c.model.name, c.memoryBudgetMB, c.backend, c.prefetch, c.expertSlots, c.policy, c.store, c.ioLanes, c.threads]);
   if (state.engine && state.key === key) return state.engine;
   if (state.engine) await state.engine.unload();
   state.engine = null;

@@ -38,7 +38,7 @@ extern "C" {
 /// [`AsyncReads`] as an [`AsyncReader`].
 pub struct JsReads(pub AsyncReads);
 
-// wasm32 without atomics is single-threaded: the JS object is only ever used on this thread.
+// Only the engine's thread uses it (the threaded build's pool runs CPU kernels only).
 unsafe impl Send for JsReads {}
 unsafe impl Sync for JsReads {}
 

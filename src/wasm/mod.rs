@@ -26,6 +26,26 @@ pub fn start() {
     console_error_panic_hook::set_once();
 }
 
+/// The threaded build (`www/les/pkg-mt`, wasm32 with `+atomics`): `initThreadPool(n)` starts
+/// n - 1 web workers over the shared memory, rayon's pool for the CPU kernels (the calling worker
+/// computes too). The CPU kernels split each op into the same chunks as with one thread, so
+/// results do not depend on the thread count.
+#[cfg(target_feature = "atomics")]
+pub use wasm_bindgen_rayon::init_thread_pool;
+
+/// The threaded build: `initThreadPool` has resolved; parallel sections use the pool from now on.
+#[cfg(target_feature = "atomics")]
+#[wasm_bindgen(js_name = threadPoolReady)]
+pub fn thread_pool_ready() {
+    crate::backend::cpu::par::set_pool_ready();
+}
+
+/// Threads the CPU kernels run on (1 in the plain build).
+#[wasm_bindgen(js_name = cpuThreads)]
+pub fn cpu_threads() -> u32 {
+    crate::backend::cpu::par::n_threads() as u32
+}
+
 /// A modelled flash device (`--store` profiles natively, src/store/throttle.rs) as JSON
 /// `{name, bandwidth, latency, queue_depth}` (bytes/s, s), or undefined for an unknown name.
 #[wasm_bindgen(js_name = deviceProfile)]
@@ -80,7 +100,8 @@ struct JsSource {
     verified: bool,
 }
 
-// wasm32 without atomics is single-threaded: the JS function is only ever called on this thread.
+// The engine runs on one thread (its worker); in the threaded build only the CPU kernels' pool
+// runs elsewhere, and it never touches JS objects. So the JS function is only ever called here.
 unsafe impl Send for JsSource {}
 unsafe impl Sync for JsSource {}
 
@@ -386,6 +407,7 @@ fn stats_json(g: &Inner) -> String {
         "bytes_per_token": s.as_ref().map(|s| s.bytes_per_token()),
         "stream": s, "gpu": gpu, "backend": g.backend,
         "reads": g.experts.as_ref().map(|e| e.executor()),
+        "cpu_threads": crate::backend::cpu::par::n_threads(),
         "logits_fnv": format!("{:016x}", g.logits_fnv),
         // Reads and stalls of the decode steps only (after the prompt's step), as `les bench ladder` counts them.
         "decode": match (&s, &g.at_first_token) {

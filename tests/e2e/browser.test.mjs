@@ -337,3 +337,36 @@ test('lookahead without cross-origin isolation: reads land at the WebGPU awaits,
     plain.server.close();
   }
 });
+
+// Wasm threads (www/les/pkg-mt): on a cross-origin isolated page the CPU kernels run on a pool of
+// web workers; each op is split into the same chunks whatever the thread count, so the logits are
+// bit-identical to one thread's (and to the native portable kernels' tokens). Without isolation
+// the plain build runs one thread and says why.
+test('wasm threads: a pool of web workers on isolated pages, same logits as one thread; one thread otherwise', async () => {
+  const n = 12;
+  const want = nativeTokens(SMALL, SMALL_PROMPT, n, ['--memory-budget', '1GiB'], { LES_NO_SIMD: '1' });
+  const plain = await startServer(0, { isolated: false });
+  const ctx = await launch();
+  try {
+    const page = await ctx.newPage();
+    const q = { model: '/models/rand-llama-moe.les', budget: '64', backend: 'cpu', prompt: SMALL_PROMPT, n: String(n) };
+    const one = await runDemo(page, base, { ...q, threads: '1' });
+    const two = await runDemo(page, base, { ...q, threads: '2' });
+    for (const x of [one, two]) assert.equal(x.error, null, JSON.stringify(x.error));
+    assert.equal(one.last.threads.n, 1);
+    assert.equal(two.last.threads.n, 2);
+    assert.equal(two.last.stats.cpu_threads, 2);
+    assert.match(two.last.threads.why, /cross-origin isolated/);
+    assert.deepEqual(one.last.tokens, want);
+    assert.deepEqual(two.last.tokens, want);
+    assert.equal(two.last.stats.logits_fnv, one.last.stats.logits_fnv, 'logits differ between 1 and 2 threads');
+    const alone = await runDemo(page, `http://127.0.0.1:${plain.port}`, { ...q, threads: '2' });
+    assert.equal(alone.error, null, JSON.stringify(alone.error));
+    assert.equal(alone.last.threads.n, 1);
+    assert.match(alone.last.threads.why, /not cross-origin isolated/);
+    assert.equal(alone.last.stats.logits_fnv, one.last.stats.logits_fnv);
+  } finally {
+    await ctx.close();
+    plain.server.close();
+  }
+});

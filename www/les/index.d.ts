@@ -47,6 +47,12 @@ export interface CreateEngineOptions {
   store?: string;
   /** Expert cache slots instead of what the budget allows (benchmarks, tests). */
   expertSlots?: number;
+  /**
+   * CPU path on a cross-origin isolated page: threads for the CPU kernels (the threaded build,
+   * `pkg-mt/`; default min(4, navigator.hardwareConcurrency)). 1, or a page without isolation,
+   * or the WebGPU path: the plain build, one thread. Results are the same bits either way.
+   */
+  threads?: number;
   onProgress?: (p: Progress) => void;
   /** URL of worker.js when a bundler moves it. */
   workerUrl?: string | URL;
@@ -99,6 +105,8 @@ export interface EngineStats {
   reads: string | null;
   /** FNV-1a (hex) over the bits of every logit row of this generation: equal runs, equal hashes. */
   logits_fnv: string;
+  /** Threads the CPU kernels run on. */
+  cpu_threads: number;
   /** Size of the wasm linear memory in bytes. */
   wasm_heap_bytes: number;
 }
@@ -122,7 +130,14 @@ export interface Stats {
   storage: { verified: number; checksumFailures: number; fetchedOnDemand: number; fetchedBackground: number } | null;
   http: { requests: number; bytes: number } | null;
   reads: ReadStats | null;
+  threads: ThreadInfo;
   complete: boolean | null;
+}
+
+/** CPU kernel threads and why that many. */
+export interface ThreadInfo {
+  n: number;
+  why: string;
 }
 
 export interface GenerateResult {
@@ -135,6 +150,7 @@ export interface GenerateResult {
   aborted: boolean;
   stats: EngineStats;
   reads: ReadStats | null;
+  threads: ThreadInfo;
 }
 
 export interface ModelInfo {

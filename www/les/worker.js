@@ -1,11 +1,35 @@
 // The LES engine's dedicated worker. Messages in: {id, op, ...}; out: {id, ok, result | error} and
 // events {event: 'progress' | 'token', ...}. One model per worker.
-import init, { Engine, crc32, deviceProfile } from './pkg/les.js';
 import { CachedModel, FileModel, listModels, deleteModel, storageUsage } from './store.js';
 import { AsyncReads } from './io.js';
 import { Device } from './device.js';
 
 let ready = null;
+let wasm = null; // the engine's module: pkg/ (one thread) or pkg-mt/ (threaded CPU kernels)
+let threads = { n: 1, why: '' };
+
+// Load the engine's wasm. The CPU path on a cross-origin isolated page takes the threaded build
+// (pkg-mt: shared memory and a pool of web workers for the CPU kernels); elsewhere the plain build
+// (the WebGPU path computes on the GPU; without isolation there is no SharedArrayBuffer).
+async function loadWasm(cpu, nThreads) {
+  const isolated = !!self.crossOriginIsolated && typeof SharedArrayBuffer === 'function';
+  const want = cpu && isolated ? (nThreads ?? Math.min(4, navigator.hardwareConcurrency || 1)) : 1;
+  const dir = want > 1 ? './pkg-mt/' : './pkg/';
+  const m = await import(new URL(`${dir}les.js`, import.meta.url));
+  await m.default({ module_or_path: new URL(`${dir}les_bg.wasm`, import.meta.url) });
+  if (want > 1) {
+    await m.initThreadPool(want);
+    m.threadPoolReady();
+  }
+  const n = m.cpuThreads();
+  const why = !cpu ? 'WebGPU: the CPU kernels run on the engine\'s thread'
+    : !isolated ? 'the page is not cross-origin isolated (COOP/COEP): no shared memory for threads'
+    : want > 1 ? `cross-origin isolated: a pool of ${n} web workers (threads option, else min(4, navigator.hardwareConcurrency))`
+    : 'one thread requested';
+  threads = { n, why };
+  wasm = m;
+  return m;
+}
 let engine = null;
 let model = null;
 let reads = null;
@@ -38,8 +62,9 @@ function yieldToEvents() {
   });
 }
 
-async function load({ model: src, memoryBudgetMB = 0, backend = 'auto', nCtx = 2048, backing = 'auto', gpuExpertSlots = null, prefetch = true, ioLanes = 1, expertSlots = null, policy = null, lookahead = 1, store = null }) {
-  await (ready ??= init({ module_or_path: new URL('./pkg/les_bg.wasm', import.meta.url) }));
+async function load({ model: src, memoryBudgetMB = 0, backend = 'auto', nCtx = 2048, backing = 'auto', gpuExpertSlots = null, prefetch = true, ioLanes = 1, expertSlots = null, policy = null, lookahead = 1, store = null, threads: nThreads = null }) {
+  const wantGpu = backend === 'webgpu' || (backend === 'auto' && !!navigator.gpu);
+  const { Engine, crc32, deviceProfile } = await (ready ??= loadWasm(!wantGpu, nThreads));
   const onProgress = (p) => post({ event: 'progress', ...p });
   if (typeof src === 'string') {
     model = await CachedModel.open(src, { crc32, onProgress, backing });
@@ -58,7 +83,6 @@ async function load({ model: src, memoryBudgetMB = 0, backend = 'auto', nCtx = 2
   }
   onProgress({ phase: 'load', loaded: 0, total: model.size });
   const t0 = performance.now();
-  const wantGpu = backend === 'webgpu' || (backend === 'auto' && !!navigator.gpu);
   const open = async (gpuPool) => {
     // Predicted experts are read asynchronously while the engine computes (io.js). Without
     // shared memory, reads land only when the worker awaits: every layer on WebGPU, but only
@@ -101,7 +125,7 @@ async function load({ model: src, memoryBudgetMB = 0, backend = 'auto', nCtx = 2
       promise: model.download(ctl.signal).catch(async (e) => post({ event: 'progress', phase: 'error', error: errorOf(await storageFailure(e)) })),
     };
   }
-  return { info: JSON.parse(engine.info()), backend: backendLine, gpuError, loadMs, storage: model.stats, complete: model.complete() };
+  return { info: JSON.parse(engine.info()), backend: backendLine, gpuError, loadMs, storage: model.stats, complete: model.complete(), threads };
 }
 
 async function generate({ id, prompt, options }) {
@@ -128,7 +152,7 @@ async function generate({ id, prompt, options }) {
       await yieldToEvents();
     }
     const stats = JSON.parse(engine.stats());
-    return { text, tokens, promptTokens: nPrompt, promptReused: stats.prompt_reused ?? 0, finishReason: aborted ? 'abort' : stats.finish_reason ?? 'stop', aborted, stats, reads: reads ? { mode: reads.mode, ...reads.stats } : null };
+    return { text, tokens, promptTokens: nPrompt, promptReused: stats.prompt_reused ?? 0, finishReason: aborted ? 'abort' : stats.finish_reason ?? 'stop', aborted, stats, reads: reads ? { mode: reads.mode, ...reads.stats } : null, threads };
   } finally {
     generating = false;
   }
@@ -141,7 +165,7 @@ const ops = {
     aborted = true;
     return true;
   },
-  stats: async () => ({ engine: engine ? JSON.parse(engine.stats()) : null, storage: model?.stats ?? null, reads: reads ? { mode: reads.mode, ...reads.stats } : null, http: model?.http ? { requests: model.http.requests, bytes: model.http.bytes } : null, complete: model?.complete() ?? null }),
+  stats: async () => ({ engine: engine ? JSON.parse(engine.stats()) : null, threads, storage: model?.stats ?? null, reads: reads ? { mode: reads.mode, ...reads.stats } : null, http: model?.http ? { requests: model.http.requests, bytes: model.http.bytes } : null, complete: model?.complete() ?? null }),
   waitDownload: async () => {
     if (download) await download.promise;
     return { complete: model?.complete() ?? false, storage: model?.stats, http: model?.http ? { requests: model.http.requests, bytes: model.http.bytes } : null };
