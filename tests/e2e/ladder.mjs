@@ -4,6 +4,7 @@
 //
 //   node tests/e2e/ladder.mjs [--store phone-4GBps|phone-1.5GBps|laptop-nvme|disk] [--backend cpu|webgpu]
 //                             [-n 24] [--repeat 2] [--budget 400] [--threads 1] [--lanes N]
+// --threads: CPU threads on both sides (the browser's threaded build when > 1).
 //
 // Every rung runs in a fresh worker (a cold expert cache), decode-only figures (after the
 // prompt's step), as the native ladder counts them. The page is cross-origin isolated (the test
@@ -64,7 +65,7 @@ try {
   }
   for (let rep = 0; rep < repeat; rep++) {
     for (const [name, file, prefetch, policy] of RUNGS) {
-      const q = { model: `/models/${file}`, budget, backend, prompt, n: String(n), prefetch, policy, ...(store === 'disk' ? {} : { store }), ...(lanes ? { lanes } : {}) };
+      const q = { model: `/models/${file}`, budget, backend, prompt, n: String(n), prefetch, policy, ...(store === 'disk' ? {} : { store }), ...(lanes ? { lanes } : {}), threads };
       const r = await runDemo(page, base, q, 3_600_000);
       if (r.error) throw new Error(`${name}: ${JSON.stringify(r.error)}`);
       const s = r.last.stats;
@@ -86,7 +87,7 @@ const sd = (xs, f) => {
   return Math.sqrt(xs.reduce((a, x) => a + (f(x) - m) ** 2, 0) / Math.max(1, xs.length - 1));
 };
 const cpu = fs.readFileSync('/proc/cpuinfo', 'utf8').match(/model name\s*:\s*(.*)/)?.[1] ?? os.cpus()[0]?.model;
-console.log(`SmolMoE-32x2 at ${budget} MiB, store ${store}, ${backend === 'cpu' ? `browser CPU (wasm, 1 thread) vs native CPU -t ${threads}` : 'browser WebGPU (SwiftShader) vs native wgpu (lavapipe)'}, ${n} tokens, ${repeat} interleaved runs, ${cpu}; browser reads: ${reads}`);
+console.log(`SmolMoE-32x2 at ${budget} MiB, store ${store}, ${backend === 'cpu' ? `browser CPU (wasm, ${threads} thread(s)) vs native CPU -t ${threads}` : 'browser WebGPU (SwiftShader) vs native wgpu (lavapipe)'}, ${n} tokens, ${repeat} interleaved runs, ${cpu}; browser reads: ${reads}`);
 console.log('| rung | browser tok/s | × on-demand | hit rate | MB/token | stall ms/token | native tok/s | × on-demand | hit rate | MB/token | stall ms/token |');
 console.log('|---|---|---|---|---|---|---|---|---|---|---|');
 const b0 = mean(browser['on-demand'], (x) => x.tps), n0 = mean(nat['on-demand'], (x) => x.tps);

@@ -13,7 +13,9 @@ let threads = { n: 1, why: '' };
 // (the WebGPU path computes on the GPU; without isolation there is no SharedArrayBuffer).
 async function loadWasm(cpu, nThreads) {
   const isolated = !!self.crossOriginIsolated && typeof SharedArrayBuffer === 'function';
-  const want = cpu && isolated ? (nThreads ?? Math.min(4, navigator.hardwareConcurrency || 1)) : 1;
+  // Default: half the cores, at most 4 (onnxruntime-web's and wllama's choice): the I/O worker and
+  // the page need a core, and on 2 cores a second compute thread measured slower (BENCHMARKS.md).
+  const want = cpu && isolated ? (nThreads ?? Math.min(4, Math.max(1, Math.floor((navigator.hardwareConcurrency || 1) / 2)))) : 1;
   const dir = want > 1 ? './pkg-mt/' : './pkg/';
   const m = await import(new URL(`${dir}les.js`, import.meta.url));
   await m.default({ module_or_path: new URL(`${dir}les_bg.wasm`, import.meta.url) });
@@ -24,8 +26,8 @@ async function loadWasm(cpu, nThreads) {
   const n = m.cpuThreads();
   const why = !cpu ? 'WebGPU: the CPU kernels run on the engine\'s thread'
     : !isolated ? 'the page is not cross-origin isolated (COOP/COEP): no shared memory for threads'
-    : want > 1 ? `cross-origin isolated: a pool of ${n} web workers (threads option, else min(4, navigator.hardwareConcurrency))`
-    : 'one thread requested';
+    : want > 1 ? `cross-origin isolated: a pool of ${n} web workers (the threads option, else half of navigator.hardwareConcurrency, at most 4)`
+    : nThreads ? 'one thread requested' : `half of navigator.hardwareConcurrency (${navigator.hardwareConcurrency}) is one thread`;
   threads = { n, why };
   wasm = m;
   return m;
