@@ -169,8 +169,8 @@ function usageOf(r) {
  * Load a model in a new worker.
  * @param {object} o  { model: URL string | File | FileSystemFileHandle, memoryBudgetMB (0 = all
  *   resident), backend: 'auto' | 'webgpu' | 'cpu', nCtx, backing: 'auto' | 'opfs' | 'indexeddb',
- *   prefetch (default true), ioLanes, expertSlots, gpuExpertSlots, onProgress({phase, loaded,
- *   total}), workerUrl }
+ *   prefetch (default true), ioLanes, expertSlots, gpuExpertSlots, threads, policy, lookahead,
+ *   store, onProgress({phase, loaded, total}), workerUrl }
  */
 export async function createEngine({ onProgress, workerUrl, ...opts }) {
   const rpc = new Rpc(newWorker(workerUrl));
