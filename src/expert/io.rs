@@ -21,7 +21,7 @@
 use super::stream::{Inner, Job, Next, Shared, Take};
 use super::ExpertError;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use web_time::Instant;
 
@@ -62,6 +62,8 @@ pub(crate) struct Threads {
     n: usize,
     lanes: usize,
     workers: std::sync::Mutex<Vec<std::thread::JoinHandle<()>>>,
+    /// Set when this executor is replaced or dropped: its workers exit.
+    stop: Arc<AtomicBool>,
 }
 
 impl Threads {
@@ -69,13 +71,14 @@ impl Threads {
     /// at once), at most `max_prefetch_inflight`, and the only one when `n == 1`.
     pub(crate) fn spawn(sh: &Arc<Shared>, n: usize, max_prefetch_inflight: usize) -> Self {
         let lanes = if n == 1 { 1 } else { max_prefetch_inflight.min(n - 1) };
+        let stop = Arc::new(AtomicBool::new(false));
         let workers = (0..n)
             .map(|w| {
-                let sh = sh.clone();
-                std::thread::Builder::new().name(format!("les-io-{w}")).spawn(move || io_worker(sh, w, lanes)).expect("spawn I/O worker")
+                let (sh, stop) = (sh.clone(), stop.clone());
+                std::thread::Builder::new().name(format!("les-io-{w}")).spawn(move || io_worker(sh, w, lanes, stop)).expect("spawn I/O worker")
             })
             .collect();
-        Self { n, lanes, workers: std::sync::Mutex::new(workers) }
+        Self { n, lanes, workers: std::sync::Mutex::new(workers), stop }
     }
 }
 
@@ -90,7 +93,12 @@ impl ReadExecutor for Threads {
         Ok(sh.done_cv.wait(g).unwrap())
     }
     fn shutdown(&self, sh: &Shared) {
-        sh.io_cv.notify_all();
+        {
+            // Under the policy's lock, so no worker misses the wake-up between its check and its wait.
+            let _g = sh.lock();
+            self.stop.store(true, Ordering::Release);
+            sh.io_cv.notify_all();
+        }
         for w in self.workers.lock().unwrap().drain(..) {
             let _ = w.join();
         }
@@ -100,13 +108,13 @@ impl ReadExecutor for Threads {
     }
 }
 
-fn io_worker(sh: Arc<Shared>, w: usize, lanes: usize) {
+fn io_worker(sh: Arc<Shared>, w: usize, lanes: usize, stop: Arc<AtomicBool>) {
     lower_io_priority();
     loop {
         let job = {
             let mut g = sh.lock();
             loop {
-                if Shared::shutting_down(&g) {
+                if Shared::shutting_down(&g) || stop.load(Ordering::Acquire) {
                     return;
                 }
                 if let Some(j) = sh.take_job(&mut g, lanes, Take::Any) {

@@ -1533,10 +1533,11 @@ mod tests {
     /// expert handed to the model has exactly the store's bytes, and prefetches do load.
     #[test]
     fn asynchronous_reads_hand_over_the_stores_bytes() {
-        for (can_block, max_piece) in [(true, 3000), (false, 3000), (true, 12000), (false, 12000)] {
+        // The last case starts with native I/O threads: replacing them must stop them (not hang).
+        for (can_block, max_piece, io_threads) in [(true, 3000, 0), (false, 3000, 0), (true, 12000, 0), (false, 12000, 2)] {
             let bytes = 5000;
             let (store, router, n_expert) = unit_router_store(bytes, 3, 0);
-            let cfg = StreamConfig { slots: 5, prefetch: true, depth: 2, temporal: true, io_threads: 0, prefetch_chunk: 2048, ..Default::default() };
+            let cfg = StreamConfig { slots: 5, prefetch: true, depth: 2, temporal: true, io_threads, prefetch_chunk: 2048, ..Default::default() };
             let ex = StreamingExperts::new(store.clone(), vec![router.clone(); 3], n_expert, 1, cfg);
             let reader = Arc::new(PageReader { store, pending: Mutex::new(Vec::new()), done: Mutex::new(HashMap::new()), submits: Default::default(), can_block, refuse_every: 7, max_piece });
             ex.use_async_reader(reader.clone(), 2);
