@@ -274,7 +274,8 @@ test('lookahead in the browser: experts prefetched by an I/O worker, logits equa
     await page.evaluate(() => window.les.engine.waitForDownload());
     const info = await page.evaluate(() => window.les.engine.info);
     const all = info.n_layer * info.n_expert;
-    let prefetched = 0;
+    let prefetched = 0, used = 0;
+    const hits = { on: 0, off: 0 };
     for (const f of [0.1, 0.3, 0.6]) {
       const slots = String(Math.max(info.n_expert_used + 1, Math.round(f * all)));
       const on = await runDemo(page, base, { ...q, slots, prefetch: '1' });
@@ -290,9 +291,17 @@ test('lookahead in the browser: experts prefetched by an I/O worker, logits equa
       assert.equal(off.last.stats.stream.prefetch_loads, 0);
       assert.equal(off.last.reads, null);
       prefetched += on.last.stats.stream.prefetch_loads;
+      used += on.last.stats.stream.prefetch_used;
       assert.ok(on.last.reads.completed > 0 && on.last.reads.bytes > 0, JSON.stringify(on.last.reads));
+      if (f > 0.2) {
+        hits.on += on.last.stats.hit_rate;
+        hits.off += off.last.stats.hit_rate;
+      }
     }
-    assert.ok(prefetched > 0, 'no prefetch completed');
+    assert.ok(prefetched > 0 && used > 0, `prefetches loaded ${prefetched}, used ${used}`);
+    // Prefetched experts are hits when the router picks them (at 10% the cache is too small for
+    // prefetches not to evict what would have hit; from 30% on they add hits).
+    assert.ok(hits.on > hits.off, `hit rate with prefetch ${hits.on} vs on-demand ${hits.off} (30% + 60%)`);
   } finally {
     await ctx.close();
   }
@@ -368,5 +377,41 @@ test('wasm threads: a pool of web workers on isolated pages, same logits as one 
   } finally {
     await ctx.close();
     plain.server.close();
+  }
+});
+
+// A generation stopped while prefetches are in flight leaves no half-read expert behind: the
+// next run in the same engine (its cache holds whatever the stopped one loaded or had in flight)
+// gives the same logits as the first, uninterrupted one.
+test('lookahead: abort while prefetches are in flight, the next run is bit-identical', async () => {
+  const ctx = await launch();
+  try {
+    const page = await ctx.newPage();
+    const q = { model: '/models/rand-llama-moe.les', budget: '64', backend: 'cpu', prompt: SMALL_PROMPT, n: '1', slots: '10' };
+    let r = await runDemo(page, base, q);
+    assert.equal(r.error, null, JSON.stringify(r.error));
+    await page.evaluate(() => window.les.engine.waitForDownload());
+    r = await runDemo(page, base, q); // a fresh engine over the stored model
+    const out = await page.evaluate(async (prompt) => {
+      const e = window.les.engine;
+      const run = async (abortAt) => {
+        let k = 0;
+        for await (const _ of e.generate(prompt, { max_tokens: 12, temperature: 0, ignore_eos: true })) if (++k === abortAt) e.abort();
+        const x = e.lastResult;
+        return { fnv: x.stats.logits_fnv, tokens: x.tokens, prefetched: x.stats.stream.prefetch_loads, submitted: x.reads?.submitted ?? 0 };
+      };
+      const ref = await run(0);
+      await e.resetChat();
+      const cut = await run(2);
+      await e.resetChat();
+      const after = await run(0);
+      return { ref, cut, after };
+    }, SMALL_PROMPT);
+    assert.ok(out.cut.tokens.length < out.ref.tokens.length, JSON.stringify(out.cut));
+    assert.ok(out.ref.submitted > 0, 'prefetches were read asynchronously');
+    assert.deepEqual(out.after.tokens, out.ref.tokens);
+    assert.equal(out.after.fnv, out.ref.fnv, 'logits after an aborted run differ');
+  } finally {
+    await ctx.close();
   }
 });
