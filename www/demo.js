@@ -142,6 +142,8 @@ async function refreshStats() {
   $('m-tps').textContent = e.tokens_per_s ? e.tokens_per_s.toFixed(2) : '–';
   $('m-hit').textContent = e.hit_rate != null ? `${(100 * e.hit_rate).toFixed(0)}%` : 'resident';
   $('m-recall').textContent = e.recall_d1 != null ? `${(100 * e.recall_d1).toFixed(0)}%` : '–';
+  $('m-prefetch').textContent = e.stream ? `${e.stream.prefetch_used} / ${e.stream.prefetch_loads}` : '–';
+  $('m-prefetch').title = e.reads ?? '';
   $('m-mb').textContent = e.bytes_per_token != null ? (e.bytes_per_token / 1e6).toFixed(1) : '0';
   $('m-stall').textContent = e.stream ? (e.stream.stall_ms / Math.max(1, e.stream.tokens)).toFixed(1) : '0';
   if (e.stream) drawCharts(e.stream.layers);

@@ -297,6 +297,14 @@ test('lookahead in the browser: experts prefetched by an I/O worker, logits equa
         hits.on += on.last.stats.hit_rate;
         hits.off += off.last.stats.hit_rate;
       }
+      if (f > 0.5) {
+        // The demo page shows the prefetched experts the router used (of those loaded).
+        const onPage = await runDemo(page, base, { ...q, slots, prefetch: '1' });
+        assert.equal(onPage.error, null);
+        await page.waitForFunction(() => /^\d+ \/ \d+$/.test(document.getElementById('m-prefetch').textContent), null, { timeout: 30_000 });
+        const [usedShown, loadedShown] = (await page.textContent('#m-prefetch')).split(' / ').map(Number);
+        assert.ok(usedShown > 0 && usedShown <= loadedShown, `demo shows ${usedShown} / ${loadedShown}`);
+      }
     }
     assert.ok(prefetched > 0 && used > 0, `prefetches loaded ${prefetched}, used ${used}`);
     // Prefetched experts are hits when the router picks them (at 10% the cache is too small for
