@@ -423,3 +423,51 @@ test('lookahead: abort while prefetches are in flight, the next run is bit-ident
     await ctx.close();
   }
 });
+
+// A failed prefetch read costs nothing (the expert is read on demand if the router picks it), and
+// unloading an engine while its prefetches are in flight ends the generation with an AbortError;
+// a new engine over the same stored model then gives the first run's logits.
+test('lookahead: failed prefetch reads cost nothing; unload with prefetches in flight', async () => {
+  const ctx = await launch();
+  try {
+    const page = await ctx.newPage();
+    const q = { model: '/models/rand-llama-moe.les', budget: '64', backend: 'cpu', prompt: SMALL_PROMPT, n: '1' };
+    const r = await runDemo(page, base, q);
+    assert.equal(r.error, null, JSON.stringify(r.error));
+    await page.evaluate(() => window.les.engine.waitForDownload());
+    await page.evaluate(() => window.les.engine.unload());
+    const out = await page.evaluate(async (prompt) => {
+      const { createEngine } = await import('/les/index.js');
+      const open = (extra) => createEngine({ model: '/models/rand-llama-moe.les', memoryBudgetMB: 64, backend: 'cpu', expertSlots: 10, ...extra });
+      const opts = { max_tokens: 12, temperature: 0, ignore_eos: true };
+      const run = async (e) => {
+        for await (const _ of e.generate(prompt, opts));
+        const x = e.lastResult;
+        return { fnv: x.stats.logits_fnv, tokens: x.tokens, failures: x.stats.stream.load_failures, failed: x.reads?.failed ?? 0, submitted: x.reads?.submitted ?? 0 };
+      };
+      let e = await open({});
+      const ref = await run(e);
+      await e.unload();
+      e = await open({ debugFailReads: 2 });
+      const failing = await run(e);
+      let k = 0, err = null;
+      try {
+        for await (const _ of e.generate(prompt, opts)) if (++k === 2) await e.unload();
+      } catch (x) {
+        err = x.name;
+      }
+      e = await open({});
+      const after = await run(e);
+      await e.unload();
+      return { ref, failing, after, err };
+    }, SMALL_PROMPT);
+    assert.ok(out.ref.submitted > 0, 'prefetches were read asynchronously');
+    assert.ok(out.failing.failed > 0 && out.failing.failures > 0, JSON.stringify(out.failing));
+    assert.equal(out.failing.fnv, out.ref.fnv, 'failed prefetches changed the logits');
+    assert.equal(out.err, 'AbortError');
+    assert.equal(out.after.fnv, out.ref.fnv);
+    assert.deepEqual(out.after.tokens, out.ref.tokens);
+  } finally {
+    await ctx.close();
+  }
+});

@@ -53,6 +53,8 @@ export interface CreateEngineOptions {
    * or the WebGPU path: the plain build, one thread. Results are the same bits either way.
    */
   threads?: number;
+  /** Tests: every n-th asynchronous prefetch read fails (the engine must not notice but in its counters). */
+  debugFailReads?: number;
   onProgress?: (p: Progress) => void;
   /** URL of worker.js when a bundler moves it. */
   workerUrl?: string | URL;

@@ -151,12 +151,16 @@ export class Engine {
     return this._rpc.call('waitDownload');
   }
 
-  /** Free the model and stop the worker. */
+  /** Free the model and stop the worker. A generation still running ends with an `AbortError`. */
   async unload() {
     try {
       await this._rpc.call('unload');
     } finally {
       this._rpc.worker.terminate();
+      const e = new Error('the engine was unloaded');
+      e.name = 'AbortError';
+      for (const c of this._rpc.calls.values()) c.reject(e);
+      this._rpc.calls.clear();
     }
   }
 }

@@ -47,12 +47,15 @@ export class AsyncReads {
   // one yields, and the engine does not yield while it computes.
   // `maxPiece`: bytes per read (a shared lane's size): a whole expert of most models, so one
   // prefetch is one read.
-  static async create(model, { lanes = 1, maxPiece = 4 << 20, shared = !!globalThis.crossOriginIsolated } = {}) {
+  // `failEvery` (tests): every n-th read fails when taken.
+  static async create(model, { lanes = 1, maxPiece = 4 << 20, shared = !!globalThis.crossOriginIsolated, failEvery = 0 } = {}) {
     const src = model.asyncSource?.();
     if (!src) return null;
     const r = new AsyncReads();
     r.model = model;
     r.reported = new Set();
+    r.failEvery = failEvery;
+    r.takes = 0;
     r.lanes = lanes;
     r.maxPiece = maxPiece;
     r.stats = { submitted: 0, refused: 0, completed: 0, failed: 0, bytes: 0, blocked: 0 };
@@ -72,7 +75,7 @@ export class AsyncReads {
       r.worker.postMessage({ init: src, sab: r.sab, ctrl: r.ctrl, maxPiece, device });
       if (!(await started)) {
         r.worker.terminate();
-        return AsyncReads.create(model, { lanes, maxPiece, shared: false });
+        return AsyncReads.create(model, { lanes, maxPiece, shared: false, failEvery });
       }
     } else {
       r.mode = 'local';
@@ -145,6 +148,11 @@ export class AsyncReads {
   }
 
   take(id, dest) {
+    if (this.failEvery > 0 && ++this.takes % this.failEvery === 0) {
+      this.cancel(id);
+      this.stats.failed++;
+      throw new Error('injected read failure (debugFailReads)');
+    }
     if (this.mode === 'local') {
       const f = this.flights.get(id);
       this.flights.delete(id);

@@ -64,7 +64,7 @@ function yieldToEvents() {
   });
 }
 
-async function load({ model: src, memoryBudgetMB = 0, backend = 'auto', nCtx = 2048, backing = 'auto', gpuExpertSlots = null, prefetch = true, ioLanes = 1, expertSlots = null, policy = null, lookahead = 1, store = null, threads: nThreads = null }) {
+async function load({ model: src, memoryBudgetMB = 0, backend = 'auto', nCtx = 2048, backing = 'auto', gpuExpertSlots = null, prefetch = true, ioLanes = 1, expertSlots = null, policy = null, lookahead = 1, store = null, threads: nThreads = null, debugFailReads = 0 }) {
   const wantGpu = backend === 'webgpu' || (backend === 'auto' && !!navigator.gpu);
   const { Engine, crc32, deviceProfile } = await (ready ??= loadWasm(!wantGpu, nThreads));
   const onProgress = (p) => post({ event: 'progress', ...p });
@@ -90,7 +90,7 @@ async function load({ model: src, memoryBudgetMB = 0, backend = 'auto', nCtx = 2
     // shared memory, reads land only when the worker awaits: every layer on WebGPU, but only
     // between tokens on the CPU, too late to pay for the slots they take there.
     reads?.close();
-    reads = prefetch && memoryBudgetMB > 0 ? await AsyncReads.create(model, { lanes: ioLanes }) : null;
+    reads = prefetch && memoryBudgetMB > 0 ? await AsyncReads.create(model, { lanes: ioLanes, failEvery: debugFailReads }) : null;
     if (reads?.mode === 'local' && !gpuPool) {
       reads.close();
       reads = null;
