@@ -4,8 +4,7 @@ import { CachedModel, FileModel, listModels, deleteModel, storageUsage } from '.
 import { AsyncReads } from './io.js';
 import { Device } from './device.js';
 
-let ready = null;
-let wasm = null; // the engine's module: pkg/ (one thread) or pkg-mt/ (threaded CPU kernels)
+let ready = null; // the engine's module, once loaded: pkg/ (one thread) or pkg-mt/ (threaded CPU kernels)
 let threads = { n: 1, why: '' };
 
 // Load the engine's wasm. The CPU path on a cross-origin isolated page takes the threaded build
@@ -29,7 +28,6 @@ async function loadWasm(cpu, nThreads) {
     : want > 1 ? `cross-origin isolated: a pool of ${n} web workers (the threads option, else half of navigator.hardwareConcurrency, at most 4)`
     : nThreads ? 'one thread requested' : `half of navigator.hardwareConcurrency (${navigator.hardwareConcurrency}) is one thread`;
   threads = { n, why };
-  wasm = m;
   return m;
 }
 let engine = null;
