@@ -21,7 +21,6 @@ pub mod qwen3moe;
 use crate::backend::cpu::exec::CpuExec;
 use crate::backend::cpu::matmul::Weight;
 use crate::backend::cpu::ops as cpu_ops;
-use crate::backend::cpu::par;
 use crate::backend::ops::{self, Mat, OpError, Ops, Vector, Weights};
 use crate::backend::wgpu::exec::{GpuBackend, GpuShapes, GPU_BATCH};
 use crate::expert::{ExpertError, ExpertSource, GgufExpertTensors, ResidentExperts};
@@ -242,14 +241,14 @@ impl Model {
     /// Run `tokens` at positions `kv.len ..` on the CPU, appending to the KV cache. Returns logits
     /// (`n_vocab` values for `Logits::Last`, `tokens.len() * n_vocab` for `Logits::All`).
     pub fn forward(&self, tokens: &[u32], kv: &mut KvCache, want: Logits) -> Result<Vec<f32>, ModelError> {
-        par::in_pool(|| self.forward_cpu(tokens, kv, want, false))
+        self.forward_cpu(tokens, kv, want, false)
     }
 
     /// [`Model::forward`] with every row computed exactly as a single-token forward computes it
     /// (`per_row`), instead of with llama.cpp's batch kernels: speculative verification needs the
     /// logits of a batch to be the bits of feeding its tokens one at a time.
     pub fn forward_per_row(&self, tokens: &[u32], kv: &mut KvCache, want: Logits) -> Result<Vec<f32>, ModelError> {
-        par::in_pool(|| self.forward_cpu(tokens, kv, want, true))
+        self.forward_cpu(tokens, kv, want, true)
     }
 
     fn forward_cpu(&self, tokens: &[u32], kv: &mut KvCache, want: Logits, per_row: bool) -> Result<Vec<f32>, ModelError> {

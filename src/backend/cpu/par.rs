@@ -1,34 +1,263 @@
-//! Data parallelism: rayon natively and in the browser's threaded build (wasm32 with `+atomics`:
-//! a pool of web workers started from JS, `wasm-bindgen-rayon`); sequential in the plain wasm32
-//! build. Each op is split into the same chunks whatever the thread count, and every chunk is
-//! computed the same way on whichever thread, so results never depend on threads.
+//! Data parallelism for the CPU kernels: a pool of spinning workers, as ggml's CPU thread pool
+//! (`ggml-cpu.c`: workers poll for the next graph node before they sleep, and synchronise once
+//! per node).
+//!
+//! A parallel section ([`for_each_chunk`]) publishes its chunks; the caller and `n - 1` workers
+//! claim them (each its own contiguous range first, then what is left of the others) and the
+//! caller returns once every chunk is done. After a
+//! section a worker keeps polling for the next one for about [`SPIN`] before it sleeps, so the
+//! few hundred sections of a token cost a few atomic operations each instead of two thread
+//! wake-ups (rayon's fork-join, used before: measured in BENCHMARKS.md). The forward stays on the
+//! calling thread (no hand-over to a pool thread first).
+//!
+//! Each op is split into the same chunks whatever the thread count, and every chunk is computed
+//! the same way on whichever thread, so results never depend on threads.
+//!
+//! Natively the workers are plain threads, started at the first section. The browser's threaded
+//! build (wasm32 with `+atomics`, `www/les/pkg-mt`) runs them as long-lived tasks on rayon's web
+//! workers (`wasm-bindgen-rayon`), started by [`set_pool_ready`]; the engine's own worker is the
+//! caller. The plain wasm32 build runs every section sequentially.
 
-/// The browser's threaded build: whether JS has started the pool (`initThreadPool`, then
-/// [`set_pool_ready`]). Before that, nothing may touch rayon's global pool (it would try to
-/// spawn threads the std way, which wasm32 cannot).
-#[cfg(all(target_arch = "wasm32", target_feature = "atomics"))]
-static POOL_READY: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+#[cfg(any(not(target_arch = "wasm32"), target_feature = "atomics"))]
+mod pool {
+    use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+    use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering::SeqCst};
+    use std::sync::{Condvar, Mutex, OnceLock};
 
-/// The threaded build's pool is running (called from JS after `initThreadPool` resolved).
-#[cfg(all(target_arch = "wasm32", target_feature = "atomics"))]
-pub fn set_pool_ready() {
-    POOL_READY.store(true, std::sync::atomic::Ordering::Release);
+    /// How long a worker polls for the next section before it sleeps. ggml's default poll level
+    /// spins for a comparable time; sections within a token are microseconds apart, while a wait
+    /// for an expert read (milliseconds) should leave the core to the I/O threads.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub const SPIN: std::time::Duration = std::time::Duration::from_micros(100);
+    /// Without a clock on wasm32's pool threads: polling rounds (an atomic load each).
+    #[cfg(target_arch = "wasm32")]
+    const SPIN_ROUNDS: u32 = 1 << 15;
+
+    /// Most threads a section splits into ranges for (more threads share the last ranges).
+    const RANGES: usize = 16;
+
+    /// One section: `f(i)` for every `i < n`. The chunks are cut into one contiguous range per
+    /// thread (thread `k` of `t` owns chunks `k·n/t .. (k+1)·n/t`, as ggml hands thread `ith` its
+    /// first chunk), so each thread streams its own part of a weight matrix; a thread done with its
+    /// range takes chunks from the next ones (a worker that is late or asleep loses nothing).
+    struct Job {
+        f: *const (dyn Fn(usize) + Sync),
+        n: usize,
+        ranges: usize,
+        /// Chunks claimed in each range.
+        claimed: [AtomicUsize; RANGES],
+        done: AtomicUsize,
+        panicked: AtomicBool,
+    }
+
+    impl Job {
+        fn new(f: *const (dyn Fn(usize) + Sync), n: usize, threads: usize) -> Self {
+            Job {
+                f,
+                n,
+                ranges: threads.clamp(1, RANGES).min(n),
+                claimed: std::array::from_fn(|_| AtomicUsize::new(0)),
+                done: AtomicUsize::new(0),
+                panicked: AtomicBool::new(false),
+            }
+        }
+
+        /// Claim and run chunks, from range `k` on, until none are left.
+        fn work(&self, k: usize) {
+            for r in 0..self.ranges {
+                let r = (k + r) % self.ranges;
+                let (a, b) = (r * self.n / self.ranges, (r + 1) * self.n / self.ranges);
+                loop {
+                    let i = a + self.claimed[r].fetch_add(1, SeqCst);
+                    if i >= b {
+                        break;
+                    }
+                    // SAFETY: `f` outlives the section: the caller waits for `done == n` and then
+                    // for every worker to leave (see `Pool::run`).
+                    let f = unsafe { &*self.f };
+                    if catch_unwind(AssertUnwindSafe(|| f(i))).is_err() {
+                        self.panicked.store(true, SeqCst);
+                    }
+                    self.done.fetch_add(1, SeqCst);
+                }
+            }
+        }
+    }
+
+    pub struct Pool {
+        /// Worker threads besides the caller.
+        pub workers: usize,
+        /// One section at a time; a caller that finds it taken (another session's thread, or a
+        /// section started inside a chunk) runs its section alone.
+        busy: Mutex<()>,
+        /// Odd while a section is open; each open and each close adds one.
+        epoch: AtomicUsize,
+        job: AtomicPtr<Job>,
+        /// Workers inside the current section (they may still read `job`).
+        active: AtomicUsize,
+        sleepers: AtomicUsize,
+        sleep: Mutex<()>,
+        wake: Condvar,
+    }
+
+    // SAFETY: the raw pointers are only dereferenced while the section that owns them is open.
+    unsafe impl Sync for Pool {}
+    unsafe impl Send for Pool {}
+
+    impl Pool {
+        fn new(workers: usize) -> Self {
+            Pool {
+                workers,
+                busy: Mutex::new(()),
+                epoch: AtomicUsize::new(0),
+                job: AtomicPtr::new(std::ptr::null_mut()),
+                active: AtomicUsize::new(0),
+                sleepers: AtomicUsize::new(0),
+                sleep: Mutex::new(()),
+                wake: Condvar::new(),
+            }
+        }
+
+        /// Run `f(i)` for `i < n` on the caller and the workers; false if the pool was busy
+        /// (nothing ran).
+        pub fn run(&self, n: usize, f: &(dyn Fn(usize) + Sync)) -> bool {
+            let Ok(_section) = self.busy.try_lock() else { return false };
+            // SAFETY: only the lifetime is erased; the pointer is not used after this call returns.
+            let f: *const (dyn Fn(usize) + Sync) = unsafe { std::mem::transmute(f) };
+            let job = Job::new(f, n, self.workers + 1);
+            self.job.store(&job as *const Job as *mut Job, SeqCst);
+            self.epoch.fetch_add(1, SeqCst); // open
+            if self.sleepers.load(SeqCst) > 0 {
+                let _g = self.sleep.lock().unwrap_or_else(|e| e.into_inner());
+                self.wake.notify_all();
+            }
+            job.work(0);
+            while job.done.load(SeqCst) < n {
+                std::hint::spin_loop();
+            }
+            self.epoch.fetch_add(1, SeqCst); // close: no worker joins from now on
+            // A worker that joined before the close may still hold `job`; wait until it has left.
+            while self.active.load(SeqCst) > 0 {
+                std::hint::spin_loop();
+            }
+            self.job.store(std::ptr::null_mut(), SeqCst);
+            if job.panicked.load(SeqCst) {
+                resume_unwind(Box::new("a parallel CPU kernel panicked"));
+            }
+            true
+        }
+
+        /// A worker: wait for an open section it has not seen, join it, work, leave.
+        pub fn worker(&self, k: usize) {
+            let mut seen = 0usize;
+            loop {
+                let e = self.wait_open(seen);
+                seen = e;
+                self.active.fetch_add(1, SeqCst);
+                // Joined only if the section is still the open one (else its job may be gone).
+                if self.epoch.load(SeqCst) == e {
+                    let job = self.job.load(SeqCst);
+                    // SAFETY: the section `e` is open and we are counted in `active`, so its
+                    // caller has not returned.
+                    if let Some(job) = unsafe { job.as_ref() } {
+                        job.work(k);
+                    }
+                }
+                self.active.fetch_sub(1, SeqCst);
+            }
+        }
+
+        fn is_new_open(&self, seen: usize) -> Option<usize> {
+            let e = self.epoch.load(SeqCst);
+            (e & 1 == 1 && e != seen).then_some(e)
+        }
+
+        /// Poll for a new open section, then sleep.
+        fn wait_open(&self, seen: usize) -> usize {
+            #[cfg(not(target_arch = "wasm32"))]
+            let t0 = std::time::Instant::now();
+            let mut rounds = 0u32;
+            loop {
+                if let Some(e) = self.is_new_open(seen) {
+                    return e;
+                }
+                std::hint::spin_loop();
+                rounds = rounds.wrapping_add(1);
+                #[cfg(not(target_arch = "wasm32"))]
+                let spun = rounds % 64 == 0 && t0.elapsed() > SPIN;
+                #[cfg(target_arch = "wasm32")]
+                let spun = rounds >= SPIN_ROUNDS;
+                if spun {
+                    break;
+                }
+            }
+            let mut g = self.sleep.lock().unwrap_or_else(|e| e.into_inner());
+            self.sleepers.fetch_add(1, SeqCst);
+            let e = loop {
+                if let Some(e) = self.is_new_open(seen) {
+                    break e;
+                }
+                g = self.wake.wait(g).unwrap_or_else(|e| e.into_inner());
+            };
+            self.sleepers.fetch_sub(1, SeqCst);
+            e
+        }
+    }
+
+    /// Threads asked for (0: not set).
+    static WANT: AtomicUsize = AtomicUsize::new(0);
+    static POOL: OnceLock<&'static Pool> = OnceLock::new();
+
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn set_threads(n: usize) {
+        WANT.store(n.max(1), SeqCst);
+    }
+
+    /// The pool, started on first use.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn get() -> Option<&'static Pool> {
+        let p = POOL.get_or_init(|| {
+            let mut n = WANT.load(SeqCst);
+            if n == 0 {
+                n = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+            }
+            let pool: &'static Pool = Box::leak(Box::new(Pool::new(n - 1)));
+            for i in 0..pool.workers {
+                let spawned = std::thread::Builder::new().name(format!("les-cpu-{i}")).spawn(move || pool.worker(i + 1));
+                if spawned.is_err() {
+                    // Never claimed work can be left undone: an absent worker simply takes no chunk.
+                    break;
+                }
+            }
+            pool
+        });
+        Some(p)
+    }
+
+    /// The browser's threaded build: the pool once [`start_wasm`] ran.
+    #[cfg(target_arch = "wasm32")]
+    pub fn get() -> Option<&'static Pool> {
+        POOL.get().copied()
+    }
+
+    /// Start the workers on rayon's web workers (all but one: the engine's worker computes too).
+    #[cfg(target_arch = "wasm32")]
+    pub fn start_wasm() {
+        POOL.get_or_init(|| {
+            let pool: &'static Pool = Box::leak(Box::new(Pool::new(rayon::current_num_threads().saturating_sub(1))));
+            for _ in 0..pool.workers {
+                rayon::spawn(move || pool.worker(i + 1));
+            }
+            pool
+        });
+    }
 }
 
-/// Whether parallel sections go to rayon's pool.
-fn parallel() -> bool {
-    #[cfg(not(target_arch = "wasm32"))]
-    {
-        rayon::current_num_threads() > 1
-    }
-    #[cfg(all(target_arch = "wasm32", target_feature = "atomics"))]
-    {
-        POOL_READY.load(std::sync::atomic::Ordering::Acquire) && rayon::current_num_threads() > 1
-    }
-    #[cfg(all(target_arch = "wasm32", not(target_feature = "atomics")))]
-    {
-        false
-    }
+/// The browser's threaded build: JS has started rayon's web workers (`initThreadPool`); start
+/// the pool's workers on them.
+#[cfg(all(target_arch = "wasm32", target_feature = "atomics"))]
+pub fn set_pool_ready() {
+    pool::start_wasm();
 }
 
 /// Split `y` into chunks of `chunk` elements and run `f(chunk_index, chunk)` on each, in parallel
@@ -38,62 +267,90 @@ where
     F: Fn(usize, &mut [T]) + Send + Sync,
 {
     let chunk = chunk.max(1);
-    if !parallel() {
-        // One thread: run here. Handing each op to the pool's only worker costs two thread
-        // wake-ups per op (the caller blocks meanwhile), and after every wait for an expert
-        // read the worker has gone to sleep.
-        y.chunks_mut(chunk).enumerate().for_each(|(i, c)| f(i, c));
-        return;
-    }
     #[cfg(any(not(target_arch = "wasm32"), target_feature = "atomics"))]
-    {
-        use rayon::prelude::*;
-        y.par_chunks_mut(chunk).enumerate().for_each(|(i, c)| f(i, c));
-    }
-}
-
-/// Run `f` on a worker of the thread pool (natively; as is on wasm32). A parallel op started
-/// from outside the pool hands its work to the workers and sleeps until they finish: two thread
-/// wake-ups per op, hundreds per token. Started on a worker, the op splits its work with the
-/// other workers while the caller computes its share. Measured on SmolMoE-32x2, 2 threads,
-/// `les run -n 64`: 74-77 → 121-125 tokens/s. Results do not change (each chunk is computed
-/// the same way, on whichever thread).
-///
-/// The browser's threaded build runs `f` where it is: the engine's thread is the one that may
-/// call into JS (byte reads), so the forward never moves to a pool worker there.
-pub fn in_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
-    #[cfg(not(target_arch = "wasm32"))]
-    {
-        if rayon::current_thread_index().is_some() || rayon::current_num_threads() <= 1 {
-            f()
-        } else {
-            rayon::join(f, || ()).0
+    if y.len() > chunk {
+        let n = y.len().div_ceil(chunk);
+        if let Some(p) = pool::get().filter(|p| p.workers > 0) {
+            let (base, len) = (y.as_mut_ptr() as usize, y.len());
+            let run = |i: usize| {
+                let (a, b) = (i * chunk, ((i + 1) * chunk).min(len));
+                // SAFETY: each chunk index is claimed once, so the slices are disjoint, and `y`
+                // is borrowed mutably until every chunk is done.
+                let c = unsafe { std::slice::from_raw_parts_mut((base as *mut T).add(a), b - a) };
+                f(i, c)
+            };
+            if p.run(n, &run) {
+                return;
+            }
         }
     }
-    #[cfg(target_arch = "wasm32")]
-    {
-        f()
-    }
+    y.chunks_mut(chunk).enumerate().for_each(|(i, c)| f(i, c));
 }
 
-/// Number of worker threads used for parallel ops.
+/// Number of threads parallel ops run on.
 pub fn n_threads() -> usize {
     #[cfg(any(not(target_arch = "wasm32"), target_feature = "atomics"))]
-    {
-        if parallel() {
-            return rayon::current_num_threads();
-        }
+    if let Some(p) = pool::get() {
+        return p.workers + 1;
     }
     1
 }
 
-/// Set the global thread count (natively; call once before any work). The browser's threaded
-/// build sizes its pool from JS (`initThreadPool`).
+/// Set the thread count (natively; call once before any work). The browser's threaded build
+/// sizes its pool from JS (`initThreadPool`).
 pub fn init_threads(n: usize) {
     #[cfg(not(target_arch = "wasm32"))]
     {
+        pool::set_threads(n);
+        // `les pack --mixed` re-quantizes with rayon.
         let _ = rayon::ThreadPoolBuilder::new().num_threads(n.max(1)).build_global();
     }
     #[cfg(target_arch = "wasm32")]
     let _ = n;
+}
+
+#[cfg(all(test, not(target_arch = "wasm32")))]
+mod tests {
+    use super::*;
+
+    /// Every element written once by the chunk that owns it, over many sections in a row and
+    /// from several callers at once (one gets the pool, the others run alone).
+    #[test]
+    fn every_chunk_runs_once_from_concurrent_callers() {
+        std::thread::scope(|s| {
+            for caller in 0..3u32 {
+                s.spawn(move || {
+                    for round in 0..300u32 {
+                        let mut y = vec![0u32; 1000 + round as usize];
+                        for_each_chunk(&mut y, 7, |i, c| {
+                            for (j, v) in c.iter_mut().enumerate() {
+                                *v += (i * 7 + j) as u32 ^ caller;
+                            }
+                        });
+                        assert!(y.iter().enumerate().all(|(k, &v)| v == k as u32 ^ caller), "caller {caller} round {round}");
+                    }
+                });
+            }
+        });
+    }
+
+    /// A panicking chunk reaches the caller after every other chunk finished, and the pool keeps
+    /// working.
+    #[test]
+    fn a_panicking_chunk_reaches_the_caller() {
+        let mut y = vec![0u8; 64];
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            for_each_chunk(&mut y, 1, |i, c| {
+                if i == 40 {
+                    panic!("chunk 40");
+                }
+                c[0] = 1;
+            })
+        }));
+        assert!(r.is_err());
+        assert_eq!(y.iter().filter(|&&v| v == 1).count(), 63);
+        let mut z = vec![0u8; 64];
+        for_each_chunk(&mut z, 1, |_, c| c[0] = 2);
+        assert!(z.iter().all(|&v| v == 2));
+    }
 }
