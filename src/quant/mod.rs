@@ -565,6 +565,59 @@ pub fn vec_dot_batched(ty: GgmlType, n: usize, rows: usize, w_row: &[u8], act: &
     vec_dot(ty, n, w_row, act)
 }
 
+/// The dot products of one batched product (`n_tok` activation rows × a weight of `rows` rows),
+/// looked up and size-checked once instead of per output: [`vec_dot_batched`] (or [`vec_dot`]
+/// for every row when `per_row`) with the same kernels, so the same bits.
+pub struct BatchDot {
+    ty: GgmlType,
+    n: usize,
+    rows: usize,
+    n_tok: usize,
+    experts: bool,
+    gemm: bool,
+    plain: Option<DotFn>,
+    w_need: usize,
+    a_need: usize,
+}
+
+impl BatchDot {
+    pub fn new(ty: GgmlType, n: usize, rows: usize, n_tok: usize, experts: bool, per_row: bool) -> Self {
+        let simd = Simd::best();
+        let (bs, at) = (ty.block_size(), vec_dot_type(ty));
+        let ok_n = bs > 0 && at.block_size() > 0 && n % bs == 0 && n % at.block_size() == 0;
+        let need = |bs: usize, size: usize| if ok_n { (n / bs).checked_mul(size) } else { None };
+        let (w_need, a_need) = match (need(bs, ty.type_size()), need(at.block_size(), at.type_size())) {
+            (Some(w), Some(a)) => (w, a),
+            _ => (usize::MAX, usize::MAX),
+        };
+        let gemm = !per_row && cfg!(any(target_arch = "x86", target_arch = "x86_64")) && simd == Simd::Avx2;
+        BatchDot { ty, n, rows, n_tok, experts, gemm, plain: kernel(simd, ty), w_need, a_need }
+    }
+
+    /// Weight row `w_row` · activation row `t` (`act`, converted to the vec-dot type); NaN when
+    /// the sizes are wrong, as [`vec_dot`].
+    #[inline]
+    pub fn dot(&self, w_row: &[u8], act: &[u8], t: usize) -> f32 {
+        if w_row.len() < self.w_need || act.len() < self.a_need {
+            debug_assert!(false, "quant::BatchDot({}, n = {}): weight row {} bytes, activation {} bytes", self.ty, self.n, w_row.len(), act.len());
+            return f32::NAN;
+        }
+        #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+        if self.gemm {
+            if let Some(k) = x86::gemm_kernel(self.ty, self.n, self.rows, t, self.n_tok, self.experts) {
+                // SAFETY: sizes checked above; AVX2/FMA/F16C are available (Simd::best).
+                return unsafe { k(self.n, w_row, act) };
+            }
+        }
+        let _ = t;
+        match self.plain {
+            // SAFETY: sizes checked above; `kernel` only returns SIMD kernels the CPU supports.
+            Some(k) => unsafe { k(self.n, w_row, act) },
+            None => f32::NAN,
+        }
+    }
+}
+
 /// `y[r] = dot(row r of w, x)` for `r in 0..y.len()`: `w` holds `y.len()` consecutive rows of
 /// `n` elements of type `ty`, `act` is `x` converted by `quantize_activation(vec_dot_type(ty), ..)`.
 /// Single-threaded; callers split rows across threads. Size errors as in [`vec_dot`] (release

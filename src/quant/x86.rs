@@ -21,26 +21,86 @@ use super::kquants::{scales_mins_k4, scales_q3_k, QK_K};
 use super::{DotFn, GgmlType};
 use core::ptr::read_unaligned;
 
-/// The AVX2 kernel for weight type `ty`, if there is one.
+/// Which build of the 32-element block kernels runs (see `vnni_builds!`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Vnni {
+    /// `vpmaddubsw` + `vpmaddwd` (any AVX2 CPU).
+    Avx2,
+    /// AVX-VNNI `vpdpbusd` (Alder Lake and later, Zen 5).
+    AvxVnni,
+    /// AVX512-VNNI `vpdpbusd` on 256-bit lanes (Ice Lake, Zen 4).
+    Avx512Vnni,
+}
+
+impl Vnni {
+    /// The fastest the CPU has; `LES_NO_VNNI=1` keeps the AVX2 build (same bits either way).
+    pub fn best() -> Vnni {
+        use std::sync::atomic::{AtomicU8, Ordering};
+        static LEVEL: AtomicU8 = AtomicU8::new(0);
+        match LEVEL.load(Ordering::Relaxed) {
+            1 => Vnni::Avx2,
+            2 => Vnni::AvxVnni,
+            3 => Vnni::Avx512Vnni,
+            _ => {
+                let v = if std::env::var_os("LES_NO_VNNI").is_some() {
+                    Vnni::Avx2
+                } else if std::is_x86_feature_detected!("avxvnni") {
+                    Vnni::AvxVnni
+                } else if std::is_x86_feature_detected!("avx512vnni") && std::is_x86_feature_detected!("avx512vl") {
+                    Vnni::Avx512Vnni
+                } else {
+                    Vnni::Avx2
+                };
+                LEVEL.store(v as u8 + 1, Ordering::Relaxed);
+                v
+            }
+        }
+    }
+
+    pub fn is_available(self) -> bool {
+        match self {
+            Vnni::Avx2 => true,
+            Vnni::AvxVnni => std::is_x86_feature_detected!("avxvnni"),
+            Vnni::Avx512Vnni => std::is_x86_feature_detected!("avx512vnni") && std::is_x86_feature_detected!("avx512vl"),
+        }
+    }
+}
+
+/// The AVX2 kernel for weight type `ty`, if there is one (block kernels in the CPU's best
+/// [`Vnni`] build).
 pub(super) fn kernel(ty: GgmlType) -> Option<DotFn> {
+    kernel_with(ty, Vnni::best())
+}
+
+/// [`kernel`] with the block kernels of build `v` (the caller checks `v.is_available()`).
+pub(super) fn kernel_with(ty: GgmlType, v: Vnni) -> Option<DotFn> {
     use GgmlType::*;
+    macro_rules! pick {
+        ($a:ident, $b:ident, $c:ident) => {
+            match v {
+                Vnni::Avx2 => $a as DotFn,
+                Vnni::AvxVnni => $b,
+                Vnni::Avx512Vnni => $c,
+            }
+        };
+    }
     Some(match ty {
         F32 => dot_f32,
         F16 => dot_f16,
         BF16 => dot_bf16,
-        Q4_0 => dot_q4_0_q8_0,
-        Q4_1 => dot_q4_1_q8_1,
-        Q5_0 => dot_q5_0_q8_0,
-        Q5_1 => dot_q5_1_q8_1,
-        Q8_0 => dot_q8_0_q8_0,
+        Q4_0 => pick!(dot_q4_0_q8_0, dot_q4_0_q8_0_vnni, dot_q4_0_q8_0_vnni512),
+        Q4_1 => pick!(dot_q4_1_q8_1, dot_q4_1_q8_1_vnni, dot_q4_1_q8_1_vnni512),
+        Q5_0 => pick!(dot_q5_0_q8_0, dot_q5_0_q8_0_vnni, dot_q5_0_q8_0_vnni512),
+        Q5_1 => pick!(dot_q5_1_q8_1, dot_q5_1_q8_1_vnni, dot_q5_1_q8_1_vnni512),
+        Q8_0 => pick!(dot_q8_0_q8_0, dot_q8_0_q8_0_vnni, dot_q8_0_q8_0_vnni512),
         Q2K => dot_q2_k_q8_k,
         Q3K => dot_q3_k_q8_k,
         Q4K => dot_q4_k_q8_k,
         Q5K => dot_q5_k_q8_k,
         Q6K => dot_q6_k_q8_k,
-        IQ4NL => dot_iq4_nl_q8_0,
+        IQ4NL => pick!(dot_iq4_nl_q8_0, dot_iq4_nl_q8_0_vnni, dot_iq4_nl_q8_0_vnni512),
         IQ4XS => dot_iq4_xs_q8_k,
-        MXFP4 => dot_mxfp4_q8_0,
+        MXFP4 => pick!(dot_mxfp4_q8_0, dot_mxfp4_q8_0_vnni, dot_mxfp4_q8_0_vnni512),
         _ => return None,
     })
 }
@@ -315,6 +375,34 @@ unsafe fn gemm_dot_q4_k_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
 // ---------------------------------------------------------------------------------------------
 // 32-element blocks × Q8_0 / Q8_1
 
+/// The kernels over 32-element blocks, each in three builds that differ only in how a block's
+/// unsigned × signed bytes are summed into 8 exact i32 lanes (`dus`): `vpmaddubsw` + `vpmaddwd`
+/// (AVX2), or one `vpdpbusd` (AVX-VNNI, or AVX512-VNNI on 256-bit lanes), as ggml's
+/// `mul_sum_us8_pairs_float` picks by build flags. The integers are the same either way (no i16
+/// pair sum saturates, see the module doc), so the three give the same bits; [`kernel`] picks
+/// the fastest the CPU has.
+macro_rules! vnni_builds {
+    ($($(#[$m:meta])* fn $name:ident / $vnni:ident / $v512:ident ($n:ident, $w:ident, $a:ident, $dus:ident) $body:block)*) => {$(
+        $(#[$m])*
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn $name($n: usize, $w: &[u8], $a: &[u8]) -> f32 {
+            let ones = _mm256_set1_epi16(1);
+            let $dus = |u, s| dot_us(u, s, ones);
+            $body
+        }
+        #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+        unsafe fn $vnni($n: usize, $w: &[u8], $a: &[u8]) -> f32 {
+            let $dus = |u, s| _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
+            $body
+        }
+        #[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
+        unsafe fn $v512($n: usize, $w: &[u8], $a: &[u8]) -> f32 {
+            let $dus = |u, s| _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+            $body
+        }
+    )*};
+}
+
 /// `sum_blocks(d_w * d_a * sumi)` over Q8_0 activations, with `qx(block)` giving the 32 signed
 /// weight quants and `dw(block)` the weight scale in lane 0.
 #[inline]
@@ -326,63 +414,19 @@ unsafe fn blocks_q8_0(
     ap: *const u8,
     dw: impl Fn(*const u8) -> __m128,
     qx: impl Fn(*const u8) -> __m256i,
+    dus: impl Fn(__m256i, __m256i) -> __m256i,
 ) -> f32 {
     // ggml's order (`ggml_vec_dot_q8_0_q8_0` and kin, x86 quants.c): one 8-lane accumulator,
-    // `acc = fma(d_w * d_a, lanes, acc)` block by block, then `hsum(acc)`.
-    let ones = _mm256_set1_epi16(1);
+    // `acc = fma(d_w * d_a, lanes, acc)` block by block, then `hsum(acc)`. Signed × signed as
+    // |x| × sign(y, x) (`mul_sum_i8_pairs_float`).
     let mut acc = _mm256_setzero_ps();
     for i in 0..nb {
         let (x, y) = (wp.add(i * wsize), ap.add(i * 34));
-        let p = _mm256_cvtepi32_ps(dot_ss(qx(x), load256(y.add(2)), ones));
+        let (qx, qy) = (qx(x), load256(y.add(2)));
+        let p = _mm256_cvtepi32_ps(dus(_mm256_sign_epi8(qx, qx), _mm256_sign_epi8(qy, qx)));
         acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(_mm_mul_ss(dw(x), f16x2(y))), p, acc);
     }
     hsum_ps(acc)
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q4_0_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let eight = _mm256_set1_epi8(8);
-    blocks_q8_0(n / 32, w.as_ptr(), 18, a.as_ptr(), |x| f16x2(x), |x| _mm256_sub_epi8(nibbles32(x.add(2)), eight))
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q5_0_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let (bit4, sixteen) = (_mm256_set1_epi8(0x10), _mm256_set1_epi8(16));
-    blocks_q8_0(
-        n / 32,
-        w.as_ptr(),
-        22,
-        a.as_ptr(),
-        |x| f16x2(x),
-        |x| {
-            let hi = _mm256_and_si256(bits32_to_bytes(read_unaligned(x.add(2) as *const u32)), bit4);
-            _mm256_sub_epi8(_mm256_or_si256(nibbles32(x.add(6)), hi), sixteen)
-        },
-    )
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q8_0_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    blocks_q8_0(n / 32, w.as_ptr(), 34, a.as_ptr(), |x| f16x2(x), |x| load256(x.add(2)))
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_iq4_nl_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let table = _mm256_broadcastsi128_si256(load128(KVALUES_IQ4NL.as_ptr() as *const u8));
-    blocks_q8_0(n / 32, w.as_ptr(), 18, a.as_ptr(), |x| f16x2(x), |x| _mm256_shuffle_epi8(table, nibbles32(x.add(2))))
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_mxfp4_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let table = _mm256_broadcastsi128_si256(load128(KVALUES_MXFP4.as_ptr() as *const u8));
-    blocks_q8_0(
-        n / 32,
-        w.as_ptr(),
-        17,
-        a.as_ptr(),
-        |x| _mm_set_ss(e8m0_to_f32_half(*x)),
-        |x| _mm256_shuffle_epi8(table, nibbles32(x.add(1))),
-    )
 }
 
 /// `sum_blocks(d_w * d_a * sumi + m_w * s_a)` over Q8_1 activations, with `qx(block)` giving
@@ -390,16 +434,22 @@ unsafe fn dot_mxfp4_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
 /// `(d, s)`: one multiply gives `d_w * d_a` in lane 0 and `m_w * s_a` in lane 1.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn blocks_q8_1(nb: usize, wp: *const u8, wsize: usize, ap: *const u8, qx: impl Fn(*const u8) -> __m256i) -> f32 {
+unsafe fn blocks_q8_1(
+    nb: usize,
+    wp: *const u8,
+    wsize: usize,
+    ap: *const u8,
+    qx: impl Fn(*const u8) -> __m256i,
+    dus: impl Fn(__m256i, __m256i) -> __m256i,
+) -> f32 {
     // ggml's order (`ggml_vec_dot_q4_1_q8_1`, x86 quants.c, as GCC compiles it): one 8-lane
     // accumulator `acc = fma(d_w * d_a, lanes, acc)` and a scalar `summs = fma(m_w, s_a, summs)`
     // block by block, then `hsum(acc) + summs`.
-    let ones = _mm256_set1_epi16(1);
     let mut acc = _mm256_setzero_ps();
     let mut summs = _mm_setzero_ps();
     for i in 0..nb {
         let (x, y) = (wp.add(i * wsize), ap.add(i * 36));
-        let p = _mm256_cvtepi32_ps(dot_us(qx(x), load256(y.add(4)), ones));
+        let p = _mm256_cvtepi32_ps(dus(qx(x), load256(y.add(4))));
         let (hx, hy) = (f16x2(x), f16x2(y));
         let d = _mm_mul_ss(hx, hy);
         summs = _mm_fmadd_ss(_mm_movehdup_ps(hx), _mm_movehdup_ps(hy), summs);
@@ -408,18 +458,68 @@ unsafe fn blocks_q8_1(nb: usize, wp: *const u8, wsize: usize, ap: *const u8, qx:
     hsum_ps(acc) + _mm_cvtss_f32(summs)
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q4_1_q8_1(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    blocks_q8_1(n / 32, w.as_ptr(), 20, a.as_ptr(), |x| nibbles32(x.add(4)))
-}
+vnni_builds! {
+    fn dot_q4_0_q8_0 / dot_q4_0_q8_0_vnni / dot_q4_0_q8_0_vnni512 (n, w, a, dus) {
+        let eight = _mm256_set1_epi8(8);
+        blocks_q8_0(n / 32, w.as_ptr(), 18, a.as_ptr(), |x| f16x2(x), |x| _mm256_sub_epi8(nibbles32(x.add(2)), eight), dus)
+    }
 
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q5_1_q8_1(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    let bit4 = _mm256_set1_epi8(0x10);
-    blocks_q8_1(n / 32, w.as_ptr(), 24, a.as_ptr(), |x| {
-        let hi = _mm256_and_si256(bits32_to_bytes(read_unaligned(x.add(4) as *const u32)), bit4);
-        _mm256_or_si256(nibbles32(x.add(8)), hi)
-    })
+    fn dot_q5_0_q8_0 / dot_q5_0_q8_0_vnni / dot_q5_0_q8_0_vnni512 (n, w, a, dus) {
+        let (bit4, sixteen) = (_mm256_set1_epi8(0x10), _mm256_set1_epi8(16));
+        blocks_q8_0(
+            n / 32,
+            w.as_ptr(),
+            22,
+            a.as_ptr(),
+            |x| f16x2(x),
+            |x| {
+                let hi = _mm256_and_si256(bits32_to_bytes(read_unaligned(x.add(2) as *const u32)), bit4);
+                _mm256_sub_epi8(_mm256_or_si256(nibbles32(x.add(6)), hi), sixteen)
+            },
+            dus,
+        )
+    }
+
+    fn dot_q8_0_q8_0 / dot_q8_0_q8_0_vnni / dot_q8_0_q8_0_vnni512 (n, w, a, dus) {
+        blocks_q8_0(n / 32, w.as_ptr(), 34, a.as_ptr(), |x| f16x2(x), |x| load256(x.add(2)), dus)
+    }
+
+    fn dot_iq4_nl_q8_0 / dot_iq4_nl_q8_0_vnni / dot_iq4_nl_q8_0_vnni512 (n, w, a, dus) {
+        let table = _mm256_broadcastsi128_si256(load128(KVALUES_IQ4NL.as_ptr() as *const u8));
+        blocks_q8_0(n / 32, w.as_ptr(), 18, a.as_ptr(), |x| f16x2(x), |x| _mm256_shuffle_epi8(table, nibbles32(x.add(2))), dus)
+    }
+
+    fn dot_mxfp4_q8_0 / dot_mxfp4_q8_0_vnni / dot_mxfp4_q8_0_vnni512 (n, w, a, dus) {
+        let table = _mm256_broadcastsi128_si256(load128(KVALUES_MXFP4.as_ptr() as *const u8));
+        blocks_q8_0(
+            n / 32,
+            w.as_ptr(),
+            17,
+            a.as_ptr(),
+            |x| _mm_set_ss(e8m0_to_f32_half(*x)),
+            |x| _mm256_shuffle_epi8(table, nibbles32(x.add(1))),
+            dus,
+        )
+    }
+
+    fn dot_q4_1_q8_1 / dot_q4_1_q8_1_vnni / dot_q4_1_q8_1_vnni512 (n, w, a, dus) {
+        blocks_q8_1(n / 32, w.as_ptr(), 20, a.as_ptr(), |x| nibbles32(x.add(4)), dus)
+    }
+
+    fn dot_q5_1_q8_1 / dot_q5_1_q8_1_vnni / dot_q5_1_q8_1_vnni512 (n, w, a, dus) {
+        let bit4 = _mm256_set1_epi8(0x10);
+        blocks_q8_1(
+            n / 32,
+            w.as_ptr(),
+            24,
+            a.as_ptr(),
+            |x| {
+                let hi = _mm256_and_si256(bits32_to_bytes(read_unaligned(x.add(4) as *const u32)), bit4);
+                _mm256_or_si256(nibbles32(x.add(8)), hi)
+            },
+            dus,
+        )
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -670,4 +770,61 @@ unsafe fn dot_iq4_xs_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
         acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_at(x) * f32_at(y)), _mm256_cvtepi32_ps(sumi), acc);
     }
     hsum_ps(acc)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every VNNI build of the block kernels gives the AVX2 build's bits, on random blocks and on
+    /// the extremes (Q8_0 weights of -128 against activations of ±127, the largest pair sums).
+    #[test]
+    fn vnni_builds_give_the_avx2_bits() {
+        if !(std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") && std::is_x86_feature_detected!("f16c")) {
+            return;
+        }
+        let builds: Vec<Vnni> = [Vnni::AvxVnni, Vnni::Avx512Vnni].into_iter().filter(|v| v.is_available()).collect();
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut rnd = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let n = 256;
+        for ty in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::IQ4NL, GgmlType::MXFP4] {
+            let (bs, ts) = (ty.block_size(), ty.type_size());
+            for case in 0..20 {
+                let mut w: Vec<u8> = (0..n / bs * ts).map(|_| rnd() as u8).collect();
+                // Finite scales: (d, m) halves in [0.5, 1) for the blocks that start with them.
+                for b in 0..n / bs {
+                    let blk = &mut w[b * ts..(b + 1) * ts];
+                    match ty {
+                        GgmlType::MXFP4 => blk[0] = 120 + (rnd() % 8) as u8,
+                        _ => {
+                            blk[..2].copy_from_slice(&(0x3800u16 | (rnd() as u16 & 0x3ff)).to_le_bytes());
+                            if matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1) {
+                                blk[2..4].copy_from_slice(&(0xb800u16 | (rnd() as u16 & 0x3ff)).to_le_bytes());
+                            }
+                            if ty == GgmlType::Q8_0 && case == 0 {
+                                blk[2..].fill(0x80); // -128 everywhere
+                            }
+                        }
+                    }
+                }
+                let x: Vec<f32> = (0..n)
+                    .map(|i| if case == 0 { if i % 2 == 0 { 1.0 } else { -1.0 } } else { (rnd() % 2001) as f32 / 1000.0 - 1.0 })
+                    .collect();
+                let mut a = Vec::new();
+                crate::quant::quantize_activation(crate::quant::vec_dot_type(ty), &x, &mut a).unwrap();
+                let base = kernel_with(ty, Vnni::Avx2).unwrap();
+                // SAFETY: AVX2/FMA/F16C checked above; `w` and `a` hold `n` elements' blocks.
+                let want = unsafe { base(n, &w, &a) };
+                for &v in &builds {
+                    let got = unsafe { kernel_with(ty, v).unwrap()(n, &w, &a) };
+                    assert_eq!(got.to_bits(), want.to_bits(), "{ty} case {case} {v:?}: {got} vs {want}");
+                }
+            }
+        }
+    }
 }

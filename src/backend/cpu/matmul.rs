@@ -119,25 +119,26 @@ pub fn matmul(w: WeightRef<'_>, acts: &mut Acts<'_>, y: &mut [f32]) {
         });
         return;
     }
-    // Batched: compute in row-major (rows × tokens) so each weight row is read once, then transpose.
-    let mut yt = vec![0f32; w.rows * n_tok];
-    let chunk = rows_per_task(w.rows, w.cols * n_tok) * n_tok;
-    par::for_each_chunk(&mut yt, chunk, |ci, out| {
-        let r0 = ci * chunk / n_tok;
-        for (i, orow) in out.chunks_mut(n_tok).enumerate() {
-            let wr = &w.data[(r0 + i) * w_row..(r0 + i + 1) * w_row];
-            for (t, o) in orow.iter_mut().enumerate() {
-                let at = &a[t * a_row..(t + 1) * a_row];
-                *o = match mode {
-                    RowMode::PerRow => quant::vec_dot(w.ty, w.cols, wr, at),
-                    RowMode::Batch | RowMode::Experts => quant::vec_dot_batched(w.ty, w.cols, w.rows, wr, at, t, n_tok, mode == RowMode::Experts),
-                };
+    // Batched: chunks of weight rows; within a chunk, blocks of `TOKENS` tokens whose converted
+    // activations stay in L1 while the chunk's rows are dotted with them (ggml's 16 × 16 blocks
+    // in `ggml_compute_forward_mul_mat_one_chunk`). Every output is one `vec_dot` as before, so
+    // the loop order does not change a bit.
+    const TOKENS: usize = 16;
+    let rows_chunk = rows_per_task(w.rows, w.cols * n_tok);
+    let yp = par::SharedMut::new(&mut y[..n_tok * w.rows]);
+    let dot = quant::BatchDot::new(w.ty, w.cols, w.rows, n_tok, mode == RowMode::Experts, mode == RowMode::PerRow);
+    par::for_each(w.rows.div_ceil(rows_chunk), |ci| {
+        let (r0, r1) = (ci * rows_chunk, ((ci + 1) * rows_chunk).min(w.rows));
+        for t0 in (0..n_tok).step_by(TOKENS) {
+            for r in r0..r1 {
+                let wr = &w.data[r * w_row..(r + 1) * w_row];
+                for t in t0..(t0 + TOKENS).min(n_tok) {
+                    let at = &a[t * a_row..(t + 1) * a_row];
+                    let v = dot.dot(wr, at, t);
+                    // SAFETY: chunk `ci` alone writes rows r0..r1 of every token, within y.
+                    unsafe { yp.write(t * w.rows + r, v) };
+                }
             }
         }
     });
-    for r in 0..w.rows {
-        for t in 0..n_tok {
-            y[t * w.rows + r] = yt[r * n_tok + t];
-        }
-    }
 }

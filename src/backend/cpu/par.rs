@@ -260,6 +260,23 @@ pub fn set_pool_ready() {
     pool::start_wasm();
 }
 
+/// Run `f(i)` for every `i < n`, in parallel where threads exist (each index once, on some
+/// thread; `f` must give the same result wherever it runs).
+pub fn for_each<F>(n: usize, f: F)
+where
+    F: Fn(usize) + Send + Sync,
+{
+    #[cfg(any(not(target_arch = "wasm32"), target_feature = "atomics"))]
+    if n > 1 {
+        if let Some(p) = pool::get().filter(|p| p.workers > 0) {
+            if p.run(n, &f) {
+                return;
+            }
+        }
+    }
+    (0..n).for_each(f);
+}
+
 /// Split `y` into chunks of `chunk` elements and run `f(chunk_index, chunk)` on each, in parallel
 /// where threads exist.
 pub fn for_each_chunk<T: Send, F>(y: &mut [T], chunk: usize, f: F)
@@ -267,24 +284,48 @@ where
     F: Fn(usize, &mut [T]) + Send + Sync,
 {
     let chunk = chunk.max(1);
-    #[cfg(any(not(target_arch = "wasm32"), target_feature = "atomics"))]
-    if y.len() > chunk {
-        let n = y.len().div_ceil(chunk);
-        if let Some(p) = pool::get().filter(|p| p.workers > 0) {
-            let (base, len) = (y.as_mut_ptr() as usize, y.len());
-            let run = |i: usize| {
-                let (a, b) = (i * chunk, ((i + 1) * chunk).min(len));
-                // SAFETY: each chunk index is claimed once, so the slices are disjoint, and `y`
-                // is borrowed mutably until every chunk is done.
-                let c = unsafe { std::slice::from_raw_parts_mut((base as *mut T).add(a), b - a) };
-                f(i, c)
-            };
-            if p.run(n, &run) {
-                return;
-            }
-        }
+    let (base, len) = (SharedMut(y.as_mut_ptr()), y.len());
+    for_each(len.div_ceil(chunk), |i| {
+        let (a, b) = (i * chunk, ((i + 1) * chunk).min(len));
+        // SAFETY: each chunk index runs once, so the slices are disjoint, and `y` is borrowed
+        // mutably until every chunk is done.
+        f(i, unsafe { base.slice(a, b - a) })
+    });
+}
+
+/// A mutable buffer that parallel chunks write disjoint parts of.
+pub struct SharedMut<T>(*mut T);
+
+impl<T> Clone for SharedMut<T> {
+    fn clone(&self) -> Self {
+        *self
     }
-    y.chunks_mut(chunk).enumerate().for_each(|(i, c)| f(i, c));
+}
+impl<T> Copy for SharedMut<T> {}
+
+// SAFETY: users write disjoint elements only (see the methods' contracts).
+unsafe impl<T: Send> Send for SharedMut<T> {}
+unsafe impl<T: Send> Sync for SharedMut<T> {}
+
+impl<T> SharedMut<T> {
+    pub fn new(y: &mut [T]) -> Self {
+        SharedMut(y.as_mut_ptr())
+    }
+    /// `len` elements from `at`.
+    ///
+    /// # Safety
+    /// In bounds of the buffer given to [`SharedMut::new`], which must still be borrowed, and no
+    /// other thread touches these elements meanwhile.
+    pub unsafe fn slice<'a>(self, at: usize, len: usize) -> &'a mut [T] {
+        std::slice::from_raw_parts_mut(self.0.add(at), len)
+    }
+    /// Write element `at`.
+    ///
+    /// # Safety
+    /// As [`SharedMut::slice`].
+    pub unsafe fn write(self, at: usize, v: T) {
+        self.0.add(at).write(v)
+    }
 }
 
 /// Number of threads parallel ops run on.
