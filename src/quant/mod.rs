@@ -576,6 +576,8 @@ pub struct BatchDot {
     experts: bool,
     gemm: bool,
     plain: Option<DotFn>,
+    #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+    tile: Option<x86::TileFn>,
     w_need: usize,
     a_need: usize,
 }
@@ -591,7 +593,40 @@ impl BatchDot {
             _ => (usize::MAX, usize::MAX),
         };
         let gemm = !per_row && cfg!(any(target_arch = "x86", target_arch = "x86_64")) && simd == Simd::Avx2;
-        BatchDot { ty, n, rows, n_tok, experts, gemm, plain: kernel(simd, ty), w_need, a_need }
+        #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+        let tile = if simd == Simd::Avx2 { x86::tile_kernel(ty) } else { None };
+        BatchDot {
+            ty,
+            n,
+            rows,
+            n_tok,
+            experts,
+            gemm,
+            plain: kernel(simd, ty),
+            #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+            tile,
+            w_need,
+            a_need,
+        }
+    }
+
+    /// [`BatchDot::dot`] for four activation rows `t .. t + 4` at once, where a tile kernel
+    /// exists (the 32-element block types on x86 AVX2: same bits as four single dots); `None`
+    /// otherwise.
+    #[inline]
+    pub fn dot4(&self, w_row: &[u8], acts: [&[u8]; 4], t: usize) -> Option<[f32; 4]> {
+        #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+        if let Some(k) = self.tile {
+            if w_row.len() < self.w_need || acts.iter().any(|a| a.len() < self.a_need) {
+                return Some([f32::NAN; 4]);
+            }
+            // The block types have no batched kernel of their own: every row takes `kernel`'s.
+            debug_assert!((t..t + 4).all(|t| !self.gemm || x86::gemm_kernel(self.ty, self.n, self.rows, t, self.n_tok, self.experts).is_none()));
+            // SAFETY: sizes checked above; AVX2/FMA/F16C are available (Simd::best).
+            return Some(unsafe { k(self.n, w_row, acts) });
+        }
+        let _ = (w_row, acts, t);
+        None
     }
 
     /// Weight row `w_row` · activation row `t` (`act`, converted to the vec-dot type); NaN when

@@ -57,6 +57,7 @@ impl Vnni {
         }
     }
 
+    #[cfg(test)]
     pub fn is_available(self) -> bool {
         match self {
             Vnni::Avx2 => true,
@@ -101,6 +102,39 @@ pub(super) fn kernel_with(ty: GgmlType, v: Vnni) -> Option<DotFn> {
         IQ4NL => pick!(dot_iq4_nl_q8_0, dot_iq4_nl_q8_0_vnni, dot_iq4_nl_q8_0_vnni512),
         IQ4XS => dot_iq4_xs_q8_k,
         MXFP4 => pick!(dot_mxfp4_q8_0, dot_mxfp4_q8_0_vnni, dot_mxfp4_q8_0_vnni512),
+        _ => return None,
+    })
+}
+
+/// One weight row against four activation rows: each output the bits of [`kernel`]'s.
+pub(super) type TileFn = unsafe fn(usize, &[u8], [&[u8]; 4]) -> [f32; 4];
+
+/// The four-row tile for weight type `ty` (the 32-element block types), in the CPU's best
+/// [`Vnni`] build.
+pub(super) fn tile_kernel(ty: GgmlType) -> Option<TileFn> {
+    tile_kernel_with(ty, Vnni::best())
+}
+
+/// [`tile_kernel`] in build `v` (the caller checks `v.is_available()`).
+pub(super) fn tile_kernel_with(ty: GgmlType, v: Vnni) -> Option<TileFn> {
+    use GgmlType::*;
+    macro_rules! pick {
+        ($a:ident, $b:ident, $c:ident) => {
+            match v {
+                Vnni::Avx2 => $a as TileFn,
+                Vnni::AvxVnni => $b,
+                Vnni::Avx512Vnni => $c,
+            }
+        };
+    }
+    Some(match ty {
+        Q4_0 => pick!(tile_q4_0, tile_q4_0_vnni, tile_q4_0_vnni512),
+        Q4_1 => pick!(tile_q4_1, tile_q4_1_vnni, tile_q4_1_vnni512),
+        Q5_0 => pick!(tile_q5_0, tile_q5_0_vnni, tile_q5_0_vnni512),
+        Q5_1 => pick!(tile_q5_1, tile_q5_1_vnni, tile_q5_1_vnni512),
+        Q8_0 => pick!(tile_q8_0, tile_q8_0_vnni, tile_q8_0_vnni512),
+        IQ4NL => pick!(tile_iq4_nl, tile_iq4_nl_vnni, tile_iq4_nl_vnni512),
+        MXFP4 => pick!(tile_mxfp4, tile_mxfp4_vnni, tile_mxfp4_vnni512),
         _ => return None,
     })
 }
@@ -380,97 +414,136 @@ unsafe fn gemm_dot_q4_k_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
 /// (AVX2), or one `vpdpbusd` (AVX-VNNI, or AVX512-VNNI on 256-bit lanes), as ggml's
 /// `mul_sum_us8_pairs_float` picks by build flags. The integers are the same either way (no i16
 /// pair sum saturates, see the module doc), so the three give the same bits; [`kernel`] picks
-/// the fastest the CPU has.
+/// the fastest the CPU has. Each kernel also comes as a tile (`x4`): one weight row against four
+/// activation rows, each output summed in exactly the single kernel's order (so the same bits),
+/// with the weight block unpacked once for the four.
 macro_rules! vnni_builds {
-    ($($(#[$m:meta])* fn $name:ident / $vnni:ident / $v512:ident ($n:ident, $w:ident, $a:ident, $dus:ident) $body:block)*) => {$(
+    ($($(#[$m:meta])* fn $name:ident / $vnni:ident / $v512:ident, $x4:ident / $x4vnni:ident / $x4v512:ident ($n:ident, $w:ident, $aps:ident, $dus:ident) $body:block)*) => {$(
         $(#[$m])*
         #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn $name($n: usize, $w: &[u8], $a: &[u8]) -> f32 {
+        unsafe fn $name($n: usize, $w: &[u8], a: &[u8]) -> f32 {
             let ones = _mm256_set1_epi16(1);
             let $dus = |u, s| dot_us(u, s, ones);
+            let $aps = [a.as_ptr()];
+            let [r]: [f32; 1] = $body;
+            r
+        }
+        #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+        unsafe fn $vnni($n: usize, $w: &[u8], a: &[u8]) -> f32 {
+            let $dus = |u, s| _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
+            let $aps = [a.as_ptr()];
+            let [r]: [f32; 1] = $body;
+            r
+        }
+        #[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
+        unsafe fn $v512($n: usize, $w: &[u8], a: &[u8]) -> f32 {
+            let $dus = |u, s| _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+            let $aps = [a.as_ptr()];
+            let [r]: [f32; 1] = $body;
+            r
+        }
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn $x4($n: usize, $w: &[u8], a: [&[u8]; 4]) -> [f32; 4] {
+            let ones = _mm256_set1_epi16(1);
+            let $dus = |u, s| dot_us(u, s, ones);
+            let $aps = a.map(|a| a.as_ptr());
             $body
         }
         #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-        unsafe fn $vnni($n: usize, $w: &[u8], $a: &[u8]) -> f32 {
+        unsafe fn $x4vnni($n: usize, $w: &[u8], a: [&[u8]; 4]) -> [f32; 4] {
             let $dus = |u, s| _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
+            let $aps = a.map(|a| a.as_ptr());
             $body
         }
         #[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
-        unsafe fn $v512($n: usize, $w: &[u8], $a: &[u8]) -> f32 {
+        unsafe fn $x4v512($n: usize, $w: &[u8], a: [&[u8]; 4]) -> [f32; 4] {
             let $dus = |u, s| _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+            let $aps = a.map(|a| a.as_ptr());
             $body
         }
     )*};
 }
 
-/// `sum_blocks(d_w * d_a * sumi)` over Q8_0 activations, with `qx(block)` giving the 32 signed
-/// weight quants and `dw(block)` the weight scale in lane 0.
+/// `sum_blocks(d_w * d_a * sumi)` over Q8_0 activations (`T` rows at `aps`), with `qx(block)`
+/// giving the 32 signed weight quants and `dw(block)` the weight scale in lane 0.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn blocks_q8_0(
+unsafe fn blocks_q8_0<const T: usize>(
     nb: usize,
     wp: *const u8,
     wsize: usize,
-    ap: *const u8,
+    aps: [*const u8; T],
     dw: impl Fn(*const u8) -> __m128,
     qx: impl Fn(*const u8) -> __m256i,
     dus: impl Fn(__m256i, __m256i) -> __m256i,
-) -> f32 {
+) -> [f32; T] {
     // ggml's order (`ggml_vec_dot_q8_0_q8_0` and kin, x86 quants.c): one 8-lane accumulator,
     // `acc = fma(d_w * d_a, lanes, acc)` block by block, then `hsum(acc)`. Signed × signed as
     // |x| × sign(y, x) (`mul_sum_i8_pairs_float`).
-    let mut acc = _mm256_setzero_ps();
+    let mut acc = [_mm256_setzero_ps(); T];
     for i in 0..nb {
-        let (x, y) = (wp.add(i * wsize), ap.add(i * 34));
-        let (qx, qy) = (qx(x), load256(y.add(2)));
-        let p = _mm256_cvtepi32_ps(dus(_mm256_sign_epi8(qx, qx), _mm256_sign_epi8(qy, qx)));
-        acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(_mm_mul_ss(dw(x), f16x2(y))), p, acc);
+        let x = wp.add(i * wsize);
+        let (q, d) = (qx(x), dw(x));
+        let qa = _mm256_sign_epi8(q, q);
+        for t in 0..T {
+            let y = aps[t].add(i * 34);
+            let p = _mm256_cvtepi32_ps(dus(qa, _mm256_sign_epi8(load256(y.add(2)), q)));
+            acc[t] = _mm256_fmadd_ps(_mm256_broadcastss_ps(_mm_mul_ss(d, f16x2(y))), p, acc[t]);
+        }
     }
-    hsum_ps(acc)
+    acc.map(|a| hsum_ps(a))
 }
 
-/// `sum_blocks(d_w * d_a * sumi + m_w * s_a)` over Q8_1 activations, with `qx(block)` giving
-/// the 32 unsigned weight quants. Both blocks start with a pair of halves, `(d, m)` and
-/// `(d, s)`: one multiply gives `d_w * d_a` in lane 0 and `m_w * s_a` in lane 1.
+/// `sum_blocks(d_w * d_a * sumi + m_w * s_a)` over Q8_1 activations (`T` rows at `aps`), with
+/// `qx(block)` giving the 32 unsigned weight quants. Both blocks start with a pair of halves,
+/// `(d, m)` and `(d, s)`: one multiply gives `d_w * d_a` in lane 0 and `m_w * s_a` in lane 1.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn blocks_q8_1(
+unsafe fn blocks_q8_1<const T: usize>(
     nb: usize,
     wp: *const u8,
     wsize: usize,
-    ap: *const u8,
+    aps: [*const u8; T],
     qx: impl Fn(*const u8) -> __m256i,
     dus: impl Fn(__m256i, __m256i) -> __m256i,
-) -> f32 {
+) -> [f32; T] {
     // ggml's order (`ggml_vec_dot_q4_1_q8_1`, x86 quants.c, as GCC compiles it): one 8-lane
     // accumulator `acc = fma(d_w * d_a, lanes, acc)` and a scalar `summs = fma(m_w, s_a, summs)`
     // block by block, then `hsum(acc) + summs`.
-    let mut acc = _mm256_setzero_ps();
-    let mut summs = _mm_setzero_ps();
+    let mut acc = [_mm256_setzero_ps(); T];
+    let mut summs = [_mm_setzero_ps(); T];
     for i in 0..nb {
-        let (x, y) = (wp.add(i * wsize), ap.add(i * 36));
-        let p = _mm256_cvtepi32_ps(dus(qx(x), load256(y.add(4))));
-        let (hx, hy) = (f16x2(x), f16x2(y));
-        let d = _mm_mul_ss(hx, hy);
-        summs = _mm_fmadd_ss(_mm_movehdup_ps(hx), _mm_movehdup_ps(hy), summs);
-        acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(d), p, acc);
+        let x = wp.add(i * wsize);
+        let (q, hx) = (qx(x), f16x2(x));
+        for t in 0..T {
+            let y = aps[t].add(i * 36);
+            let p = _mm256_cvtepi32_ps(dus(q, load256(y.add(4))));
+            let hy = f16x2(y);
+            let d = _mm_mul_ss(hx, hy);
+            summs[t] = _mm_fmadd_ss(_mm_movehdup_ps(hx), _mm_movehdup_ps(hy), summs[t]);
+            acc[t] = _mm256_fmadd_ps(_mm256_broadcastss_ps(d), p, acc[t]);
+        }
     }
-    hsum_ps(acc) + _mm_cvtss_f32(summs)
+    let mut out = [0f32; T];
+    for t in 0..T {
+        out[t] = hsum_ps(acc[t]) + _mm_cvtss_f32(summs[t]);
+    }
+    out
 }
 
 vnni_builds! {
-    fn dot_q4_0_q8_0 / dot_q4_0_q8_0_vnni / dot_q4_0_q8_0_vnni512 (n, w, a, dus) {
+    fn dot_q4_0_q8_0 / dot_q4_0_q8_0_vnni / dot_q4_0_q8_0_vnni512, tile_q4_0 / tile_q4_0_vnni / tile_q4_0_vnni512 (n, w, aps, dus) {
         let eight = _mm256_set1_epi8(8);
-        blocks_q8_0(n / 32, w.as_ptr(), 18, a.as_ptr(), |x| f16x2(x), |x| _mm256_sub_epi8(nibbles32(x.add(2)), eight), dus)
+        blocks_q8_0(n / 32, w.as_ptr(), 18, aps, |x| f16x2(x), |x| _mm256_sub_epi8(nibbles32(x.add(2)), eight), dus)
     }
 
-    fn dot_q5_0_q8_0 / dot_q5_0_q8_0_vnni / dot_q5_0_q8_0_vnni512 (n, w, a, dus) {
+    fn dot_q5_0_q8_0 / dot_q5_0_q8_0_vnni / dot_q5_0_q8_0_vnni512, tile_q5_0 / tile_q5_0_vnni / tile_q5_0_vnni512 (n, w, aps, dus) {
         let (bit4, sixteen) = (_mm256_set1_epi8(0x10), _mm256_set1_epi8(16));
         blocks_q8_0(
             n / 32,
             w.as_ptr(),
             22,
-            a.as_ptr(),
+            aps,
             |x| f16x2(x),
             |x| {
                 let hi = _mm256_and_si256(bits32_to_bytes(read_unaligned(x.add(2) as *const u32)), bit4);
@@ -480,39 +553,39 @@ vnni_builds! {
         )
     }
 
-    fn dot_q8_0_q8_0 / dot_q8_0_q8_0_vnni / dot_q8_0_q8_0_vnni512 (n, w, a, dus) {
-        blocks_q8_0(n / 32, w.as_ptr(), 34, a.as_ptr(), |x| f16x2(x), |x| load256(x.add(2)), dus)
+    fn dot_q8_0_q8_0 / dot_q8_0_q8_0_vnni / dot_q8_0_q8_0_vnni512, tile_q8_0 / tile_q8_0_vnni / tile_q8_0_vnni512 (n, w, aps, dus) {
+        blocks_q8_0(n / 32, w.as_ptr(), 34, aps, |x| f16x2(x), |x| load256(x.add(2)), dus)
     }
 
-    fn dot_iq4_nl_q8_0 / dot_iq4_nl_q8_0_vnni / dot_iq4_nl_q8_0_vnni512 (n, w, a, dus) {
+    fn dot_iq4_nl_q8_0 / dot_iq4_nl_q8_0_vnni / dot_iq4_nl_q8_0_vnni512, tile_iq4_nl / tile_iq4_nl_vnni / tile_iq4_nl_vnni512 (n, w, aps, dus) {
         let table = _mm256_broadcastsi128_si256(load128(KVALUES_IQ4NL.as_ptr() as *const u8));
-        blocks_q8_0(n / 32, w.as_ptr(), 18, a.as_ptr(), |x| f16x2(x), |x| _mm256_shuffle_epi8(table, nibbles32(x.add(2))), dus)
+        blocks_q8_0(n / 32, w.as_ptr(), 18, aps, |x| f16x2(x), |x| _mm256_shuffle_epi8(table, nibbles32(x.add(2))), dus)
     }
 
-    fn dot_mxfp4_q8_0 / dot_mxfp4_q8_0_vnni / dot_mxfp4_q8_0_vnni512 (n, w, a, dus) {
+    fn dot_mxfp4_q8_0 / dot_mxfp4_q8_0_vnni / dot_mxfp4_q8_0_vnni512, tile_mxfp4 / tile_mxfp4_vnni / tile_mxfp4_vnni512 (n, w, aps, dus) {
         let table = _mm256_broadcastsi128_si256(load128(KVALUES_MXFP4.as_ptr() as *const u8));
         blocks_q8_0(
             n / 32,
             w.as_ptr(),
             17,
-            a.as_ptr(),
+            aps,
             |x| _mm_set_ss(e8m0_to_f32_half(*x)),
             |x| _mm256_shuffle_epi8(table, nibbles32(x.add(1))),
             dus,
         )
     }
 
-    fn dot_q4_1_q8_1 / dot_q4_1_q8_1_vnni / dot_q4_1_q8_1_vnni512 (n, w, a, dus) {
-        blocks_q8_1(n / 32, w.as_ptr(), 20, a.as_ptr(), |x| nibbles32(x.add(4)), dus)
+    fn dot_q4_1_q8_1 / dot_q4_1_q8_1_vnni / dot_q4_1_q8_1_vnni512, tile_q4_1 / tile_q4_1_vnni / tile_q4_1_vnni512 (n, w, aps, dus) {
+        blocks_q8_1(n / 32, w.as_ptr(), 20, aps, |x| nibbles32(x.add(4)), dus)
     }
 
-    fn dot_q5_1_q8_1 / dot_q5_1_q8_1_vnni / dot_q5_1_q8_1_vnni512 (n, w, a, dus) {
+    fn dot_q5_1_q8_1 / dot_q5_1_q8_1_vnni / dot_q5_1_q8_1_vnni512, tile_q5_1 / tile_q5_1_vnni / tile_q5_1_vnni512 (n, w, aps, dus) {
         let bit4 = _mm256_set1_epi8(0x10);
         blocks_q8_1(
             n / 32,
             w.as_ptr(),
             24,
-            a.as_ptr(),
+            aps,
             |x| {
                 let hi = _mm256_and_si256(bits32_to_bytes(read_unaligned(x.add(4) as *const u32)), bit4);
                 _mm256_or_si256(nibbles32(x.add(8)), hi)
@@ -779,7 +852,7 @@ mod tests {
     /// Every VNNI build of the block kernels gives the AVX2 build's bits, on random blocks and on
     /// the extremes (Q8_0 weights of -128 against activations of ±127, the largest pair sums).
     #[test]
-    fn vnni_builds_give_the_avx2_bits() {
+    fn vnni_builds_and_tiles_give_the_avx2_bits() {
         if !(std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") && std::is_x86_feature_detected!("f16c")) {
             return;
         }
@@ -823,6 +896,24 @@ mod tests {
                 for &v in &builds {
                     let got = unsafe { kernel_with(ty, v).unwrap()(n, &w, &a) };
                     assert_eq!(got.to_bits(), want.to_bits(), "{ty} case {case} {v:?}: {got} vs {want}");
+                }
+                // Tiles: four activation rows (this one and three shifted copies), each output
+                // the single kernel's bits.
+                let rows: Vec<Vec<u8>> = (0..4)
+                    .map(|r| {
+                        let xr: Vec<f32> = x.iter().enumerate().map(|(i, v)| if r == 0 { *v } else { x[(i + 7 * r) % n] * (r as f32 + 0.5) }).collect();
+                        let mut ar = Vec::new();
+                        crate::quant::quantize_activation(crate::quant::vec_dot_type(ty), &xr, &mut ar).unwrap();
+                        ar
+                    })
+                    .collect();
+                let acts = [&rows[0][..], &rows[1][..], &rows[2][..], &rows[3][..]];
+                for v in std::iter::once(Vnni::Avx2).chain(builds.iter().copied()) {
+                    let got = unsafe { tile_kernel_with(ty, v).unwrap()(n, &w, acts) };
+                    for r in 0..4 {
+                        let want = unsafe { base(n, &w, acts[r]) };
+                        assert_eq!(got[r].to_bits(), want.to_bits(), "{ty} case {case} tile {v:?} row {r}");
+                    }
                 }
             }
         }

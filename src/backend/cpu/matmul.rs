@@ -132,11 +132,19 @@ pub fn matmul(w: WeightRef<'_>, acts: &mut Acts<'_>, y: &mut [f32]) {
         for t0 in (0..n_tok).step_by(TOKENS) {
             for r in r0..r1 {
                 let wr = &w.data[r * w_row..(r + 1) * w_row];
-                for t in t0..(t0 + TOKENS).min(n_tok) {
-                    let at = &a[t * a_row..(t + 1) * a_row];
-                    let v = dot.dot(wr, at, t);
-                    // SAFETY: chunk `ci` alone writes rows r0..r1 of every token, within y.
-                    unsafe { yp.write(t * w.rows + r, v) };
+                let (mut t, t1) = (t0, (t0 + TOKENS).min(n_tok));
+                let act = |t: usize| &a[t * a_row..(t + 1) * a_row];
+                while t + 4 <= t1 {
+                    let Some(v) = dot.dot4(wr, [act(t), act(t + 1), act(t + 2), act(t + 3)], t) else { break };
+                    for (k, v) in v.into_iter().enumerate() {
+                        // SAFETY: chunk `ci` alone writes rows r0..r1 of every token, within y.
+                        unsafe { yp.write((t + k) * w.rows + r, v) };
+                    }
+                    t += 4;
+                }
+                for t in t..t1 {
+                    // SAFETY: as above.
+                    unsafe { yp.write(t * w.rows + r, dot.dot(wr, act(t), t)) };
                 }
             }
         }

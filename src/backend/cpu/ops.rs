@@ -283,6 +283,36 @@ unsafe fn f16_lanes_x86<const MAD: bool>(acc: &mut [f16], v: &[f16], s: f32) {
     }
 }
 
+/// [`dot_f16`] for many rows of one length, its kernel looked up once.
+struct DotF16(Option<crate::quant::BatchDot>);
+
+impl DotF16 {
+    fn new(n: usize) -> Self {
+        #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+        if crate::quant::Simd::best() == crate::quant::Simd::Avx2 {
+            return DotF16(Some(crate::quant::BatchDot::new(crate::quant::GgmlType::F16, n, 1, 1, false, true)));
+        }
+        let _ = n;
+        DotF16(None)
+    }
+
+    #[inline]
+    fn dot(&self, a: &[f16], b: &[f16]) -> f32 {
+        match &self.0 {
+            // As `dot_f16`'s x86 path (the AVX2 F16 kernel), without the lookup.
+            Some(d) => {
+                let n = a.len().min(b.len());
+                // SAFETY: `f16` is a transparent u16; the byte views cover exactly `n` halves.
+                let (ab, bb) = unsafe {
+                    (core::slice::from_raw_parts(a.as_ptr() as *const u8, 2 * n), core::slice::from_raw_parts(b.as_ptr() as *const u8, 2 * n))
+                };
+                d.dot(ab, bb, 0)
+            }
+            None => dot_f16(a, b),
+        }
+    }
+}
+
 /// One query head attending over `n_kv` cached positions, as ggml's CPU flash-attention kernel
 /// (`ggml_compute_forward_flash_attn_ext_f16_one_chunk`) does with an f16 KV cache: Q is rounded
 /// to f16, scores are f16 dots scaled by `scale`, the softmax is online, and the V accumulator is
@@ -294,9 +324,10 @@ pub fn attend_head(q: &[f32], k_rows: &[f16], v_rows: &[f16], head_dim: usize, n
     acc.resize(head_dim, f16::ZERO);
     let mut s_sum = 0f32;
     let mut m = f32::NEG_INFINITY;
+    let dot = DotF16::new(head_dim);
     for j in 0..n_kv {
         let k = &k_rows[j * head_dim..(j + 1) * head_dim];
-        let s = dot_f16(k, qh) * scale;
+        let s = dot.dot(k, qh) * scale;
         let mut ms = 1.0f32;
         let mut vs = 1.0f32;
         if s > m {
