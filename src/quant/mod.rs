@@ -568,6 +568,7 @@ pub fn vec_dot_batched(ty: GgmlType, n: usize, rows: usize, w_row: &[u8], act: &
 /// The dot products of one batched product (`n_tok` activation rows × a weight of `rows` rows),
 /// looked up and size-checked once instead of per output: [`vec_dot_batched`] (or [`vec_dot`]
 /// for every row when `per_row`) with the same kernels, so the same bits.
+#[cfg_attr(not(any(target_arch = "x86", target_arch = "x86_64")), allow(dead_code))]
 pub struct BatchDot {
     ty: GgmlType,
     n: usize,

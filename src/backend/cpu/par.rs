@@ -205,6 +205,7 @@ mod pool {
     }
 
     /// Threads asked for (0: not set).
+    #[cfg(not(target_arch = "wasm32"))]
     static WANT: AtomicUsize = AtomicUsize::new(0);
     static POOL: OnceLock<&'static Pool> = OnceLock::new();
 
@@ -245,7 +246,7 @@ mod pool {
     pub fn start_wasm() {
         POOL.get_or_init(|| {
             let pool: &'static Pool = Box::leak(Box::new(Pool::new(rayon::current_num_threads().saturating_sub(1))));
-            for _ in 0..pool.workers {
+            for i in 0..pool.workers {
                 rayon::spawn(move || pool.worker(i + 1));
             }
             pool
