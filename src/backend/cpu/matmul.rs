@@ -82,14 +82,18 @@ impl<'a> Acts<'a> {
             return (&c.1, c.2);
         }
         let row_b = vty.row_bytes(self.cols as u64).expect("activation row not a multiple of the block size") as usize;
-        let mut buf = Vec::with_capacity(row_b * self.n_tok);
-        let mut tmp = Vec::with_capacity(row_b);
-        for t in 0..self.n_tok {
-            tmp.clear();
-            quant::quantize_activation(vty, &self.x[t * self.cols..(t + 1) * self.cols], &mut tmp)
-                .expect("activation quantization");
-            buf.extend_from_slice(&tmp);
-        }
+        let (x, cols) = (self.x, self.cols);
+        let mut buf = vec![0u8; row_b * self.n_tok];
+        // Rows are converted independently: a prompt's rows on every thread, 16 per task.
+        par::for_each_chunk(&mut buf, row_b * 16, |ci, out| {
+            let mut tmp = Vec::with_capacity(row_b);
+            for (j, o) in out.chunks_mut(row_b).enumerate() {
+                let t = ci * 16 + j;
+                tmp.clear();
+                quant::quantize_activation(vty, &x[t * cols..(t + 1) * cols], &mut tmp).expect("activation quantization");
+                o.copy_from_slice(&tmp);
+            }
+        });
         self.conv.push((vty, buf, row_b));
         let c = self.conv.last().unwrap();
         (&c.1, c.2)
