@@ -3,7 +3,8 @@
 #   tools/bench_les.sh decode    LES vs llama.cpp decode on SmolLM2-135M (2 threads, same session)
 #   tools/bench_les.sh ladder    the streaming ladder for SmolMoE-32x2 / 64x4 at 400 MiB
 #   tools/bench_les.sh pptg      `les bench pp-tg` and llama-bench (pp512, tg128) interleaved, REPS
-#                                rounds, at 1 and 2 threads, on SmolLM2 and resident SmolMoE-32x2
+#                                rounds (median), at 1 and 2 threads, on SmolLM2 and resident
+#                                SmolMoE-32x2 / 64x4 (tools/build_models.sh all); BASE=older les binary
 # llama.cpp: LLAMA_CPP_DIR (default: the llama-cpp-python 0.3.36 vendored build, see ../shared/ENVIRONMENT.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,15 +20,16 @@ if [ "$what" = decode ] || [ "$what" = all ]; then
   fi
 fi
 if [ "$what" = pptg ] || [ "$what" = all ]; then
-  for round in $(seq 1 ${REPS:-2}); do
-    for m in ${PPTG_MODELS:-SmolLM2-135M-Instruct.Q4_1 smolmoe-32x2}; do
-      for t in 1 2; do
-        echo "== round $round: $m, $t threads"
-        $LES bench pp-tg --model models/$m.gguf -t $t -p 512 -n 128 -r 3
-        if [ -x "$LLAMA_CPP_DIR/build/bin/llama-bench" ]; then
-          "$LLAMA_CPP_DIR/build/bin/llama-bench" -m models/$m.gguf -t $t -p 512 -n 128 -r 3 -o md
-        fi
-      done
+  # Interleaved round by round (tools/bench_ab.py); BASE=path/to/an/older/les adds a third column.
+  LB="$LLAMA_CPP_DIR/build/bin/llama-bench"
+  for t in 1 2; do
+    for m in ${PPTG_MODELS:-SmolLM2-135M-Instruct.Q4_1 smolmoe-32x2 smolmoe-64x4}; do
+      echo "== $m, $t threads, pp512 + tg128, ${REPS:-2} rounds of -r 3"
+      args="-m models/$m.gguf -t $t -p 512 -n 128 -r 3"
+      cmds=("les=$LES bench pp-tg $args")
+      [ -n "${BASE:-}" ] && cmds+=("base=$BASE bench pp-tg $args")
+      [ -x "$LB" ] && cmds+=("llama.cpp=$LB -o md $args")
+      python3 tools/bench_ab.py "${REPS:-2}" "${cmds[@]}"
     done
   done
 fi
