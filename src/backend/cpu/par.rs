@@ -75,8 +75,11 @@ mod pool {
                     // SAFETY: `f` outlives the section: the caller waits for `done == n` and then
                     // for every worker to leave (see `Pool::run`).
                     let f = unsafe { &*self.f };
-                    if catch_unwind(AssertUnwindSafe(|| f(i))).is_err() {
+                    if let Err(payload) = catch_unwind(AssertUnwindSafe(|| f(i))) {
                         self.panicked.store(true, SeqCst);
+                        // Not dropped here: a payload whose drop panics would escape with the
+                        // section open.
+                        std::mem::forget(payload);
                     }
                     self.done.fetch_add(1, SeqCst);
                 }
@@ -121,7 +124,13 @@ mod pool {
         /// Run `f(i)` for `i < n` on the caller and the workers; false if the pool was busy
         /// (nothing ran).
         pub fn run(&self, n: usize, f: &(dyn Fn(usize) + Sync)) -> bool {
-            let Ok(_section) = self.busy.try_lock() else { return false };
+            // A poisoned lock only means an earlier section's chunk panicked (re-raised below after
+            // the section closed): the pool is fine.
+            let section = match self.busy.try_lock() {
+                Ok(g) => g,
+                Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => return false,
+            };
             // SAFETY: only the lifetime is erased; the pointer is not used after this call returns.
             let f: *const (dyn Fn(usize) + Sync) = unsafe { std::mem::transmute(f) };
             let job = Job::new(f, n, self.workers + 1);
@@ -141,6 +150,7 @@ mod pool {
                 std::hint::spin_loop();
             }
             self.job.store(std::ptr::null_mut(), SeqCst);
+            drop(section);
             if job.panicked.load(SeqCst) {
                 resume_unwind(Box::new("a parallel CPU kernel panicked"));
             }
@@ -394,5 +404,19 @@ mod tests {
         let mut z = vec![0u8; 64];
         for_each_chunk(&mut z, 1, |_, c| c[0] = 2);
         assert!(z.iter().all(|&v| v == 2));
+        // Still parallel afterwards (a poisoned lock once made every later section run alone).
+        // Other tests may hold the pool for a moment: try a few times.
+        if n_threads() > 1 {
+            let parallel = (0..50).any(|_| {
+                let ids = std::sync::Mutex::new(std::collections::HashSet::new());
+                for_each(8, |_| {
+                    ids.lock().unwrap().insert(std::thread::current().id());
+                    std::thread::sleep(std::time::Duration::from_millis(2));
+                });
+                let n = ids.lock().unwrap().len();
+                n > 1
+            });
+            assert!(parallel, "after a panicking chunk, sections no longer run on the pool");
+        }
     }
 }
