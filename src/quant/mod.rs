@@ -543,31 +543,12 @@ pub fn vec_dot_with(simd: Simd, ty: GgmlType, n: usize, w_row: &[u8], act: &[u8]
     unsafe { k(n, w_row, act) }
 }
 
-/// The dot product a batched matmul (`n_tok` ≥ 2 activation rows, a weight of `rows` rows) uses
-/// for one weight row × activation row `t`;
-/// `experts`: one expert's rows of a `mul_mat_id`. On x86-64 with AVX2 this follows ggml's
-/// batched paths where they sum in a different order from [`vec_dot`] (tinyBLAS for F32 and F16
-/// weights, the repacked GEMM for Q4_K, the tiled K-quant matmul for Q6_K); elsewhere it is
-/// [`vec_dot`].
-#[allow(clippy::too_many_arguments)]
-pub fn vec_dot_batched(ty: GgmlType, n: usize, rows: usize, w_row: &[u8], act: &[u8], t: usize, n_tok: usize, experts: bool) -> f32 {
-    #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
-    if Simd::best() == Simd::Avx2 {
-        if let Some(k) = x86::gemm_kernel(ty, n, rows, t, n_tok, experts) {
-            if !dot_sizes_ok(ty, n, w_row.len(), act.len(), 1) {
-                return f32::NAN;
-            }
-            // SAFETY: sizes checked above; AVX2/FMA/F16C are available (Simd::best).
-            return unsafe { k(n, w_row, act) };
-        }
-    }
-    let _ = (rows, t, n_tok, experts);
-    vec_dot(ty, n, w_row, act)
-}
-
 /// The dot products of one batched product (`n_tok` activation rows × a weight of `rows` rows),
-/// looked up and size-checked once instead of per output: [`vec_dot_batched`] (or [`vec_dot`]
-/// for every row when `per_row`) with the same kernels, so the same bits.
+/// looked up and size-checked once instead of per output. On x86-64 with AVX2 it follows ggml's
+/// batched paths where they sum in a different order from [`vec_dot`] (tinyBLAS for F32 and F16
+/// weights, the repacked GEMM for Q4_K, the tiled K-quant matmul for Q6_K; `experts`: one
+/// expert's rows of a `mul_mat_id`); elsewhere, and for every row when `per_row`, it is
+/// [`vec_dot`]'s kernel.
 #[cfg_attr(not(any(target_arch = "x86", target_arch = "x86_64")), allow(dead_code))]
 pub struct BatchDot {
     ty: GgmlType,
