@@ -73,6 +73,29 @@ fn prefix_reuse_equals_cold_run_moe_resident_and_streamed() {
     reuse_equals_cold(&mut st.session);
 }
 
+/// Gated DeltaNet hybrids: the recurrent state cannot be cut back, so it is kept before each
+/// prompt's last token; the next turn (a longer prompt) and the same prompt again (regenerate)
+/// come back to it, and a prompt that changes earlier runs from the start.
+#[test]
+fn prefix_reuse_on_recurrent_models_equals_cold_run() {
+    for m in ["rand-qwen35moe.gguf", "rand-qwen3next.gguf"] {
+        let mut s = session(m, 256);
+        reuse_equals_cold(&mut s);
+        s.reset();
+        let p = s.tokenize("Once upon a time there was a small robot");
+        let (cold, _) = s.generate_with(&p, &greedy(6), &mut |_, _| true).unwrap();
+        let (again, st) = s.generate_with(&p, &greedy(6), &mut |_, _| true).unwrap();
+        assert_eq!(st.prompt_reused, p.len() - 1, "{m}: regenerate comes back to the checkpoint");
+        assert_eq!(again, cold, "{m}: regenerated text differs");
+        let mut q = p.clone();
+        q[3] = s.tokenizer.encode(" dog", false, true)[0];
+        let (_, st) = s.generate_with(&q, &greedy(4), &mut |_, _| true).unwrap();
+        assert_eq!(st.prompt_reused, 0, "{m}: no state to go back to before the change: run from the start");
+        let (_, st) = s.generate_with(&q, &greedy(4), &mut |_, _| true).unwrap();
+        assert_eq!(st.prompt_reused, q.len() - 1);
+    }
+}
+
 #[test]
 fn reuse_off_runs_the_whole_prompt_and_a_changed_prefix_runs_from_the_change() {
     let mut s = session("SmolLM2-135M-Instruct.Q4_1.gguf", 256);

@@ -183,7 +183,7 @@ async fn case_gate_add<B: Ops>(b: &mut B) -> Out {
     let mut x = b.input(rows_of(3, E, 2), E)?;
     let y = b.input(rows_of(3, E, 60), E)?;
     let g = b.matmul(&x, &[fx().gate_row])?.remove(0);
-    b.gate_add(&mut x, &y, &g)?;
+    b.gate_add(&mut x, &y, &g, les::backend::ops::Sigmoid::SiluDiv)?;
     read_all(b, &[&x, &g]).await
 }
 

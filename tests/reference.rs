@@ -101,13 +101,25 @@ fn compare(model_file: &str, stem: &str) -> Report {
 }
 
 fn check(model_file: &str, stem: &str) {
+    check_within(model_file, stem, GOAL_DLOGIT, 7);
+}
+
+/// The Gated DeltaNet hybrids' references come from llama.cpp's AVX2 build (made on a machine
+/// without AVX-512), whose `expf` and f32 / f16 dot-product orders differ from the AVX-512 orders
+/// LES follows, so their logits agree to a tolerance instead of bit for bit: measured 1.4e-2
+/// (qwen35moe) and 5.4e-2 (qwen3next) over llama.cpp's top-32, logits of magnitude ~25.
+/// Greedy text may part only where llama.cpp's top-2 margin is below 0.1 (two such places in 256
+/// qwen3next tokens, margins 5e-4 and 2e-3).
+const HYBRID_DLOGIT: f32 = 0.1;
+
+fn check_within(model_file: &str, stem: &str, max_dlogit: f32, min_greedy: usize) {
     let r = compare(model_file, stem);
     if reference_platform() {
-        assert!(r.greedy_exact >= 7, "{stem}: greedy continuation equals llama.cpp's on only {}/8 prompts", r.greedy_exact);
+        assert!(r.greedy_exact >= min_greedy, "{stem}: greedy continuation equals llama.cpp's on only {}/8 prompts", r.greedy_exact);
         assert!(r.bad_divergences.is_empty(), "{stem}: greedy diverges where llama.cpp's margin ≥ {MARGIN}: {:?}", r.bad_divergences);
         assert_eq!(r.argmax_mismatch_above_margin, 0, "{stem}: teacher-forced argmax differs where llama.cpp's margin > {MARGIN}");
-        assert!(r.max_dlogit <= GOAL_DLOGIT, "{stem}: max |Δlogit| over llama.cpp's top-32 {} > {GOAL_DLOGIT}", r.max_dlogit);
-        assert!(r.max_dlogit_full <= GOAL_DLOGIT, "{stem}: max |Δlogit| over the full first rows {} > {GOAL_DLOGIT}", r.max_dlogit_full);
+        assert!(r.max_dlogit <= max_dlogit, "{stem}: max |Δlogit| over llama.cpp's top-32 {} > {max_dlogit}", r.max_dlogit);
+        assert!(r.max_dlogit_full <= max_dlogit, "{stem}: max |Δlogit| over the full first rows {} > {max_dlogit}", r.max_dlogit_full);
     } else {
         eprintln!("{stem}: portable kernels (no AVX2): only the coarse checks apply");
         assert_eq!(r.argmax_mismatch_confident, 0, "{stem}: teacher-forced argmax differs where llama.cpp's margin > {CONFIDENT}");
@@ -138,6 +150,18 @@ fn rand_qwen3moe_matches_llama_cpp() {
 #[test]
 fn rand_olmoe_matches_llama_cpp() {
     check("rand-olmoe.gguf", "rand-olmoe");
+}
+
+/// Gated DeltaNet + gated attention hybrid (Qwen3.5-MoE): tiled value→key heads, IMROPE.
+#[test]
+fn rand_qwen35moe_matches_llama_cpp() {
+    check_within("rand-qwen35moe.gguf", "rand-qwen35moe", HYBRID_DLOGIT, 6);
+}
+
+/// Qwen3-Next: fused `ssm_ba`, grouped value→key heads, NEOX RoPE, tied output.
+#[test]
+fn rand_qwen3next_matches_llama_cpp() {
+    check_within("rand-qwen3next.gguf", "rand-qwen3next", HYBRID_DLOGIT, 6);
 }
 
 #[test]

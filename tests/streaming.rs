@@ -114,6 +114,17 @@ fn lossless_rand_olmoe() {
     lossless("rand-olmoe.gguf", &FRACTIONS, &POLICIES, 8, true);
 }
 
+/// Gated DeltaNet hybrids: streamed experts leave the recurrent state's bits unchanged.
+#[test]
+fn lossless_rand_qwen35moe() {
+    lossless("rand-qwen35moe.gguf", &FRACTIONS, &POLICIES, 8, true);
+}
+
+#[test]
+fn lossless_rand_qwen3next() {
+    lossless("rand-qwen3next.gguf", &FRACTIONS, &[Policy::NextUse], 8, true);
+}
+
 /// Prefetches (every lookahead stage: first, refinement, second) read in 4 KiB chunks from a slow modelled device: they pause for demand reads and
 /// are cancelled mid-read when stale, and the logits still equal the resident run's.
 #[test]

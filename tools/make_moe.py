@@ -3,7 +3,7 @@
 
   make_moe.py smolmoe --src models/SmolLM2-135M-Instruct.Q4_1.gguf --experts 32 --top-k 2 \
                       --out models/smolmoe-32x2.gguf
-  make_moe.py random  --arch {llama,qwen2moe,qwen3moe,olmoe} --src models/SmolLM2-...gguf \
+  make_moe.py random  --arch {llama,qwen2moe,qwen3moe,olmoe,qwen35moe,qwen3next} --src models/SmolLM2-...gguf \
                       --out models/rand-<arch>.gguf   (build_models.sh: rand-llama-moe for llama)
   make_moe.py stats   --src models/SmolLM2-...gguf --refs tests/fixtures/refs/SmolLM2-...json \
                       --experts 32 --top-k 2       (routing statistics of the SmolMoE router)
@@ -201,7 +201,7 @@ def rand_weight(rng, qtype: T, ne, std):
 # Random MoE specs
 # ----------------------------------------------------------------------------------------------
 
-Q8, Q4K, Q6K, F16 = T.Q8_0, T.Q4_K, T.Q6_K, T.F16
+Q8, Q4K, Q6K, F16, F32 = T.Q8_0, T.Q4_K, T.Q6_K, T.F16, T.F32
 
 RANDOM_SPECS = {
     # Mixtral-style llama MoE: normalised top-k weights, normal (non-NeoX) RoPE, tied output.
@@ -241,7 +241,163 @@ RANDOM_SPECS = {
 }
 
 
+# Hybrid (Gated DeltaNet + gated attention) MoEs, llama.cpp src/models/qwen35moe.cpp / qwen3next.cpp.
+# Shapes llama.cpp's own random-model test (tests/test-llama-archs.cpp) misses: value heads = 2 x key
+# heads (tiled vs grouped mapping), top-k > 1 of 16 experts, partial rotary (n_rot < head_dim).
+HYBRID_SPECS = {
+    # Float weights only (F32 / F16; the embedding lookup is exact whatever its type): a quantized
+    # weight quantizes its activations, and one flipped rounding there moves a router's top-k, so
+    # references from a llama.cpp build with other SIMD orders (AVX2 vs AVX-512 expf and dot
+    # orders) would part within a few layers. The block formats have their own tests.
+    "qwen35moe": dict(
+        arch="qwen35moe", pre="qwen2", add_bos=False, seed=1005, logit_std=6.0, res_gain=4.0,
+        n_embd=256, n_layer=4, interval=4, n_head=4, n_head_kv=2, head_dim=64, n_rot=16,
+        sections=[3, 3, 2, 0], d_state=64, n_group=2, dt_rank=4, d_conv=4,
+        n_expert=16, top_k=4, n_ff_exp=64, n_ff_shexp=128, rope_base=10000000.0, eps=1e-6,
+        tied=False, embd_type=Q8, out_type=F16,
+        # per layer: (attn_qkv | attn_q, attn_gate | attn_k, ssm_out | attn_v, ssm_beta/alpha | attn_output)
+        mix_types=[(F32, F16, F16, F32), (F16, F32, F32, F16), (F32, F32, F16, F16), (F16, F32, F16, F32)],
+        exp_types=[(F16, F16, F32), (F32, F32, F16), (F16, F32, F16), (F32, F16, F32)],
+        shexp_types=[(F32, F32, F16), (F16, F16, F16), (F32, F16, F32), (F16, F32, F32)],
+    ),
+    "qwen3next": dict(
+        arch="qwen3next", pre="qwen2", add_bos=False, seed=1006, logit_std=6.0, res_gain=4.0,
+        n_embd=256, n_layer=4, interval=2, n_head=4, n_head_kv=2, head_dim=64, n_rot=16,
+        sections=None, d_state=64, n_group=2, dt_rank=4, d_conv=4,
+        n_expert=16, top_k=4, n_ff_exp=64, n_ff_shexp=128, rope_base=10000000.0, eps=1e-6,
+        tied=True, embd_type=F16, out_type=None,
+        mix_types=[(F16, F16, F32, F32), (F32, F16, F16, F32), (F16, F32, F32, F16), (F32, F32, F16, F16)],
+        exp_types=[(F32, F16, F16), (F16, F16, F32), (F32, F32, F16), (F16, F32, F32)],
+        shexp_types=[(F16, F16, F32), (F32, F32, F16), (F16, F32, F16), (F32, F16, F32)],
+    ),
+}
+
+
+def write_general(sw, arch, arch_key, seed, n_embd, n_layer):
+    """general.* and the size keys every random model has."""
+    sw.s("general.type", "model")
+    sw.s("general.name", "rand-llama-moe" if arch_key == "llama" else f"rand-{arch_key}")
+    sw.s("general.description",
+         f"LES random MoE test model ({arch}), tools/make_moe.py random --arch {arch_key} --seed {seed}")
+    sw.u32("general.quantization_version", 2)
+    sw.u32("general.file_type", int(gguf.LlamaFileType.MOSTLY_Q8_0))  # nominal: types are mixed
+    sw.u32(f"{arch}.context_length", 4096)
+    sw.u32(f"{arch}.embedding_length", n_embd)
+    sw.u32(f"{arch}.block_count", n_layer)
+
+
+def copy_tokenizer(sw, r, sp):
+    """SmolLM2's tokenizer, with the pre-tokenizer and BOS flag of the spec."""
+    for k, f in r.fields.items():
+        if not k.startswith("tokenizer."):
+            continue
+        if k == "tokenizer.ggml.pre":
+            sw.s(k, sp["pre"])
+        elif k == "tokenizer.ggml.add_bos_token":
+            sw.kv(k, bool(sp["add_bos"]), gguf.GGUFValueType.BOOL)
+        else:
+            copy_kv(sw, f)
+
+
+def random_tensors(sw, seed):
+    """rnd(name, qtype, ne, std, kind): a tensor whose data is drawn (when written) from its own
+    generator, seeded with (seed, its index); kind "norm" draws U(lo, hi) (default 0.8-1.2)."""
+    tid = [0]
+
+    def rnd(name, qtype, ne, std, kind="w", lo=0.8, hi=1.2):
+        tid[0] += 1
+        key = tid[0]
+
+        def prod():
+            rng = rng_for(seed, key)
+            if kind == "norm":
+                return rand_uniform_f32(rng, ne, lo, hi)
+            return rand_weight(rng, qtype, ne, std)
+        sw.tensor(name, qtype, ne, prod)
+    return rnd
+
+
+def moe_tensors(rnd, p, D, E, FF, gain, exp_types, shexp=None):
+    """A layer's router, stacked experts and (shexp = (width, types)) sigmoid-gated shared expert."""
+    rnd(p + "ffn_gate_inp.weight", T.F32, (D, E), 2.0 / math.sqrt(D))
+    tg, tu, td = exp_types
+    rnd(p + "ffn_gate_exps.weight", tg, (D, FF, E), 1 / math.sqrt(D))
+    rnd(p + "ffn_up_exps.weight", tu, (D, FF, E), 1 / math.sqrt(D))
+    rnd(p + "ffn_down_exps.weight", td, (FF, D, E), gain / math.sqrt(FF))
+    if shexp is not None:
+        SF, (sg, su, sd) = shexp
+        rnd(p + "ffn_gate_inp_shexp.weight", T.F32, (D,), 1 / math.sqrt(D))
+        rnd(p + "ffn_gate_shexp.weight", sg, (D, SF), 1 / math.sqrt(D))
+        rnd(p + "ffn_up_shexp.weight", su, (D, SF), 1 / math.sqrt(D))
+        rnd(p + "ffn_down_shexp.weight", sd, (SF, D), gain / math.sqrt(SF))
+
+
+def build_hybrid(arch_key: str, src: str, out: str, seed: int | None = None):
+    sp = HYBRID_SPECS[arch_key]
+    arch = sp["arch"]
+    seed = sp["seed"] if seed is None else seed
+    r = gguf.GGUFReader(src)
+    n_vocab = len(r.fields["tokenizer.ggml.tokens"].data)
+    E, K, D, L = sp["n_expert"], sp["top_k"], sp["n_embd"], sp["n_layer"]
+    H, HKV, HD, FF, SF = sp["n_head"], sp["n_head_kv"], sp["head_dim"], sp["n_ff_exp"], sp["n_ff_shexp"]
+    S, HK, HV, KC = sp["d_state"], sp["n_group"], sp["dt_rank"], sp["d_conv"]
+    DI = S * HV
+    CD = 2 * HK * S + DI
+    sw = StreamWriter(out, arch)
+    write_general(sw, arch, arch_key, seed, D, L)
+    u32 = lambda keys: [sw.u32(f"{arch}.{key}", v) for key, v in keys]  # noqa: E731
+    u32([("feed_forward_length", 3 * FF), ("expert_feed_forward_length", FF),
+         ("expert_shared_feed_forward_length", SF), ("attention.head_count", H),
+         ("attention.head_count_kv", HKV), ("attention.key_length", HD),
+         ("attention.value_length", HD), ("rope.dimension_count", sp["n_rot"])])
+    if sp["sections"] is not None:
+        sw.kv(f"{arch}.rope.dimension_sections", sp["sections"], gguf.GGUFValueType.ARRAY,
+              sub_type=gguf.GGUFValueType.INT32)
+    sw.f32(f"{arch}.rope.freq_base", sp["rope_base"])
+    sw.f32(f"{arch}.attention.layer_norm_rms_epsilon", sp["eps"])
+    u32([("expert_count", E), ("expert_used_count", K), ("ssm.conv_kernel", KC),
+         ("ssm.state_size", S), ("ssm.group_count", HK), ("ssm.time_step_rank", HV),
+         ("ssm.inner_size", DI), ("full_attention_interval", sp["interval"])])
+    copy_tokenizer(sw, r, sp)
+    rnd = random_tensors(sw, seed)
+    gain = sp["res_gain"]
+    rnd("token_embd.weight", sp["embd_type"], (D, n_vocab), sp["logit_std"] / math.sqrt(D) if sp["tied"] else 1.0)
+    for il in range(L):
+        p = f"blk.{il}."
+        t0, t1, t2, t3 = sp["mix_types"][il]
+        rnd(p + "attn_norm.weight", T.F32, (D,), 0, "norm")
+        rnd(p + "post_attention_norm.weight", T.F32, (D,), 0, "norm")
+        if (il + 1) % sp["interval"] != 0:  # Gated DeltaNet layer
+            rnd(p + "attn_qkv.weight", t0, (D, CD), 1 / math.sqrt(D))
+            rnd(p + "attn_gate.weight", t1, (D, DI), 1 / math.sqrt(D))
+            rnd(p + "ssm_conv1d.weight", T.F32, (KC, CD), 0.5)
+            rnd(p + "ssm_dt.bias", T.F32, (HV,), 0.5)
+            # ssm_a = -exp(A_log), A_log = log(U(1, 16)) as the HF initialisation
+            rnd(p + "ssm_a", T.F32, (HV,), 0, "norm", -16.0, -1.0)
+            if arch == "qwen3next":
+                rnd(p + "ssm_ba.weight", t3, (D, 2 * HV), 1 / math.sqrt(D))
+            else:
+                rnd(p + "ssm_beta.weight", t3, (D, HV), 1 / math.sqrt(D))
+                rnd(p + "ssm_alpha.weight", t3, (D, HV), 1 / math.sqrt(D))
+            rnd(p + "ssm_norm.weight", T.F32, (S,), 0, "norm")
+            rnd(p + "ssm_out.weight", t2, (DI, D), gain / math.sqrt(DI))
+        else:  # gated full attention
+            rnd(p + "attn_q.weight", t0, (D, 2 * H * HD), 1 / math.sqrt(D))
+            rnd(p + "attn_k.weight", t1, (D, HKV * HD), 1 / math.sqrt(D))
+            rnd(p + "attn_v.weight", t2, (D, HKV * HD), 1 / math.sqrt(D))
+            rnd(p + "attn_q_norm.weight", T.F32, (HD,), 0, "norm")
+            rnd(p + "attn_k_norm.weight", T.F32, (HD,), 0, "norm")
+            rnd(p + "attn_output.weight", t3, (H * HD, D), gain / math.sqrt(H * HD))
+        moe_tensors(rnd, p, D, E, FF, gain, sp["exp_types"][il], (SF, sp["shexp_types"][il]))
+    rnd("output_norm.weight", T.F32, (D,), 0, "norm")
+    if not sp["tied"]:
+        rnd("output.weight", sp["out_type"], (D, n_vocab), sp["logit_std"] / math.sqrt(D))
+    sw.write()
+
+
 def build_random(arch_key: str, src: str, out: str, seed: int | None = None):
+    if arch_key in HYBRID_SPECS:
+        return build_hybrid(arch_key, src, out, seed)
     sp = RANDOM_SPECS[arch_key]
     arch = sp["arch"]
     seed = sp["seed"] if seed is None else seed
@@ -251,15 +407,7 @@ def build_random(arch_key: str, src: str, out: str, seed: int | None = None):
     H, HKV, HD, FF = sp["n_head"], sp["n_head_kv"], sp["head_dim"], sp["n_ff_exp"]
 
     sw = StreamWriter(out, arch)
-    sw.s("general.type", "model")
-    sw.s("general.name", "rand-llama-moe" if arch_key == "llama" else f"rand-{arch_key}")
-    sw.s("general.description",
-         f"LES random MoE test model ({arch}), tools/make_moe.py random --arch {arch_key} --seed {seed}")
-    sw.u32("general.quantization_version", 2)
-    sw.u32("general.file_type", int(gguf.LlamaFileType.MOSTLY_Q8_0))  # nominal: types are mixed
-    sw.u32(f"{arch}.context_length", 4096)
-    sw.u32(f"{arch}.embedding_length", D)
-    sw.u32(f"{arch}.block_count", L)
+    write_general(sw, arch, arch_key, seed, D, L)
     if arch == "qwen2moe":
         ff_key = sp["n_ff_shexp"]        # as convert_hf_to_gguf: intermediate_size (unused by llama.cpp)
     elif arch == "qwen3moe":
@@ -283,29 +431,8 @@ def build_random(arch_key: str, src: str, out: str, seed: int | None = None):
     sw.u32(f"{arch}.expert_used_count", K)
     if arch == "llama":
         sw.u32(f"{arch}.vocab_size", n_vocab)
-    # tokenizer: SmolLM2's, pre-tokenizer per architecture
-    for k, f in r.fields.items():
-        if not k.startswith("tokenizer."):
-            continue
-        if k == "tokenizer.ggml.pre":
-            sw.s(k, sp["pre"])
-        elif k == "tokenizer.ggml.add_bos_token":
-            sw.kv(k, bool(sp["add_bos"]), gguf.GGUFValueType.BOOL)
-        else:
-            copy_kv(sw, f)
-
-    tid = [0]
-
-    def rnd(name, qtype, ne, std, kind="w"):
-        tid[0] += 1
-        key = tid[0]
-
-        def prod():
-            rng = rng_for(seed, key)
-            if kind == "norm":
-                return rand_uniform_f32(rng, ne, 0.8, 1.2)
-            return rand_weight(rng, qtype, ne, std)
-        sw.tensor(name, qtype, ne, prod)
+    copy_tokenizer(sw, r, sp)
+    rnd = random_tensors(sw, seed)
 
     qdim, kvdim = H * HD, HKV * HD
     logit_std = sp["logit_std"]  # std of the output logits for an RMS-1 final hidden state
@@ -333,18 +460,8 @@ def build_random(arch_key: str, src: str, out: str, seed: int | None = None):
             rnd(p + "attn_k_norm.weight", T.F32, (kvdim,), 0, "norm")
         rnd(p + "attn_output.weight", to, (qdim, D), gain / math.sqrt(qdim))
         rnd(p + "ffn_norm.weight", T.F32, (D,), 0, "norm")
-        rnd(p + "ffn_gate_inp.weight", T.F32, (D, E), 2.0 / math.sqrt(D))
-        tg, tu, td = sp["exp_types"][il]
-        rnd(p + "ffn_gate_exps.weight", tg, (D, FF, E), 1 / math.sqrt(D))
-        rnd(p + "ffn_up_exps.weight", tu, (D, FF, E), 1 / math.sqrt(D))
-        rnd(p + "ffn_down_exps.weight", td, (FF, D, E), gain / math.sqrt(FF))
-        if arch == "qwen2moe":
-            SF = sp["n_ff_shexp"]
-            sg, su, sd = sp["shexp_types"][il]
-            rnd(p + "ffn_gate_inp_shexp.weight", T.F32, (D,), 1 / math.sqrt(D))
-            rnd(p + "ffn_gate_shexp.weight", sg, (D, SF), 1 / math.sqrt(D))
-            rnd(p + "ffn_up_shexp.weight", su, (D, SF), 1 / math.sqrt(D))
-            rnd(p + "ffn_down_shexp.weight", sd, (SF, D), gain / math.sqrt(SF))
+        shexp = (sp["n_ff_shexp"], sp["shexp_types"][il]) if arch == "qwen2moe" else None
+        moe_tensors(rnd, p, D, E, FF, gain, sp["exp_types"][il], shexp)
     rnd("output_norm.weight", T.F32, (D,), 0, "norm")
     if not sp["tied"]:
         rnd("output.weight", sp["out_type"], (D, n_vocab), logit_std / math.sqrt(D))
@@ -603,7 +720,7 @@ def main():
     s.add_argument("--seed", type=int, default=20251)
     s.add_argument("--router-logit-std", type=float, default=ROUTER_LOGIT_STD)
     s = sub.add_parser("random")
-    s.add_argument("--arch", required=True, choices=sorted(RANDOM_SPECS))
+    s.add_argument("--arch", required=True, choices=sorted(RANDOM_SPECS) + sorted(HYBRID_SPECS))
     s.add_argument("--src", default="models/SmolLM2-135M-Instruct.Q4_1.gguf")
     s.add_argument("--out", required=True)
     s.add_argument("--seed", type=int, default=None)

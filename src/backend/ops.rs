@@ -30,6 +30,12 @@ pub enum OpError {
     Expert(#[from] ExpertError),
     #[error(transparent)]
     Quant(#[from] crate::quant::QuantError),
+    /// A recurrent op ran on a layer whose state is missing or of another shape (a bug).
+    #[error("layer {0} has no recurrent state of the shape this op needs")]
+    NoState(usize),
+    /// The backend has no kernel for an op this model needs.
+    #[error("the {backend} backend does not run {op} yet")]
+    Unsupported { backend: &'static str, op: &'static str },
     /// A forward that needed an asynchronous backend was run by a synchronous caller.
     #[error("the backend did not complete synchronously")]
     NotReady,
@@ -112,6 +118,33 @@ pub struct Attn {
     pub scale: f32,
 }
 
+/// One Gated DeltaNet layer's recurrence (ggml `gated_delta_net` with its inputs prepared as
+/// llama.cpp's `build_layer_attn_linear` prepares them): from the conv output (`[q | k | v]`,
+/// `2·n_group·d_state + dt_rank·d_state` columns), the `alpha` and `beta` projections
+/// (`dt_rank` columns each) and the layer's `ssm_dt.bias` / `ssm_a` vectors.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DeltaNet {
+    pub dt_bias: Vector,
+    pub a: Vector,
+    /// Key heads H_k, value heads H_v, head size S.
+    pub n_group: usize,
+    pub dt_rank: usize,
+    pub d_state: usize,
+    /// v-head `h` uses k-head `h % H_k` (true, qwen35moe) or `h / (H_v / H_k)` (qwen3next).
+    pub tiled: bool,
+    /// The q/k L2-norm's epsilon (`attention.layer_norm_rms_epsilon`).
+    pub eps: f32,
+}
+
+/// The sigmoid a gate applies: qwen2moe's graph writes `silu(x) / x`, others ggml's `sigmoid`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sigmoid {
+    /// `silu(x) / x` ([`super::cpu::ops::sigmoid`]).
+    SiluDiv,
+    /// `1 / (1 + exp(-x))` ([`super::cpu::ops::sigmoid_exp`]).
+    Exp,
+}
+
 /// A router's decision for `rows` tokens: `sel[t * k + r]` is token t's rank-r expert, `wts` its
 /// weight (already normalised / scaled as the architecture says).
 #[derive(Clone, Copy, Debug)]
@@ -165,8 +198,19 @@ pub trait Ops {
     fn attention(&mut self, il: usize, q: &Self::T, k: &Self::T, v: &Self::T, pos0: usize, p: &Attn) -> Result<Self::T, OpError>;
     /// `silu(g) * u` (ggml `swiglu`).
     fn swiglu(&mut self, g: &Self::T, u: &Self::T) -> Result<Self::T, OpError>;
-    /// `x[t] += y[t] * sigmoid(g[t])`, `g` one column (qwen2moe's shared-expert gate).
-    fn gate_add(&mut self, x: &mut Self::T, y: &Self::T, g: &Self::T) -> Result<(), OpError>;
+    /// `x[t] += y[t] * sigmoid(g[t])`, `g` one column (the shared-expert gate of qwen2moe and
+    /// qwen35moe).
+    fn gate_add(&mut self, x: &mut Self::T, y: &Self::T, g: &Self::T, f: Sigmoid) -> Result<(), OpError>;
+    /// `x *= sigmoid(g)` element by element (qwen35moe's attention output gate; ggml `sigmoid`).
+    fn mul_sigmoid(&mut self, x: &mut Self::T, g: &Self::T) -> Result<(), OpError>;
+    /// Layer `il`'s causal depthwise conv1d over the rows of `x` (ggml `ssm_conv`; weights `w`,
+    /// `d_conv` per channel, f32), starting from and advancing the layer's conv state, then SiLU.
+    fn conv_silu(&mut self, il: usize, x: &Self::T, w: Vector, d_conv: usize) -> Result<Self::T, OpError>;
+    /// Layer `il`'s Gated DeltaNet over the rows of `x` (the conv output), token by token from and
+    /// into the layer's recurrent state: `H_v · S` columns out (see [`DeltaNet`]).
+    fn delta_net(&mut self, il: usize, x: &Self::T, alpha: &Self::T, beta: &Self::T, p: &DeltaNet) -> Result<Self::T, OpError>;
+    /// `x = rms_norm_groups(x, w) * silu(z)` (llama.cpp's `build_norm_gated`).
+    fn norm_gated(&mut self, x: &mut Self::T, w: Vector, z: &Self::T, eps: f32) -> Result<(), OpError>;
     /// The last row alone (llama.cpp's `inp_out_ids` when only the last logits are wanted).
     fn last_row(&mut self, x: Self::T) -> Result<Self::T, OpError>;
     /// The routed experts of layer `il` on `x` (one row per token), weighted and combined in rank

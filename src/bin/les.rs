@@ -762,8 +762,22 @@ fn inspect_gguf(path: &str, g: &GgufFile, full: bool) -> Res {
     for t in &g.tensors {
         writeln!(o, "{:<40} {:<7} {:<24} {:>12}", t.name, t.ty.name(), format!("{:?}", t.dims), t.size)?;
     }
-    if let Ok(cfg) = les::model::Config::from_gguf(g) {
-        writeln!(o, "\n== model\narch {} | n_embd {} | n_layer {} | n_head {} | n_head_kv {} | head_dim {} | n_ff {} | n_vocab {} | rope {:?} base {}", cfg.arch.name(), cfg.n_embd, cfg.n_layer, cfg.n_head, cfg.n_head_kv, cfg.head_dim, cfg.n_ff, cfg.n_vocab, cfg.rope, cfg.rope_base)?;
+    let cfg = les::model::Config::from_gguf(g);
+    if let Err(e) = &cfg {
+        writeln!(o, "\n== model\nnot runnable by LES: {e}")?;
+    }
+    if let Ok(cfg) = cfg {
+        writeln!(o, "\n== model\narch {} | n_embd {} | n_layer {} | n_head {} | n_head_kv {} | head_dim {} | n_rot {} | n_ff {} | n_vocab {} | rope {:?} base {}", cfg.arch.name(), cfg.n_embd, cfg.n_layer, cfg.n_head, cfg.n_head_kv, cfg.head_dim, cfg.n_rot, cfg.n_ff, cfg.n_vocab, cfg.rope, cfg.rope_base)?;
+        if let Some(s) = cfg.ssm {
+            let pattern: String = (0..cfg.n_layer).map(|il| if cfg.is_recurrent(il) { 'L' } else { 'A' }).collect();
+            let list = |rec: bool| (0..cfg.n_layer).filter(|&il| cfg.is_recurrent(il) == rec).map(|il| il.to_string()).collect::<Vec<_>>().join(",");
+            let n_rec = cfg.n_layer - cfg.n_attn_layers();
+            let per_layer = (s.conv_state_len() + s.ssm_state_len()) * 4;
+            let kv_tok = 2 * cfg.n_attn_layers() * cfg.n_head_kv * cfg.head_dim * 2;
+            writeln!(o, "\n== layers (L: Gated DeltaNet, A: full attention)\npattern: {pattern}\nlinear layers ({n_rec}): {}\nattention layers ({}): {}\nGated DeltaNet: d_conv {} | state size S {} | key heads {} | value heads {} | inner {} | v->k heads {:?}\nrecurrent state per sequence: {} ({} per linear layer: conv {} + delta-rule {} f32 values)\nKV cache per token (f16, attention layers only): {}",
+                list(true), cfg.n_attn_layers(), list(false), s.d_conv, s.d_state, s.n_group, s.dt_rank, s.d_inner, s.head_map,
+                human((per_layer * n_rec) as u64), human(per_layer as u64), s.conv_state_len(), s.ssm_state_len(), human(kv_tok as u64))?;
+        }
         if cfg.is_moe() && g.tensors.iter().any(|t| t.name.contains("_exps.")) {
             let mut per_expert = 0u64;
             let mut expert_total = 0u64;

@@ -185,8 +185,10 @@ impl Generation {
             self.end(FinishReason::Length);
             return;
         }
-        session.kv.truncate(keep);
-        let mut input = toks[keep + discard..].to_vec();
+        // A recurrent state goes back to its checkpoint (or the start): run again from there.
+        let kept = session.kv.truncate(keep);
+        let mut input = toks[kept..keep].to_vec();
+        input.extend_from_slice(&toks[keep + discard..]);
         input.push(tok);
         self.input = input;
         self.stats.context_shifts += 1;

@@ -170,6 +170,9 @@ impl Session {
     /// Run on the GPU of `ctx`: upload the dense weights (experts go to GPU slots as routed).
     pub fn use_gpu(&mut self, ctx: crate::backend::wgpu::GpuContext, opts: &crate::backend::wgpu::exec::GpuOptions) -> Result<(), EngineError> {
         let m = &self.model;
+        if m.cfg.ssm.is_some() {
+            return Err(crate::model::ModelError::Unsupported(format!("the wgpu backend does not run {} (Gated DeltaNet) yet: use --backend cpu", m.cfg.arch.name())).into());
+        }
         let gpu = GpuBackend::new(std::sync::Arc::new(ctx), &m.weights, m.gpu_shapes(self.kv.n_ctx), m.experts(), opts)?;
         // Keys and values live on the GPU; the CPU cache keeps only the position count.
         self.kv = KvCache::new(0, self.kv.n_ctx, self.model.cfg.n_head_kv, self.model.cfg.head_dim);
@@ -207,7 +210,8 @@ impl Session {
                 Ok(l)
             }
             Err(e) => {
-                self.kv.truncate(pos0);
+                self.kv.restore(pos0);
+                self.cached.truncate(self.kv.len);
                 Err(e.into())
             }
         }
@@ -254,9 +258,16 @@ impl Session {
     /// Make the cache ready for `prompt`: keep the longest common prefix of the cached tokens and
     /// `prompt` when [`Self::reuse_prefix`] is on (at most `prompt.len() - 1`: the last token is
     /// run for its logits), clear it otherwise. Returns the number of positions kept.
+    ///
+    /// A model with recurrent layers (qwen35moe, qwen3next) can go back only to where its state
+    /// was saved ([`KvCache::checkpoint`]: the end of the previous prompt) or to the start; the
+    /// positions kept are then fewer than the common prefix.
     pub fn reuse(&mut self, prompt: &[u32]) -> usize {
         let n = if self.reuse_prefix { common_prefix(self.cached_tokens(), prompt).min(prompt.len().saturating_sub(1)) } else { 0 };
-        self.kv.truncate(n);
+        if n == 0 {
+            self.kv.clear();
+        }
+        let n = self.kv.truncate(n);
         self.cached.truncate(n);
         n
     }
@@ -264,9 +275,19 @@ impl Session {
     /// Run the prompt (in batches of `prefill_batch`), returning the last position's logits.
     pub fn prefill(&mut self, prompt: &[u32]) -> Result<Vec<f32>, EngineError> {
         let b = if self.prefill_batch == 0 { prompt.len().max(1) } else { self.prefill_batch };
+        // A recurrent state cannot be cut back: keep a copy before the prompt's last token, where
+        // the same prompt again (regenerate) or a longer one (the next turn) comes back to.
+        let (head, last) = match self.kv.rs.iter().any(Option::is_some) {
+            true if prompt.len() > 1 => prompt.split_at(prompt.len() - 1),
+            _ => (prompt, &[][..]),
+        };
         let mut logits = Vec::new();
-        for chunk in prompt.chunks(b) {
+        for chunk in head.chunks(b) {
             logits = self.forward(chunk, Logits::Last)?;
+        }
+        if !last.is_empty() {
+            self.kv.checkpoint();
+            logits = self.forward(last, Logits::Last)?;
         }
         Ok(logits)
     }

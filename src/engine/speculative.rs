@@ -174,7 +174,12 @@ impl Draft for DraftModel {
         let n = prompt.len().min(self.kv.n_ctx);
         // Keep the common prefix with what the draft's cache holds (a conversation's earlier turns).
         let common = super::common_prefix(&self.kv_tokens, &prompt[..n]).min(self.kv.len);
-        self.kv.truncate(common);
+        let common = if common == 0 {
+            self.kv.clear();
+            0
+        } else {
+            self.kv.truncate(common)
+        };
         self.kv_tokens.truncate(common);
         if n > common {
             self.feed(&prompt[common..n])?;
@@ -194,11 +199,13 @@ impl Draft for DraftModel {
         // Roll back to the longest common prefix with the committed tokens (at least one token
         // must be fed to get logits), then catch up.
         let common = super::common_prefix(&self.kv_tokens, ctx).min(ctx.len() - 1);
-        self.kv.truncate(common);
+        let common = self.kv.truncate(common);
         self.kv_tokens.truncate(common);
         self.model.take_captured();
         self.rows.clear();
         let mut logits = self.feed(&ctx[common..])?;
+        // The drafts after here are cut back next round: a recurrent draft comes back here.
+        self.kv.checkpoint();
         self.pass_on(1);
         // Sampler history: the committed tokens the repetition penalty looks at, then the drafts.
         self.sampler.truncate_history(0);
@@ -465,6 +472,10 @@ fn generate_inner<'d>(
         batch.push(*toks.last().unwrap());
         batch.extend_from_slice(d);
         let base = sess.kv.len;
+        // Recurrent layers cannot be cut back to an accepted prefix: save their state here.
+        if !d.is_empty() {
+            sess.kv.checkpoint();
+        }
         let logits = sess.forward_per_row(&batch, Logits::All)?;
         spec.target_forwards += 1;
         spec.drafted += d.len() as u64;
@@ -513,7 +524,12 @@ fn generate_inner<'d>(
         s.truncate_history(h0);
         let k = new.len() - 1; // accepted drafts
         spec.accepted += k as u64;
-        sess.kv.truncate(base + 1 + k);
+        let kept = sess.kv.truncate(base + 1 + k);
+        if kept < base + 1 + k {
+            // Back at the checkpoint (recurrent layers): run the accepted tokens again, row by
+            // row as verification did, so the state is the one plain decoding reaches.
+            sess.forward_per_row(&batch[kept - base..1 + k], Logits::Last)?;
+        }
         for &t in &new {
             if !commit(&sess.tokenizer, t, &mut toks, &mut out, &mut s) {
                 going = false;

@@ -208,7 +208,9 @@ pub fn open_streaming_sources(raw: Arc<dyn ByteSource>, expert_src: Arc<dyn Byte
     let routers = (0..c.n_layer).map(|il| tensor_f32(&g, &*dense_src, &format!("blk.{il}.ffn_gate_inp.weight"))).collect::<Result<Vec<_>, _>>()?;
     let dense: u64 = g.tensors.iter().filter(|t| !t.name.contains("_exps.")).map(|t| t.size).sum::<u64>() + routers.iter().map(|r| r.len() as u64 * 4).sum::<u64>();
     let n_ctx = opts.n_ctx.min(c.n_ctx_train.max(1));
-    let kv = KvCache::bytes(c.n_layer, n_ctx, c.n_head_kv, c.head_dim) as u64;
+    // Keys and values of the attention layers; the recurrent state of the Gated DeltaNet layers
+    // twice (the state and its checkpoint, `KvCache::checkpoint`).
+    let kv = (KvCache::bytes(c.n_attn_layers(), n_ctx, c.n_head_kv, c.head_dim) + 2 * c.recurrent_state_bytes()) as u64;
     let scratch = scratch_bytes(&c, PREFILL_BATCH);
     let max_e = (0..store.n_layers()).map(|l| store.layout(l).bytes()).max().unwrap_or(0) as u64;
     let total_e: u64 = (0..store.n_layers()).map(|l| store.layout(l).bytes() as u64 * c.n_expert as u64).sum();
@@ -228,7 +230,10 @@ pub fn open_streaming_sources(raw: Arc<dyn ByteSource>, expert_src: Arc<dyn Byte
         cfg.slots = cpu;
         plan.gpu_slots = gpu;
     }
-    let norms = (0..c.n_layer).map(|il| tensor_f32(&g, &*dense_src, &format!("blk.{il}.ffn_norm.weight"))).collect::<Result<Vec<_>, _>>()?;
+    // The FFN's input norm (the predictor applies it to hidden states): `post_attention_norm`
+    // in the hybrid graphs.
+    let ffn_norm = if c.ssm.is_some() { "post_attention_norm" } else { "ffn_norm" };
+    let norms = (0..c.n_layer).map(|il| tensor_f32(&g, &*dense_src, &format!("blk.{il}.{ffn_norm}.weight"))).collect::<Result<Vec<_>, _>>()?;
     let experts = Arc::new(StreamingExperts::new(store, routers, c.n_expert, c.n_expert_used, cfg).with_ffn_norms(norms));
     let session = Session::load_with_batch(&*dense_src, ExpertMode::External(experts.clone()), n_ctx, PREFILL_BATCH)?;
     Ok(Streaming { session, experts, plan, store_kind })

@@ -9,7 +9,7 @@
 //! each layer when the source asks for it.
 
 use super::{dump, dump_wanted, route, Loader, Logits, Model, ModelError};
-use crate::backend::ops::{Attn, Mat, Ops, Rope, Route, Vector};
+use crate::backend::ops::{Attn, Mat, Ops, Rope, Route, Sigmoid, Vector};
 use super::Config;
 
 /// Which QK-norm an architecture applies after the Q/K projections.
@@ -78,6 +78,8 @@ impl Swiglu {
 pub struct SharedExpert {
     pub ffn: Swiglu,
     pub gate_inp: Option<Mat>,
+    /// The gate's sigmoid as the architecture's graph writes it.
+    pub gate_fn: Sigmoid,
 }
 
 /// A MoE FFN: the router (`ffn_gate_inp`), experts reached through the model's
@@ -95,7 +97,9 @@ impl Moe {
         let shared = if ld.has(&gate_shexp) {
             let sh = ld.g.req_tensor(&gate_shexp)?.dims.get(1).copied().unwrap_or(0) as usize;
             let gi = format!("blk.{il}.ffn_gate_inp_shexp.weight");
-            Some(SharedExpert { ffn: Swiglu::load(ld, e, il, "_shexp", sh)?, gate_inp: if ld.has(&gi) { Some(ld.row(&gi, e)?) } else { None } })
+            // qwen2moe's graph: `silu(x) / x`; qwen35moe / qwen3next: ggml's `sigmoid`.
+            let gate_fn = if c.ssm.is_some() { Sigmoid::Exp } else { Sigmoid::SiluDiv };
+            Some(SharedExpert { ffn: Swiglu::load(ld, e, il, "_shexp", sh)?, gate_inp: if ld.has(&gi) { Some(ld.row(&gi, e)?) } else { None }, gate_fn })
         } else {
             None
         };
@@ -186,24 +190,33 @@ impl<'a, B: Ops> Fwd<'a, B> {
             self.b.rms_norm_groups(&mut q, qn, c.rms_eps)?;
             self.b.rms_norm_groups(&mut k, kn, c.rms_eps)?;
         }
+        let o = self.rope_attend(il, q, k, &v).await?;
+        let [out] = self.matmuls(&o, [a.wo])?;
+        self.dump("attn_out", il, &out).await?;
+        Ok(out)
+    }
+
+    /// RoPE on `q` and `k` (the first `n_rot` dims of each head), then causal attention over the
+    /// layer's cache with `k`, `v` appended (`build_attn`, scale `1/sqrt(head_dim)`).
+    pub async fn rope_attend(&mut self, il: usize, mut q: B::T, mut k: B::T, v: &B::T) -> Result<B::T, ModelError> {
+        let c = &self.m.cfg;
         let rope = Rope { head_dim: c.head_dim, n_rot: c.n_rot, base: c.rope_base, kind: c.rope };
         self.b.rope(&mut q, self.pos0, &rope)?;
         self.b.rope(&mut k, self.pos0, &rope)?;
         self.dump("Qrope", il, &q).await?;
         self.dump("Krope", il, &k).await?;
         let p = Attn { n_head: c.n_head, n_head_kv: c.n_head_kv, head_dim: c.head_dim, scale: 1.0 / (c.head_dim as f32).sqrt() };
-        let o = self.b.attention(il, &q, &k, &v, self.pos0, &p)?;
+        let o = self.b.attention(il, &q, &k, v, self.pos0, &p)?;
         self.dump("kqv_out", il, &o).await?;
-        let [out] = self.matmuls(&o, [a.wo])?;
-        self.dump("attn_out", il, &out).await?;
-        Ok(out)
+        Ok(o)
     }
 
     /// `x + attn`, the FFN's input (`ffn_inp`). In the last layer, when only the last logits are
     /// wanted, only the last row goes on (llama.cpp's `inp_out_ids`), so the last FFN's kernels
     /// see one row, as llama.cpp's do.
+    /// (The hybrid graphs, qwen35moe / qwen3next, keep every row to the output norm.)
     pub async fn attn_residual(&mut self, il: usize, mut x: B::T, mut attn: B::T) -> Result<B::T, ModelError> {
-        if il + 1 == self.m.cfg.n_layer && self.want == Some(Logits::Last) && Self::rows(&x) > 1 {
+        if il + 1 == self.m.cfg.n_layer && self.want == Some(Logits::Last) && Self::rows(&x) > 1 && self.m.cfg.ssm.is_none() {
             x = self.b.last_row(x)?;
             attn = self.b.last_row(attn)?;
         }
@@ -260,7 +273,7 @@ impl<'a, B: Ops> Fwd<'a, B> {
                 Some(gi) => {
                     let [g] = self.matmuls(cur, [gi])?;
                     self.dump("ffn_shexp_gate_inp", il, &g).await?;
-                    self.b.gate_add(&mut out, &y, &g)?;
+                    self.b.gate_add(&mut out, &y, &g, sh.gate_fn)?;
                 }
                 None => self.b.add(&mut out, &y)?,
             }

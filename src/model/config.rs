@@ -14,6 +14,11 @@ pub enum Arch {
     Qwen3Moe,
     /// `olmoe`: RMS QK-norm over the whole Q / K vectors, un-normalised top-k weights.
     Olmoe,
+    /// `qwen35moe` (Qwen3.5 / 3.6 MoE): Gated DeltaNet layers between gated full-attention
+    /// layers, softmax top-k renormalised, a sigmoid-gated shared expert; IMROPE (= NEOX for text).
+    Qwen35Moe,
+    /// `qwen3next` (Qwen3-Next): as `qwen35moe` with a fused `ssm_ba` and grouped v→k heads.
+    Qwen3Next,
 }
 
 impl Arch {
@@ -23,6 +28,8 @@ impl Arch {
             "qwen2moe" => Arch::Qwen2Moe,
             "qwen3moe" => Arch::Qwen3Moe,
             "olmoe" => Arch::Olmoe,
+            "qwen35moe" => Arch::Qwen35Moe,
+            "qwen3next" => Arch::Qwen3Next,
             _ => return None,
         })
     }
@@ -32,6 +39,8 @@ impl Arch {
             Arch::Qwen2Moe => "qwen2moe",
             Arch::Qwen3Moe => "qwen3moe",
             Arch::Olmoe => "olmoe",
+            Arch::Qwen35Moe => "qwen35moe",
+            Arch::Qwen3Next => "qwen3next",
         }
     }
 }
@@ -64,16 +73,63 @@ pub struct Config {
     pub norm_topk: bool,
     /// `expert_weights_scale` (0 or 1 = none).
     pub expert_weights_scale: f32,
+    /// The linear-attention (Gated DeltaNet) shape of a hybrid model (`qwen35moe`, `qwen3next`).
+    pub ssm: Option<Ssm>,
+    /// Per layer: whether it is a recurrent (Gated DeltaNet) layer; all false for transformers.
+    pub recurrent: Vec<bool>,
+}
+
+/// How a Gated DeltaNet layer's value heads find their key heads (llama.cpp `qwen35moe.cpp` /
+/// `qwen3next.cpp`; `../shared/research/moe_archs.md` §1.6).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HeadMap {
+    /// v-head `h` uses k-head `h % n_group` (qwen35moe: the converter reorders the V heads).
+    Tiled,
+    /// v-head `h` uses k-head `h / (dt_rank / n_group)` (qwen3next: repeat-interleave).
+    Grouped,
+}
+
+/// Gated DeltaNet hyper-parameters (`<arch>.ssm.*`), llama.cpp's names in brackets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ssm {
+    /// Causal conv1d width (`ssm.conv_kernel`, `ssm_d_conv`).
+    pub d_conv: usize,
+    /// Key / value head size S (`ssm.state_size`, `ssm_d_state`).
+    pub d_state: usize,
+    /// Key heads H_k (`ssm.group_count`, `ssm_n_group`).
+    pub n_group: usize,
+    /// Value heads H_v (`ssm.time_step_rank`, `ssm_dt_rank`).
+    pub dt_rank: usize,
+    /// `H_v · S` (`ssm.inner_size`, `ssm_d_inner`).
+    pub d_inner: usize,
+    pub head_map: HeadMap,
+}
+
+impl Ssm {
+    /// Conv channels: q, k (`H_k · S` each) and v (`H_v · S`).
+    pub fn conv_dim(&self) -> usize {
+        2 * self.n_group * self.d_state + self.d_inner
+    }
+    /// f32 values of one layer's conv state (`n_embd_r`: the last `d_conv − 1` inputs per channel).
+    pub fn conv_state_len(&self) -> usize {
+        (self.d_conv - 1) * self.conv_dim()
+    }
+    /// f32 values of one layer's delta-rule state (`n_embd_s`: an S×S matrix per value head).
+    pub fn ssm_state_len(&self) -> usize {
+        self.d_state * self.d_inner
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error(transparent)]
     Gguf(#[from] GgufError),
-    #[error("unsupported architecture '{0}' (LES runs llama, qwen2moe, qwen3moe, olmoe)")]
+    #[error("unsupported architecture '{0}' (LES runs llama, qwen2moe, qwen3moe, olmoe, qwen35moe, qwen3next)")]
     UnsupportedArch(String),
     #[error("invalid hyper-parameter {key} = {value}: {why}")]
     Invalid { key: String, value: u64, why: &'static str },
+    #[error("missing hyper-parameter {0}")]
+    Missing(String),
 }
 
 impl Config {
@@ -112,6 +168,59 @@ impl Config {
             Arch::Llama => RopeKind::Norm,
             _ => RopeKind::Neox,
         };
+        let hybrid = matches!(arch, Arch::Qwen35Moe | Arch::Qwen3Next);
+        let (ssm, recurrent) = if hybrid {
+            check("expert_count", n_expert, n_expert > 0, "must be > 0 (this architecture is MoE only)")?;
+            let ssm_key = |s: &str| -> Result<usize, ConfigError> { opt(s).ok_or_else(|| ConfigError::Missing(k(s))) };
+            let ssm = Ssm {
+                d_conv: ssm_key("ssm.conv_kernel")?,
+                d_state: ssm_key("ssm.state_size")?,
+                n_group: ssm_key("ssm.group_count")?,
+                dt_rank: ssm_key("ssm.time_step_rank")?,
+                d_inner: ssm_key("ssm.inner_size")?,
+                head_map: if arch == Arch::Qwen3Next { HeadMap::Grouped } else { HeadMap::Tiled },
+            };
+            check("ssm.conv_kernel", ssm.d_conv, (2..=64).contains(&ssm.d_conv), "must be in 2..=64")?;
+            check("ssm.state_size", ssm.d_state, ssm.d_state > 0 && ssm.d_state <= 1024, "must be in 1..=1024")?;
+            check("ssm.group_count", ssm.n_group, ssm.n_group > 0 && ssm.n_group <= 1024, "must be in 1..=1024")?;
+            check("ssm.time_step_rank", ssm.dt_rank, ssm.dt_rank > 0 && ssm.dt_rank <= 1024 && ssm.dt_rank % ssm.n_group == 0, "must be in 1..=1024 and a multiple of ssm.group_count")?;
+            check("ssm.inner_size", ssm.d_inner, ssm.d_inner == ssm.d_state * ssm.dt_rank, "must equal ssm.state_size × ssm.time_step_rank")?;
+            // Bounded allocations: one sequence's recurrent state (f32, per linear layer) ≤ 1 GiB
+            // per layer (Qwen3.5-35B-A3B: 2.1 MiB).
+            let per_layer = (ssm.conv_state_len() + ssm.ssm_state_len()) as u64 * 4;
+            check("ssm.state_size", ssm.d_state, per_layer <= 1 << 30, "the recurrent state per layer (conv + S × ssm.inner_size f32) exceeds 1 GiB")?;
+            // llama.cpp: `attention.recurrent_layers` (bool per layer), else every
+            // `full_attention_interval`-th layer (default 4) is full attention.
+            let recurrent: Vec<bool> = match g.get(&k("attention.recurrent_layers")).and_then(|v| v.as_array()) {
+                Some(a) => {
+                    check("attention.recurrent_layers", a.len(), a.len() == n_layer, "must have block_count entries")?;
+                    a.iter().map(|v| v.as_u64().unwrap_or(0) != 0).collect()
+                }
+                None => {
+                    let iv = opt("full_attention_interval").unwrap_or(4);
+                    check("full_attention_interval", iv, iv > 0, "must be > 0")?;
+                    (0..n_layer).map(|i| (i + 1) % iv != 0).collect()
+                }
+            };
+            // Text positions only: IMROPE is NEOX when every rotated pair takes a t/h/w section
+            // (ggml `ggml_mrope_cache_init`); a pair that falls to the e-section would not rotate.
+            if arch == Arch::Qwen35Moe {
+                let key = k("rope.dimension_sections");
+                let secs: Vec<usize> = g.get(&key).and_then(|v| v.as_array()).ok_or_else(|| ConfigError::Missing(key.clone()))?
+                    .iter().map(|v| v.as_u64().unwrap_or(u64::MAX) as usize).collect();
+                let ok = secs.len() == 4 && secs.iter().all(|&s| s <= 1 << 16) && {
+                    let total: usize = secs.iter().sum();
+                    total > 0 && total <= n_rot && (0..n_rot / 2).all(|i| {
+                        let sec = i % total;
+                        (sec % 3 == 1 && sec < 3 * secs[1]) || (sec % 3 == 2 && sec < 3 * secs[2]) || (sec % 3 == 0 && sec < 3 * secs[0])
+                    })
+                };
+                check("rope.dimension_sections", secs.iter().fold(0usize, |a, &b| a.saturating_add(b)), ok, "must be 4 sections whose t/h/w parts cover every rotated pair (text positions)")?;
+            }
+            (Some(ssm), recurrent)
+        } else {
+            (None, vec![false; n_layer])
+        };
         Ok(Config {
             arch,
             n_vocab,
@@ -130,8 +239,10 @@ impl Config {
             rms_eps: g.get_f32(&k("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5),
             rope_base: g.get_f32(&k("rope.freq_base")).unwrap_or(10000.0),
             rope,
-            norm_topk: matches!(arch, Arch::Llama | Arch::Qwen3Moe),
+            norm_topk: matches!(arch, Arch::Llama | Arch::Qwen3Moe | Arch::Qwen35Moe | Arch::Qwen3Next),
             expert_weights_scale: g.get_f32(&k("expert_weights_scale")).unwrap_or(0.0),
+            ssm,
+            recurrent,
         })
     }
 
@@ -143,5 +254,17 @@ impl Config {
     }
     pub fn n_embd_kv(&self) -> usize {
         self.n_head_kv * self.head_dim
+    }
+    /// Whether layer `il` is a recurrent (Gated DeltaNet) layer.
+    pub fn is_recurrent(&self, il: usize) -> bool {
+        self.recurrent.get(il).copied().unwrap_or(false)
+    }
+    /// Layers with a KV cache (all but the recurrent ones).
+    pub fn n_attn_layers(&self) -> usize {
+        self.n_layer - self.recurrent.iter().filter(|&&r| r).count()
+    }
+    /// Bytes of recurrent state (conv + delta-rule state, f32) of one sequence.
+    pub fn recurrent_state_bytes(&self) -> usize {
+        self.ssm.map_or(0, |s| (s.conv_state_len() + s.ssm_state_len()) * 4 * (self.n_layer - self.n_attn_layers()))
     }
 }

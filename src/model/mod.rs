@@ -3,7 +3,8 @@
 //! - [`llama`]: llama (dense) and Mixtral-style MoE (`src/models/llama.cpp` in llama.cpp);
 //! - [`qwen2moe`]: Q/K/V biases, a sigmoid-gated shared expert (`qwen2moe.cpp`);
 //! - [`qwen3moe`]: per-head QK-norm (`qwen3moe.cpp`);
-//! - [`olmoe`]: QK-norm over whole Q / K (`olmoe.cpp`).
+//! - [`olmoe`]: QK-norm over whole Q / K (`olmoe.cpp`);
+//! - [`qwen35moe`]: Gated DeltaNet + gated attention hybrid, `qwen35moe` and `qwen3next`.
 //!
 //! Each architecture file holds its tensor list (as llama.cpp's `load_arch_tensors`) and its
 //! forward (as the graph builder), made of the shared blocks in [`blocks`] (as
@@ -16,6 +17,7 @@ pub mod config;
 pub mod llama;
 pub mod olmoe;
 pub mod qwen2moe;
+pub mod qwen35moe;
 pub mod qwen3moe;
 
 use crate::backend::cpu::exec::CpuExec;
@@ -53,6 +55,9 @@ pub enum ModelError {
     NoExperts,
     #[error(transparent)]
     Gpu(#[from] crate::backend::wgpu::GpuError),
+    /// The backend cannot run this model yet.
+    #[error("{0}")]
+    Unsupported(String),
     /// A backend broke the op contract (a bug, reported instead of a panic).
     #[error("internal error: {0}")]
     Internal(String),
@@ -64,7 +69,8 @@ impl From<OpError> for ModelError {
             OpError::Gpu(g) => ModelError::Gpu(g),
             OpError::Expert(x) => ModelError::Expert(x),
             OpError::Quant(q) => ModelError::Quant(q),
-            OpError::NotReady => ModelError::Internal(e.to_string()),
+            OpError::NotReady | OpError::NoState(_) => ModelError::Internal(e.to_string()),
+            OpError::Unsupported { .. } => ModelError::Unsupported(e.to_string()),
         }
     }
 }
@@ -126,6 +132,34 @@ impl<'a> Loader<'a> {
         Ok(self.w.add_vec(v))
     }
 
+    /// An f32 tensor of any `shape` (GGUF order), flattened (e.g. `ssm_conv1d` [d_conv, channels]).
+    pub fn vec_shaped(&mut self, name: &str, shape: &[usize]) -> Result<Vector, ModelError> {
+        let v = self.weight(name, shape)?.to_f32()?;
+        Ok(self.w.add_vec(v))
+    }
+
+    /// The rows of matrix `name` ([cols, rows]) split into one matrix per part, each part a list
+    /// of row ranges taken in order (a fused projection read as separate ones: each output row
+    /// is its own dot product, so the results are the fused product's bits).
+    pub fn mat_parts(&mut self, name: &str, shape: [usize; 2], parts: &[Vec<std::ops::Range<usize>>]) -> Result<Vec<Mat>, ModelError> {
+        let w = self.weight(name, &shape)?;
+        let rb = w.data.len() / w.rows.max(1);
+        let mut out = Vec::with_capacity(parts.len());
+        for p in parts {
+            let mut data = Vec::new();
+            let mut rows = 0;
+            for r in p {
+                if r.end > w.rows || r.start > r.end {
+                    return Err(ModelError::Shape { name: name.into(), got: vec![w.cols as u64, w.rows as u64], want: vec![w.cols as u64, r.end as u64] });
+                }
+                data.extend_from_slice(&w.data[r.start * rb..r.end * rb]);
+                rows += r.len();
+            }
+            out.push(self.w.add_mat(Weight { ty: w.ty, cols: w.cols, rows, data }));
+        }
+        Ok(out)
+    }
+
     /// [`Self::vec`] for an optional tensor (llama.cpp's `TENSOR_NOT_REQUIRED`).
     pub fn opt_vec(&mut self, name: &str, n: usize) -> Result<Option<Vector>, ModelError> {
         if self.has(name) {
@@ -139,6 +173,7 @@ impl<'a> Loader<'a> {
 /// The architecture's layers: one variant per decoder (`llama` serves the four families today).
 pub(crate) enum Layers {
     Llama(llama::Llama),
+    Hybrid(qwen35moe::Hybrid),
 }
 
 pub struct Model {
@@ -186,6 +221,7 @@ impl Model {
             Arch::Qwen2Moe => Layers::Llama(qwen2moe::load(&mut ld, &cfg)?),
             Arch::Qwen3Moe => Layers::Llama(qwen3moe::load(&mut ld, &cfg)?),
             Arch::Olmoe => Layers::Llama(olmoe::load(&mut ld, &cfg)?),
+            Arch::Qwen35Moe | Arch::Qwen3Next => Layers::Hybrid(qwen35moe::Hybrid::load(&mut ld, &cfg)?),
         };
         // With an external expert source (a streaming cache, or a bundle whose dense GGUF has no
         // expert tensors) the model needs no expert tensor at all.
@@ -204,8 +240,13 @@ impl Model {
         Ok(Self { cfg, weights: ld.w, tok_embd, output_norm, output, layers, experts, expert_tensors, dense_bytes, capture: None })
     }
 
+    /// The per-sequence cache: keys and values of the attention layers, recurrent states of the
+    /// Gated DeltaNet layers.
     pub fn new_kv(&self, n_ctx: usize) -> KvCache {
-        KvCache::new(self.cfg.n_layer, n_ctx, self.cfg.n_head_kv, self.cfg.head_dim)
+        let c = &self.cfg;
+        let layers: Vec<Option<(usize, usize)>> =
+            (0..c.n_layer).map(|il| c.ssm.filter(|_| c.is_recurrent(il)).map(|s| (s.conv_state_len(), s.ssm_state_len()))).collect();
+        KvCache::hybrid(&layers, n_ctx, c.n_head_kv, c.head_dim)
     }
 
     /// Start (or stop) recording each forward's last-row FFN inputs per layer.
@@ -270,6 +311,7 @@ impl Model {
         let mut f = blocks::Fwd::new(self, b, pos0, tokens.len(), want);
         match &self.layers {
             Layers::Llama(a) => a.forward(&mut f, tokens).await,
+            Layers::Hybrid(a) => a.forward(&mut f, tokens).await,
         }
     }
 

@@ -3,7 +3,7 @@
 use super::kv::KvCache;
 use super::matmul::{matmul, Acts, RowMode, WeightRef};
 use super::{ops, par};
-use crate::backend::ops::{Attn, Mat, OpError, Ops, Rope, Route, Vector, Weights};
+use crate::backend::ops::{Attn, DeltaNet, Mat, OpError, Ops, Rope, Route, Sigmoid, Vector, Weights};
 use crate::expert::{ExpertError, ExpertSource};
 use std::ops::Range;
 
@@ -172,12 +172,86 @@ impl Ops for CpuExec<'_> {
         Ok(CpuT { v: h, cols: g.cols })
     }
 
-    fn gate_add(&mut self, x: &mut CpuT, y: &CpuT, g: &CpuT) -> Result<(), OpError> {
+    fn gate_add(&mut self, x: &mut CpuT, y: &CpuT, g: &CpuT, f: Sigmoid) -> Result<(), OpError> {
         for (t, (xr, yr)) in x.v.chunks_mut(x.cols).zip(y.v.chunks(y.cols)).enumerate() {
-            let s = ops::sigmoid(g.v[t]);
+            let s = match f {
+                Sigmoid::SiluDiv => ops::sigmoid(g.v[t]),
+                Sigmoid::Exp => ops::sigmoid_exp(g.v[t]),
+            };
             for (o, &yy) in xr.iter_mut().zip(yr) {
                 *o += yy * s;
             }
+        }
+        Ok(())
+    }
+
+    fn mul_sigmoid(&mut self, x: &mut CpuT, g: &CpuT) -> Result<(), OpError> {
+        for (a, &b) in x.v.iter_mut().zip(&g.v) {
+            *a *= ops::sigmoid_exp(b);
+        }
+        Ok(())
+    }
+
+    fn conv_silu(&mut self, il: usize, x: &CpuT, w: Vector, d_conv: usize) -> Result<CpuT, OpError> {
+        let w = self.w.vec(w);
+        let st = self.kv.rs.get_mut(il).and_then(|r| r.as_mut()).ok_or(OpError::NoState(il))?;
+        let c = x.cols;
+        if st.conv.len() != c * (d_conv - 1) || w.len() != c * d_conv {
+            return Err(OpError::NoState(il));
+        }
+        let mut y = vec![0f32; x.v.len()];
+        for (xr, yr) in x.v.chunks(c).zip(y.chunks_mut(c)) {
+            ops::conv_silu_step(&mut st.conv, w, d_conv, xr, yr);
+        }
+        Ok(CpuT { v: y, cols: c })
+    }
+
+    fn delta_net(&mut self, il: usize, x: &CpuT, alpha: &CpuT, beta: &CpuT, p: &DeltaNet) -> Result<CpuT, OpError> {
+        let (hk, hv, s) = (p.n_group, p.dt_rank, p.d_state);
+        let t_n = x.rows();
+        let (dt, a) = (self.w.vec(p.dt_bias), self.w.vec(p.a));
+        let st = self.kv.rs.get_mut(il).and_then(|r| r.as_mut()).ok_or(OpError::NoState(il))?;
+        if x.cols != (2 * hk + hv) * s || st.ssm.len() != hv * s * s || alpha.cols != hv || beta.cols != hv {
+            return Err(OpError::NoState(il));
+        }
+        // Per token: q and k L2-normalised per head; beta = sigmoid(b); g = softplus(a + dt) · A.
+        let mut qk = vec![0f32; t_n * 2 * hk * s];
+        let mut gb = vec![0f32; t_n * 2 * hv];
+        for t in 0..t_n {
+            let dst = &mut qk[t * 2 * hk * s..(t + 1) * 2 * hk * s];
+            dst.copy_from_slice(&x.row(t)[..2 * hk * s]);
+            for head in dst.chunks_mut(s) {
+                ops::l2_norm(head, p.eps);
+            }
+            for h in 0..hv {
+                gb[(t * hv + h) * 2] = ops::softplus(alpha.v[t * hv + h] + dt[h]) * a[h];
+                gb[(t * hv + h) * 2 + 1] = ops::sigmoid_exp(beta.v[t * hv + h]);
+            }
+        }
+        let mut out = vec![0f32; t_n * hv * s];
+        let o = par::SharedMut::new(&mut out);
+        let cols = x.cols;
+        // One task per value head: its tokens in order on its own S×S state.
+        par::for_each_chunk(&mut st.ssm, s * s, |h, m| {
+            let kh = if p.tiled { h % hk } else { h / (hv / hk) };
+            let mut d = vec![0f32; s];
+            for t in 0..t_n {
+                let q = &qk[t * 2 * hk * s + kh * s..][..s];
+                let k = &qk[t * 2 * hk * s + (hk + kh) * s..][..s];
+                let v = &x.v[t * cols + (2 * hk + h) * s..][..s];
+                let (g, b) = (gb[(t * hv + h) * 2], gb[(t * hv + h) * 2 + 1]);
+                // SAFETY: each (token, head) writes its own S outputs.
+                let oh = unsafe { o.slice(t * hv * s + h * s, s) };
+                ops::delta_rule_step(m, q, k, v, g, b, &mut d, oh);
+            }
+        });
+        Ok(CpuT { v: out, cols: hv * s })
+    }
+
+    fn norm_gated(&mut self, x: &mut CpuT, w: Vector, z: &CpuT, eps: f32) -> Result<(), OpError> {
+        ops::rms_norm_groups(&mut x.v, self.w.vec(w), eps);
+        for (a, &b) in x.v.iter_mut().zip(&z.v) {
+            *a *= ops::silu(b);
         }
         Ok(())
     }

@@ -377,3 +377,96 @@ mod tests {
     }
 }
 
+
+// ---- Gated DeltaNet (qwen35moe / qwen3next), llama.cpp `src/models/delta-net-base.cpp`, ----
+// ---- `qwen35moe.cpp` and the CPU kernels of `ggml-cpu/ops.cpp`                        ----
+
+/// Logistic sigmoid as ggml's `sigmoid` op computes it: `1 / (1 + expf(-x))` with the C
+/// library's `expf` ([`super::cmath::expf`]). (qwen2moe's gate is [`sigmoid`], `silu(x) / x`.)
+#[inline]
+pub fn sigmoid_exp(x: f32) -> f32 {
+    1.0 / (1.0 + super::cmath::expf(-x))
+}
+
+/// Softplus as ggml's `softplus` op: `x > 20 ? x : logf(1 + expf(x))`. `logf` here is the
+/// correctly rounded natural log (f64, rounded once); glibc's `logf` is within one ulp of it.
+#[inline]
+pub fn softplus(x: f32) -> f32 {
+    if x > 20.0 {
+        x
+    } else {
+        libm::log((1.0 + super::cmath::expf(x)) as f64) as f32
+    }
+}
+
+/// `ggml_vec_dot_f32` in ggml's AVX-512 order on x86 (AVX2 builds), LES's portable order elsewhere.
+#[inline]
+pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    crate::quant::vec_dot(crate::quant::GgmlType::F32, n, bytemuck::cast_slice(&a[..n]), bytemuck::cast_slice(&b[..n]))
+}
+
+/// One token of ggml's `ssm_conv` (depthwise causal conv1d) for every channel, then SiLU:
+/// `y[c] = silu(Σ_k w[c·K + k] · in[c][k])` over `in[c] = [state[c] (K − 1 values), x[c]]`,
+/// summed in k order, each product rounded before its add (ggml's loop is not contracted:
+/// checked against llama.cpp's `conv_output_raw`); then the state shifts by one (it keeps the
+/// last K − 1 inputs of each channel).
+pub fn conv_silu_step(state: &mut [f32], w: &[f32], d_conv: usize, x: &[f32], y: &mut [f32]) {
+    let kc = d_conv - 1;
+    for (c, (&xc, yc)) in x.iter().zip(y.iter_mut()).enumerate() {
+        let st = &mut state[c * kc..(c + 1) * kc];
+        let wc = &w[c * d_conv..(c + 1) * d_conv];
+        let mut sum = 0f32;
+        for k in 0..kc {
+            sum += st[k] * wc[k];
+        }
+        sum += xc * wc[kc];
+        *yc = silu(sum);
+        st.copy_within(1.., 0);
+        st[kc - 1] = xc;
+    }
+}
+
+/// L2-normalisation of one head as llama.cpp's `build_gdn_l2_norm`: `rms_norm(x, eps / n)`
+/// then `scale(1 / sqrt(n))`, i.e. `x / sqrt(Σx² + eps)` with ggml's roundings.
+pub fn l2_norm(x: &mut [f32], eps: f32) {
+    let n = x.len() as f32;
+    let mut sum = 0f64;
+    for &v in x.iter() {
+        sum += (v * v) as f64;
+    }
+    let mean = (sum / x.len() as f64) as f32;
+    let scale = 1.0f32 / (mean + eps / n).sqrt();
+    let s2 = 1.0f32 / n.sqrt();
+    for v in x.iter_mut() {
+        *v = (*v * scale) * s2;
+    }
+}
+
+/// One token of one value head of ggml's `gated_delta_net` (`ops.cpp`,
+/// `ggml_compute_forward_gated_delta_net_one_chunk`, scalar decay): with the S×S state `m`
+/// stored transposed (`m[j·S + i]` = S[i][j]),
+/// `m *= expf(g)`; `d[j] = (v[j] − m_j·k) · beta`; `m_j += d[j] · k`; `o[j] = (m_j·q) / sqrt(S)`,
+/// the dot products and multiply-adds in ggml's orders ([`dot_f32`], FMA).
+#[allow(clippy::too_many_arguments)]
+pub fn delta_rule_step(m: &mut [f32], q: &[f32], k: &[f32], v: &[f32], g: f32, beta: f32, d: &mut [f32], o: &mut [f32]) {
+    let s = v.len();
+    let decay = super::cmath::expf(g);
+    for x in m.iter_mut() {
+        *x *= decay;
+    }
+    for j in 0..s {
+        let sum = dot_f32(&m[j * s..(j + 1) * s], k);
+        d[j] = (v[j] - sum) * beta;
+    }
+    for j in 0..s {
+        let dj = d[j];
+        for (mi, &ki) in m[j * s..(j + 1) * s].iter_mut().zip(k) {
+            *mi = ki.mul_add(dj, *mi);
+        }
+    }
+    let scale = 1.0f32 / (s as f32).sqrt();
+    for j in 0..s {
+        o[j] = dot_f32(&m[j * s..(j + 1) * s], q) * scale;
+    }
+}

@@ -12,7 +12,7 @@ use super::kernels::Kernels;
 use super::{GpuContext, GpuError, Recorder};
 use crate::backend::cpu::matmul::Weight;
 use crate::backend::cpu::ops::{rope_cache, RopeKind};
-use crate::backend::ops::{Attn, Mat, OpError, Ops, Rope, Route, Vector, Weights};
+use crate::backend::ops::{Attn, DeltaNet, Mat, OpError, Ops, Rope, Route, Sigmoid, Vector, Weights};
 use crate::clock::now_ms;
 use crate::expert::{ExpertError, ExpertLayout, ExpertSource};
 use crate::quant::{vec_dot_type, GgmlType};
@@ -474,9 +474,29 @@ impl Ops for GpuExec<'_> {
         Ok(h)
     }
 
-    fn gate_add(&mut self, x: &mut GpuT, y: &GpuT, g: &GpuT) -> Result<(), OpError> {
+    fn gate_add(&mut self, x: &mut GpuT, y: &GpuT, g: &GpuT, f: Sigmoid) -> Result<(), OpError> {
+        if f != Sigmoid::SiluDiv {
+            return Err(OpError::Unsupported { backend: "wgpu", op: "gate_add with ggml's sigmoid" });
+        }
         self.g.k.gate_add(&mut self.rec, y.buf(), g.buf(), x.buf(), x.cols, x.rows);
         Ok(())
+    }
+
+    // Gated DeltaNet models (qwen35moe, qwen3next): CPU only so far (issue 18).
+    fn mul_sigmoid(&mut self, _x: &mut GpuT, _g: &GpuT) -> Result<(), OpError> {
+        Err(OpError::Unsupported { backend: "wgpu", op: "mul_sigmoid" })
+    }
+
+    fn conv_silu(&mut self, _il: usize, _x: &GpuT, _w: Vector, _d_conv: usize) -> Result<GpuT, OpError> {
+        Err(OpError::Unsupported { backend: "wgpu", op: "conv_silu (Gated DeltaNet)" })
+    }
+
+    fn delta_net(&mut self, _il: usize, _x: &GpuT, _alpha: &GpuT, _beta: &GpuT, _p: &DeltaNet) -> Result<GpuT, OpError> {
+        Err(OpError::Unsupported { backend: "wgpu", op: "delta_net (Gated DeltaNet)" })
+    }
+
+    fn norm_gated(&mut self, _x: &mut GpuT, _w: Vector, _z: &GpuT, _eps: f32) -> Result<(), OpError> {
+        Err(OpError::Unsupported { backend: "wgpu", op: "norm_gated (Gated DeltaNet)" })
     }
 
     fn last_row(&mut self, x: GpuT) -> Result<GpuT, OpError> {

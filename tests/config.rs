@@ -1,0 +1,81 @@
+//! Hyper-parameters of the Gated DeltaNet hybrids (`qwen35moe`, `qwen3next`) read from GGUF
+//! metadata: hostile values are typed errors (never a panic or an unbounded allocation), and the
+//! layer pattern and state sizes are llama.cpp's (`src/models/qwen35moe.cpp`
+//! `load_arch_hparams`, `src/llama-hparams.cpp` `n_embd_r` / `n_embd_s`).
+
+mod common;
+use common::*;
+use les::gguf::{GgufFile, Value};
+use les::model::config::{ConfigError, HeadMap};
+use les::model::Config;
+use les::store::FileSource;
+
+fn read(name: &str) -> GgufFile {
+    GgufFile::read(&FileSource::open(model(name)).unwrap()).unwrap()
+}
+
+fn set(g: &mut GgufFile, key: &str, v: Value) {
+    let slot = g.metadata.iter_mut().find(|(k, _)| k == key).unwrap_or_else(|| panic!("fixture has no {key}"));
+    slot.1 = v;
+}
+
+#[test]
+fn layer_pattern_and_state_sizes_are_llama_cpps() {
+    // rand-qwen35moe: 4 layers, full_attention_interval 4: layers 0-2 linear, 3 attention;
+    // S 64, 2 key heads, 4 value heads, conv 4.
+    let c = Config::from_gguf(&read("rand-qwen35moe.gguf")).unwrap();
+    assert_eq!(c.recurrent, vec![true, true, true, false]);
+    let s = c.ssm.unwrap();
+    assert_eq!(s.head_map, HeadMap::Tiled);
+    assert_eq!(s.conv_dim(), 2 * 2 * 64 + 4 * 64);
+    assert_eq!(s.conv_state_len(), 3 * 512); // n_embd_r = (d_conv - 1) * (d_inner + 2 n_group d_state)
+    assert_eq!(s.ssm_state_len(), 64 * 256); // n_embd_s = d_state * d_inner
+    assert_eq!(c.recurrent_state_bytes(), 3 * (3 * 512 + 64 * 256) * 4);
+    assert_eq!(c.n_attn_layers(), 1);
+    // rand-qwen3next: interval 2: layers 1 and 3 attention; grouped heads.
+    let c = Config::from_gguf(&read("rand-qwen3next.gguf")).unwrap();
+    assert_eq!(c.recurrent, vec![true, false, true, false]);
+    assert_eq!(c.ssm.unwrap().head_map, HeadMap::Grouped);
+}
+
+#[test]
+fn hostile_hybrid_hyper_parameters_are_typed_errors() {
+    let a = "qwen35moe";
+    let cases: Vec<(&str, Value, &str)> = vec![
+        ("ssm.state_size", Value::U32(0), "ssm.state_size"),
+        ("ssm.state_size", Value::U32(u32::MAX), "ssm.state_size"),
+        ("ssm.group_count", Value::U32(0), "ssm.group_count"),
+        ("ssm.time_step_rank", Value::U32(3), "ssm.time_step_rank"), // not a multiple of 2 key heads
+        ("ssm.time_step_rank", Value::U32(0), "ssm.time_step_rank"),
+        ("ssm.inner_size", Value::U32(255), "ssm.inner_size"),
+        ("ssm.conv_kernel", Value::U32(1), "ssm.conv_kernel"),
+        ("ssm.conv_kernel", Value::U32(1 << 30), "ssm.conv_kernel"),
+        ("full_attention_interval", Value::U32(0), "full_attention_interval"),
+        ("expert_count", Value::U32(0), "expert_count"),
+        ("attention.head_count", Value::U32(0), "attention.head_count"),
+        ("rope.dimension_sections", Value::Array(vec![Value::I32(0); 4]), "rope.dimension_sections"),
+        ("rope.dimension_sections", Value::Array(vec![Value::I32(100), Value::I32(0), Value::I32(0), Value::I32(0)]), "rope.dimension_sections"),
+        ("rope.dimension_sections", Value::Array(vec![Value::I32(-1), Value::I32(3), Value::I32(2), Value::I32(0)]), "rope.dimension_sections"),
+        // Sections that leave rotated pairs to the vision (e) section: not text RoPE.
+        ("rope.dimension_sections", Value::Array(vec![Value::I32(1), Value::I32(1), Value::I32(1), Value::I32(5)]), "rope.dimension_sections"),
+        ("rope.dimension_sections", Value::Array(vec![Value::I32(3), Value::I32(3)]), "rope.dimension_sections"),
+    ];
+    for (key, v, want) in cases {
+        let mut g = read("rand-qwen35moe.gguf");
+        set(&mut g, &format!("{a}.{key}"), v.clone());
+        match Config::from_gguf(&g) {
+            Err(ConfigError::Invalid { key: k, .. }) => assert_eq!(k, format!("{a}.{want}"), "{key} = {v:?}"),
+            other => panic!("{key} = {v:?}: expected an invalid-hyper-parameter error, got {other:?}"),
+        }
+    }
+    // A state size the largest values allowed one by one still bound: 1024 × 1024 heads.
+    let mut g = read("rand-qwen35moe.gguf");
+    for (k, v) in [("ssm.state_size", 1024), ("ssm.time_step_rank", 1024), ("ssm.group_count", 1024), ("ssm.inner_size", 1024 * 1024)] {
+        set(&mut g, &format!("{a}.{k}"), Value::U32(v));
+    }
+    assert!(matches!(Config::from_gguf(&g), Err(ConfigError::Invalid { .. })), "a 4 GiB-per-layer state must be refused");
+    // A key of the wrong type reads as missing.
+    let mut g = read("rand-qwen35moe.gguf");
+    set(&mut g, &format!("{a}.ssm.conv_kernel"), Value::String("4".into()));
+    assert!(matches!(Config::from_gguf(&g), Err(ConfigError::Missing(k)) if k == "qwen35moe.ssm.conv_kernel"));
+}
