@@ -5,7 +5,10 @@
 //   gather:   Y[r] = X[IDX[r]]                              (rows routed to one expert)
 //   scatter:  Y[IDX[r]] = X[r] * WS[r]                      (expert outputs times router weights)
 //   combine:  Y[t] = sum over ranks r in order of X[t*k + r] (fixed top-k order: lossless)
-//   gate_add: Y[t] += X[t] * sigmoid(G[t])                  (qwen2moe shared expert)
+//   gate_add: Y[t] += X[t] * sigmoid(G[t])                  (qwen2moe shared expert, silu(g)/g)
+//   gate_add_exp: the same with 1 / (1 + expf(-g))           (qwen35moe shared expert)
+//   mul_sigmoid: Y[i] *= 1 / (1 + expf(-X[i]))               (qwen35moe attention gate)
+//   mul_silu: Y[i] *= silu(X[i])                             (Gated DeltaNet's gated norm)
 // Products are rounded before any add and divisions round to nearest (exact.wgsl), as on the CPU.
 
 struct Params {
@@ -24,31 +27,6 @@ struct Params {
 @group(0) @binding(2) var<storage, read_write> Y: array<f32>;
 @group(0) @binding(3) var<storage, read> IDX: array<u32>;
 @group(0) @binding(4) var<uniform> P: Params;
-
-var<private> P_INF_BITS: u32 = 0x7f800000u;
-
-// ggml_v_expf / ggml_expf (ggml-cpu/vec.h, scalar form): exact port, so silu matches the CPU bit for bit.
-fn ggml_expf(x: f32) -> f32 {
-    // ggml adds and subtracts 0x1.8p23 to round x*log2(e) to an integer (the fma rounds the exact
-    // product); keep() stops the compiler from folding the pair away.
-    let n = keep(fma_rn(x, bitcast<f32>(0x3fb8aa3bu), bitcast<f32>(0x4b400000u))) - bitcast<f32>(0x4b400000u);
-    var b = fma_rn(-n, bitcast<f32>(0x3f317200u), x);
-    b = fma_rn(-n, bitcast<f32>(0x35bfbe8eu), b);
-    if (abs(n) > 192.0) {
-        if (n <= 0.0) { return 0.0; }
-        // +inf from a runtime value: WGSL rejects a constant expression that evaluates to inf.
-        return bitcast<f32>(P_INF_BITS);
-    }
-    let u = keep(b * b);
-    let p = fma_rn(bitcast<f32>(0x3c072010u), b, bitcast<f32>(0x3d2b9f17u));
-    let q = fma_rn(bitcast<f32>(0x3e2aaf33u), b, bitcast<f32>(0x3efffedbu));
-    let lin = fma_rn(bitcast<f32>(0x3f7ffff6u), b, 1.0);
-    let j = fma_rn(fma_rn(p, u, q), u, lin);
-    let ni = i32(n);
-    let a = ni / 2;
-    let c = ni - ni / 2;
-    return keep(j * bitcast<f32>(u32(clamp(a + 127, 1, 254)) << 23u)) * bitcast<f32>(u32(clamp(c + 127, 1, 254)) << 23u);
-}
 
 @compute @workgroup_size(64)
 fn add(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
@@ -116,4 +94,32 @@ fn expf(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let i = gid.x + gid.y * nw.x * 64u;
     if (i >= P.n * P.rows) { return; }
     Y[P.y_off + i] = expf_glibc(X[P.x_off + i]);
+}
+
+// ops::sigmoid_exp: 1 / (1 + expf(-x)) with glibc's expf (ggml's sigmoid op).
+fn sigmoid_exp(x: f32) -> f32 {
+    return div_rn(1.0, keep(1.0 + expf_glibc(-x)));
+}
+
+@compute @workgroup_size(64)
+fn gate_add_exp(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
+    let i = gid.x + gid.y * nw.x * 64u;
+    if (i >= P.n * P.rows) { return; }
+    let g = sigmoid_exp(X2[P.x2_off + i / P.n]);
+    Y[P.y_off + i] = Y[P.y_off + i] + keep(X[P.x_off + i] * g);
+}
+
+@compute @workgroup_size(64)
+fn mul_sigmoid(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
+    let i = gid.x + gid.y * nw.x * 64u;
+    if (i >= P.n * P.rows) { return; }
+    Y[P.y_off + i] = keep(Y[P.y_off + i] * sigmoid_exp(X[P.x_off + i]));
+}
+
+@compute @workgroup_size(64)
+fn mul_silu(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
+    let i = gid.x + gid.y * nw.x * 64u;
+    if (i >= P.n * P.rows) { return; }
+    let z = X[P.x_off + i];
+    Y[P.y_off + i] = keep(Y[P.y_off + i] * div_rn(z, keep(1.0 + ggml_expf(-z))));
 }

@@ -175,3 +175,54 @@ fn expf_glibc(x: f32) -> f32 {
     let h = df_to_f32(v);
     return keep(h * bitcast<f32>(u32(e1 + 127) << 23u)) * bitcast<f32>(u32(clamp(e2 + 127, 1, 254)) << 23u);
 }
+
+var<private> P_INF_BITS: u32 = 0x7f800000u;
+
+// ggml_v_expf / ggml_expf (ggml-cpu/vec.h, scalar form): exact port, so silu matches the CPU bit for bit.
+fn ggml_expf(x: f32) -> f32 {
+    // ggml adds and subtracts 0x1.8p23 to round x*log2(e) to an integer (the fma rounds the exact
+    // product); keep() stops the compiler from folding the pair away.
+    let n = keep(fma_rn(x, bitcast<f32>(0x3fb8aa3bu), bitcast<f32>(0x4b400000u))) - bitcast<f32>(0x4b400000u);
+    var b = fma_rn(-n, bitcast<f32>(0x3f317200u), x);
+    b = fma_rn(-n, bitcast<f32>(0x35bfbe8eu), b);
+    if (abs(n) > 192.0) {
+        if (n <= 0.0) { return 0.0; }
+        // +inf from a runtime value: WGSL rejects a constant expression that evaluates to inf.
+        return bitcast<f32>(P_INF_BITS);
+    }
+    let u = keep(b * b);
+    let p = fma_rn(bitcast<f32>(0x3c072010u), b, bitcast<f32>(0x3d2b9f17u));
+    let q = fma_rn(bitcast<f32>(0x3e2aaf33u), b, bitcast<f32>(0x3efffedbu));
+    let lin = fma_rn(bitcast<f32>(0x3f7ffff6u), b, 1.0);
+    let j = fma_rn(fma_rn(p, u, q), u, lin);
+    let ni = i32(n);
+    let a = ni / 2;
+    let c = ni - ni / 2;
+    return keep(j * bitcast<f32>(u32(clamp(a + 127, 1, 254)) << 23u)) * bitcast<f32>(u32(clamp(c + 127, 1, 254)) << 23u);
+}
+
+// logf as the `libm` crate's `logf` (FreeBSD e_logf.c; src/backend/cpu/ops.rs `softplus`): f32
+// arithmetic only, every product and sum kept as Rust rounds it. Normal positive x only
+// (softplus takes it of 1 + e^x >= 1).
+fn logf_bsd(x_in: f32) -> f32 {
+    var ix = bitcast<u32>(x_in);
+    if (ix == 0x3f800000u) { return 0.0; }
+    ix = ix + (0x3f800000u - 0x3f3504f3u);
+    let k = i32(ix >> 23u) - 0x7f;
+    ix = (ix & 0x007fffffu) + 0x3f3504f3u;
+    let x = bitcast<f32>(ix);
+    let f = keep(x - 1.0);
+    let s = div_rn(f, keep(2.0 + f));
+    let z = keep(s * s);
+    let w = keep(z * z);
+    let t1 = keep(w * keep(bitcast<f32>(0x3eccce13u) + keep(w * bitcast<f32>(0x3e789e26u))));
+    let t2 = keep(z * keep(bitcast<f32>(0x3f2aaaaau) + keep(w * bitcast<f32>(0x3e91e9eeu))));
+    let r = keep(t2 + t1);
+    let hfsq = keep(keep(0.5 * f) * f);
+    let dk = f32(k);
+    let a = keep(s * keep(hfsq + r));
+    let b = keep(a + keep(dk * bitcast<f32>(0x3717f7d1u)));
+    let c = keep(b - hfsq);
+    let d = keep(c + f);
+    return keep(d + keep(dk * bitcast<f32>(0x3f317180u)));
+}

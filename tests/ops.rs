@@ -36,6 +36,11 @@ fn f32s(name: &str) -> Vec<f32> {
 const E: usize = 512;
 const FF: usize = 64;
 const N_EXPERT: usize = 4;
+/// The Gated DeltaNet cases: E = (2·HK + HV)·S conv channels, layer 1 of the cache.
+const D_CONV: usize = 4;
+const HK: usize = 2;
+const HV: usize = 4;
+const S: usize = 64;
 
 /// Every tensor the cases use, in one table (a backend uploads the table once).
 struct Fx {
@@ -45,6 +50,10 @@ struct Fx {
     head_norm: Vector,
     bias: Vector,
     gate_row: Mat,
+    /// Gated DeltaNet: conv weights (E channels × D_CONV), dt_bias and ssm_a (HV values).
+    conv_w: Vector,
+    dt_bias: Vector,
+    ssm_a: Vector,
     x: Vec<f32>,
     experts: Arc<dyn ExpertSource>,
 }
@@ -95,6 +104,9 @@ fn fx() -> &'static Fx {
         let norm = w.add_vec(stream(1, E, 1.0));
         let head_norm = w.add_vec(stream(2, 64, 1.0));
         let bias = w.add_vec(stream(3, E, 0.5));
+        let conv_w = w.add_vec(stream(5, E * D_CONV, 0.5));
+        let dt_bias = w.add_vec(stream(6, HV, 1.0));
+        let ssm_a = w.add_vec(stream(7, HV, 1.0).iter().map(|v| -4.0 - 8.0 * v.abs()).collect());
         let gate_row = w.add_mat(Weight { ty: GgmlType::F32, cols: E, rows: 1, data: bytemuck::cast_slice(&stream(4, E, 0.05)).to_vec() });
         let q = |ty: GgmlType, v: &[f32]| {
             let mut out = Vec::new();
@@ -120,7 +132,7 @@ fn fx() -> &'static Fx {
                 ExpertBlock { data, layout: layout.clone() }
             })
             .collect();
-        Fx { w, mats, norm, head_norm, bias, gate_row, x: f32s("act_x.f32"), experts: Arc::new(TestExperts { layout, blocks }) }
+        Fx { w, mats, norm, head_norm, bias, gate_row, conv_w, dt_bias, ssm_a, x: f32s("act_x.f32"), experts: Arc::new(TestExperts { layout, blocks }) }
     })
 }
 
@@ -187,6 +199,50 @@ async fn case_gate_add<B: Ops>(b: &mut B) -> Out {
     read_all(b, &[&x, &g]).await
 }
 
+async fn case_gate_add_exp<B: Ops>(b: &mut B) -> Out {
+    let mut x = b.input(rows_of(3, E, 2), E)?;
+    let y = b.input(rows_of(3, E, 60), E)?;
+    let g = b.matmul(&x, &[fx().gate_row])?.remove(0);
+    b.gate_add(&mut x, &y, &g, les::backend::ops::Sigmoid::Exp)?;
+    read_all(b, &[&x, &g]).await
+}
+
+async fn case_mul_sigmoid<B: Ops>(b: &mut B) -> Out {
+    let mut x = b.input(rows_of(3, E, 2), E)?;
+    let g = b.input(rows_of(3, E, 70), E)?;
+    b.mul_sigmoid(&mut x, &g)?;
+    read_all(b, &[&x]).await
+}
+
+async fn case_norm_gated<B: Ops>(b: &mut B) -> Out {
+    let mut x = b.input(rows_of(3, E, 3), E)?;
+    let z = b.input(rows_of(3, E, 80), E)?;
+    b.norm_gated(&mut x, fx().head_norm, &z, 1e-6)?;
+    read_all(b, &[&x]).await
+}
+
+async fn case_conv_silu<B: Ops>(b: &mut B) -> Out {
+    // A prompt of 3 rows, then 1 more: the state carries over.
+    let x = b.input(rows_of(3, E, 5), E)?;
+    let y1 = b.conv_silu(1, &x, fx().conv_w, D_CONV)?;
+    let x = b.input(rows_of(1, E, 90), E)?;
+    let y2 = b.conv_silu(1, &x, fx().conv_w, D_CONV)?;
+    read_all(b, &[&y1, &y2]).await
+}
+
+async fn case_delta_net<B: Ops>(b: &mut B) -> Out {
+    use les::backend::ops::DeltaNet;
+    let p = DeltaNet { dt_bias: fx().dt_bias, a: fx().ssm_a, n_group: HK, dt_rank: HV, d_state: S, tiled: true, eps: 1e-6 };
+    // 3 rows with tiled heads (qwen35moe), then 2 with grouped heads (qwen3next), one state.
+    let x = b.input(rows_of(3, E, 6), E)?;
+    let (al, be) = (b.input(rows_of(3, HV, 15), HV)?, b.input(rows_of(3, HV, 25), HV)?);
+    let o1 = b.delta_net(1, &x, &al, &be, &p)?;
+    let x = b.input(rows_of(2, E, 95), E)?;
+    let (al, be) = (b.input(rows_of(2, HV, 35), HV)?, b.input(rows_of(2, HV, 45), HV)?);
+    let o2 = b.delta_net(1, &x, &al, &be, &DeltaNet { tiled: false, ..p })?;
+    read_all(b, &[&o1, &o2]).await
+}
+
 async fn case_last_row<B: Ops>(b: &mut B) -> Out {
     let x = b.input(rows_of(5, E, 3), E)?;
     let y = b.last_row(x)?;
@@ -238,7 +294,7 @@ fn gpus() -> &'static [(&'static str, Mutex<GpuBackend>)] {
         for (name, exact) in [("wgpu-exact", true), ("wgpu-fast", false)] {
             match GpuContext::new() {
                 Ok(ctx) => {
-                    let shapes = GpuShapes { n_layer: 1, n_head_kv: 2, head_dim: 64, n_ctx: 64, n_expert: N_EXPERT, n_expert_used: 2 };
+                    let shapes = GpuShapes { n_layer: 2, n_head_kv: 2, head_dim: 64, n_ctx: 64, n_expert: N_EXPERT, n_expert_used: 2 };
                     let opts = GpuOptions { exact: Some(exact), expert_slots: Some(2) };
                     let g = GpuBackend::new(Arc::new(ctx), &fx().w, shapes, Some(&fx().experts), &opts).unwrap();
                     out.push((name, Mutex::new(g)));
@@ -290,7 +346,8 @@ fn compare(want: &[Vec<f32>], got: &[Vec<f32>]) -> (Verdict, f32) {
 macro_rules! conform {
     ($case:expr) => {{
         les::quant::Simd::force(les::quant::Simd::Scalar);
-        let mut kv = KvCache::new(1, 64, 2, 64);
+        // Layer 0: attention; layer 1: a Gated DeltaNet layer's recurrent state.
+        let mut kv = KvCache::hybrid(&[None, Some((E * (D_CONV - 1), HV * S * S))], 64, 2, 64);
         let mut cpu = CpuExec::new(&fx().w, &mut kv, false);
         let want = ready($case(&mut cpu)).unwrap().unwrap();
         let mut verdicts = Vec::new();
@@ -298,6 +355,7 @@ macro_rules! conform {
             let g = g.lock().unwrap();
             let got = block_on(async {
                 let mut b = g.exec()?;
+                b.apply_state_events(&[les::backend::cpu::kv::StateEvent::Clear])?;
                 let r = $case(&mut b).await;
                 b.finish()?;
                 r
@@ -360,6 +418,26 @@ fn gate_add() {
     assert_conforms("gate_add", &conform!(case_gate_add));
 }
 #[test]
+fn gate_add_exp() {
+    assert_conforms("gate_add (sigmoid)", &conform!(case_gate_add_exp));
+}
+#[test]
+fn mul_sigmoid() {
+    assert_conforms("mul_sigmoid", &conform!(case_mul_sigmoid));
+}
+#[test]
+fn norm_gated() {
+    assert_conforms("norm_gated", &conform!(case_norm_gated));
+}
+#[test]
+fn conv_silu() {
+    assert_conforms("conv_silu", &conform!(case_conv_silu));
+}
+#[test]
+fn delta_net() {
+    assert_conforms("delta_net", &conform!(case_delta_net));
+}
+#[test]
 fn last_row() {
     assert_conforms("last_row", &conform!(case_last_row));
 }
@@ -404,6 +482,11 @@ fn ops_table_is_current() {
     rows.push(("attention".into(), conform!(case_attention)));
     rows.push(("swiglu".into(), conform!(case_swiglu)));
     rows.push(("gate_add".into(), conform!(case_gate_add)));
+    rows.push(("gate_add (sigmoid)".into(), conform!(case_gate_add_exp)));
+    rows.push(("mul_sigmoid".into(), conform!(case_mul_sigmoid)));
+    rows.push(("norm_gated".into(), conform!(case_norm_gated)));
+    rows.push(("conv_silu".into(), conform!(case_conv_silu)));
+    rows.push(("delta_net".into(), conform!(case_delta_net)));
     rows.push(("last_row".into(), conform!(case_last_row)));
     rows.push(("experts".into(), conform!(case_experts)));
     if gpus().is_empty() {

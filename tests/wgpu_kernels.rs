@@ -408,7 +408,7 @@ fn elementwise_kernels_match_cpu() {
         // gate_add: y += x * sigmoid(g) per token.
         let gb = upf(g, &[0.3, -1.7]);
         let yy = upf(g, &x[..2 * n]);
-        g.k.gate_add(&mut rec, &per, &gb, &yy, n, 2);
+        g.k.gate_add(&mut rec, &per, &gb, &yy, n, 2, false);
         let got = read(g, &mut rec, &yy, 2 * n);
         for t in 0..2 {
             let s = ops::sigmoid([0.3f32, -1.7][t]);

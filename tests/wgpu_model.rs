@@ -92,6 +92,11 @@ fn gpu_greedy_equals_cpu_random_moes() {
         let (n, differ, _) = compare(m, 8, 32);
         assert_eq!(differ, 0, "{m}: {differ} of {n} steps' logits are not bit-identical");
     }
+    // Gated DeltaNet hybrids (float weights: slower on lavapipe): 4 prompts, 16 steps.
+    for m in ["rand-qwen35moe.gguf", "rand-qwen3next.gguf"] {
+        let (n, differ, _) = compare(m, 4, 16);
+        assert_eq!(differ, 0, "{m}: {differ} of {n} steps' logits are not bit-identical");
+    }
 }
 
 #[test]
@@ -180,7 +185,7 @@ fn gpu_streamed_equals_gpu_resident() {
     if !gpu_available() {
         return;
     }
-    for m in ["rand-llama-moe.gguf", "rand-qwen2moe.gguf", "rand-qwen3moe.gguf", "rand-olmoe.gguf"] {
+    for m in ["rand-llama-moe.gguf", "rand-qwen2moe.gguf", "rand-qwen3moe.gguf", "rand-olmoe.gguf", "rand-qwen35moe.gguf"] {
         gpu_lossless(m, 8);
     }
 }
@@ -242,5 +247,38 @@ fn gpu_pool_evicts_what_the_scheduler_ranks_lowest() {
         rec.submit();
         pool.ensure(&mut rec, 1, 0, &blk, &rank).unwrap();
         assert!(!pool.holds(evicted.0, evicted.1) && pool.holds(kept.0, kept.1) && pool.holds(1, 0), "ranked {ranked}: expected {evicted:?} evicted");
+    }
+}
+
+/// Gated DeltaNet on the GPU: the recurrent state lives in GPU buffers and follows the host's
+/// checkpoint / restore / clear (regenerate with prefix reuse; speculative decoding rejecting
+/// drafts); greedy tokens stay the CPU's plain greedy tokens.
+#[test]
+fn gpu_recurrent_state_follows_checkpoints() {
+    use les::engine::speculative::{self, PromptLookup, SpecOptions};
+    if !gpu_available() {
+        return;
+    }
+    les::quant::Simd::force(les::quant::Simd::Scalar);
+    let src = FileSource::open(model_path("rand-qwen35moe.gguf")).unwrap();
+    let mut cpu = Session::load(&src, ExpertMode::Resident, 256).unwrap();
+    let mut gpu = Session::load(&src, ExpertMode::Resident, 256).unwrap();
+    gpu.set_backend(BackendKind::Wgpu, &GpuOptions { exact: Some(true), ..Default::default() }).unwrap();
+    gpu.reuse_prefix = true;
+    let g = SamplerConfig::greedy();
+    for p in prompts().iter().take(2) {
+        let toks = cpu.tokenize(p);
+        cpu.reset();
+        let want = cpu.generate(&toks, 8, &g, true, &mut |_, _| true).unwrap().0;
+        gpu.reset();
+        let got = gpu.generate(&toks, 8, &g, true, &mut |_, _| true).unwrap().0;
+        assert_eq!(got, want, "'{p}': GPU greedy differs from the CPU's");
+        let (again, st) = gpu.generate(&toks, 8, &g, true, &mut |_, _| true).unwrap();
+        assert_eq!(st.prompt_reused, toks.len() - 1, "'{p}': regenerate restores the checkpoint");
+        assert_eq!(again, want, "'{p}': regenerated on the GPU from the restored state");
+        let o = SpecOptions { draft_max: 3, io: None, verify_first: false };
+        let (spec, _, sst) = speculative::generate(&mut gpu, Some(&mut PromptLookup::default()), &o, &toks, 8, &g, true, &mut |_, _| true).unwrap();
+        assert_eq!(spec, want, "'{p}': speculative greedy on the GPU");
+        eprintln!("'{p}': {} drafted, {} accepted", sst.drafted, sst.accepted);
     }
 }

@@ -5,6 +5,7 @@
                       --out models/smolmoe-32x2.gguf
   make_moe.py random  --arch {llama,qwen2moe,qwen3moe,olmoe,qwen35moe,qwen3next} --src models/SmolLM2-...gguf \
                       --out models/rand-<arch>.gguf   (build_models.sh: rand-llama-moe for llama)
+  make_moe.py full    --arch qwen35moe-35b-a3b --out models/qwen35moe-35b-a3b-rand.gguf  (~20 GB)
   make_moe.py stats   --src models/SmolLM2-...gguf --refs tests/fixtures/refs/SmolLM2-...json \
                       --experts 32 --top-k 2       (routing statistics of the SmolMoE router)
 
@@ -273,7 +274,26 @@ HYBRID_SPECS = {
 }
 
 
-def write_general(sw, arch, arch_key, seed, n_embd, n_layer):
+# The seed's scale (issue 18): Qwen3.5/3.6-35B-A3B's exact hyper-parameters and tensor shapes
+# (llama.cpp src/models/qwen35moe.cpp; ../shared/research/moe_archs.md §1.2-1.3) at Q4_K_M-like
+# types (Q4_K, Q6_K on every other ffn_down / ssm_out / attn_v, Q6_K output, F32 norms, conv,
+# router and beta/alpha), random weights, SmolLM2's tokenizer padded to the 248320-token vocabulary.
+# About 20 GB; built on the fly by `make_moe.py full`, never committed. Types cycle by layer.
+FULL_SPECS = {
+    "qwen35moe-35b-a3b": dict(
+        arch="qwen35moe", pre="qwen2", add_bos=False, seed=3501, logit_std=6.0, res_gain=1.0,
+        n_embd=2048, n_layer=40, interval=4, n_head=16, n_head_kv=2, head_dim=256, n_rot=64,
+        sections=[11, 11, 10, 0], d_state=128, n_group=16, dt_rank=32, d_conv=4,
+        n_expert=256, top_k=8, n_ff_exp=512, n_ff_shexp=512, rope_base=10000000.0, eps=1e-6,
+        tied=False, embd_type=Q4K, out_type=Q6K, vocab=248320, context_length=262144,
+        mix_types=[(Q4K, Q4K, Q4K, F32), (Q4K, Q4K, Q6K, F32), (Q4K, Q4K, Q4K, F32), (Q4K, Q4K, Q6K, Q4K)],
+        exp_types=[(Q4K, Q4K, Q6K), (Q4K, Q4K, Q4K)],
+        shexp_types=[(Q4K, Q4K, Q6K), (Q4K, Q4K, Q4K)],
+    ),
+}
+
+
+def write_general(sw, arch, arch_key, seed, n_embd, n_layer, n_ctx=4096):
     """general.* and the size keys every random model has."""
     sw.s("general.type", "model")
     sw.s("general.name", "rand-llama-moe" if arch_key == "llama" else f"rand-{arch_key}")
@@ -281,17 +301,24 @@ def write_general(sw, arch, arch_key, seed, n_embd, n_layer):
          f"LES random MoE test model ({arch}), tools/make_moe.py random --arch {arch_key} --seed {seed}")
     sw.u32("general.quantization_version", 2)
     sw.u32("general.file_type", int(gguf.LlamaFileType.MOSTLY_Q8_0))  # nominal: types are mixed
-    sw.u32(f"{arch}.context_length", 4096)
+    sw.u32(f"{arch}.context_length", n_ctx)
     sw.u32(f"{arch}.embedding_length", n_embd)
     sw.u32(f"{arch}.block_count", n_layer)
 
 
 def copy_tokenizer(sw, r, sp):
-    """SmolLM2's tokenizer, with the pre-tokenizer and BOS flag of the spec."""
+    """SmolLM2's tokenizer, with the pre-tokenizer and BOS flag of the spec; padded with unused
+    tokens (`<|pad_N|>`, type 5) to sp["vocab"] when given."""
+    pad = sp.get("vocab", 0) - len(r.fields["tokenizer.ggml.tokens"].data)
     for k, f in r.fields.items():
         if not k.startswith("tokenizer."):
             continue
-        if k == "tokenizer.ggml.pre":
+        if pad > 0 and k == "tokenizer.ggml.tokens":
+            toks = f.contents() + [f"<|pad_{i}|>" for i in range(pad)]
+            sw.kv(k, toks, gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.STRING)
+        elif pad > 0 and k == "tokenizer.ggml.token_type":
+            sw.kv(k, f.contents() + [5] * pad, gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.INT32)
+        elif k == "tokenizer.ggml.pre":
             sw.s(k, sp["pre"])
         elif k == "tokenizer.ggml.add_bos_token":
             sw.kv(k, bool(sp["add_bos"]), gguf.GGUFValueType.BOOL)
@@ -299,9 +326,11 @@ def copy_tokenizer(sw, r, sp):
             copy_kv(sw, f)
 
 
-def random_tensors(sw, seed):
+def random_tensors(sw, seed, tile_above=0):
     """rnd(name, qtype, ne, std, kind): a tensor whose data is drawn (when written) from its own
-    generator, seeded with (seed, its index); kind "norm" draws U(lo, hi) (default 0.8-1.2)."""
+    generator, seeded with (seed, its index); kind "norm" draws U(lo, hi) (default 0.8-1.2).
+    tile_above > 0: a weight of more elements than that is a pool of that many random elements
+    repeated from a random offset (valid blocks, fast to make: the full-size models)."""
     tid = [0]
 
     def rnd(name, qtype, ne, std, kind="w", lo=0.8, hi=1.2):
@@ -312,6 +341,14 @@ def random_tensors(sw, seed):
             rng = rng_for(seed, key)
             if kind == "norm":
                 return rand_uniform_f32(rng, ne, lo, hi)
+            n = int(np.prod(ne))
+            if tile_above and n > tile_above and qtype not in (T.F32, T.F16):
+                pool = rand_weight(rng, qtype, (ne[0], tile_above // ne[0]), std).reshape(-1)
+                blk, tsz = QK[qtype]
+                nbytes = n // blk * tsz
+                start = int(rng.integers(0, pool.size // tsz)) * tsz
+                data = np.resize(np.roll(pool, -start), nbytes)
+                return data.reshape(tuple(reversed(ne[1:])) + (ne[0] // blk * tsz,))
             return rand_weight(rng, qtype, ne, std)
         sw.tensor(name, qtype, ne, prod)
     return rnd
@@ -333,18 +370,19 @@ def moe_tensors(rnd, p, D, E, FF, gain, exp_types, shexp=None):
 
 
 def build_hybrid(arch_key: str, src: str, out: str, seed: int | None = None):
-    sp = HYBRID_SPECS[arch_key]
+    sp = HYBRID_SPECS.get(arch_key) or FULL_SPECS[arch_key]
+    full = arch_key in FULL_SPECS
     arch = sp["arch"]
     seed = sp["seed"] if seed is None else seed
     r = gguf.GGUFReader(src)
-    n_vocab = len(r.fields["tokenizer.ggml.tokens"].data)
+    n_vocab = max(sp.get("vocab", 0), len(r.fields["tokenizer.ggml.tokens"].data))
     E, K, D, L = sp["n_expert"], sp["top_k"], sp["n_embd"], sp["n_layer"]
     H, HKV, HD, FF, SF = sp["n_head"], sp["n_head_kv"], sp["head_dim"], sp["n_ff_exp"], sp["n_ff_shexp"]
     S, HK, HV, KC = sp["d_state"], sp["n_group"], sp["dt_rank"], sp["d_conv"]
     DI = S * HV
     CD = 2 * HK * S + DI
     sw = StreamWriter(out, arch)
-    write_general(sw, arch, arch_key, seed, D, L)
+    write_general(sw, arch, arch_key, seed, D, L, sp.get("context_length", 4096))
     u32 = lambda keys: [sw.u32(f"{arch}.{key}", v) for key, v in keys]  # noqa: E731
     u32([("feed_forward_length", 3 * FF), ("expert_feed_forward_length", FF),
          ("expert_shared_feed_forward_length", SF), ("attention.head_count", H),
@@ -359,12 +397,12 @@ def build_hybrid(arch_key: str, src: str, out: str, seed: int | None = None):
          ("ssm.state_size", S), ("ssm.group_count", HK), ("ssm.time_step_rank", HV),
          ("ssm.inner_size", DI), ("full_attention_interval", sp["interval"])])
     copy_tokenizer(sw, r, sp)
-    rnd = random_tensors(sw, seed)
+    rnd = random_tensors(sw, seed, tile_above=(1 << 22) if full else 0)
     gain = sp["res_gain"]
     rnd("token_embd.weight", sp["embd_type"], (D, n_vocab), sp["logit_std"] / math.sqrt(D) if sp["tied"] else 1.0)
     for il in range(L):
         p = f"blk.{il}."
-        t0, t1, t2, t3 = sp["mix_types"][il]
+        t0, t1, t2, t3 = sp["mix_types"][il % len(sp["mix_types"])]
         rnd(p + "attn_norm.weight", T.F32, (D,), 0, "norm")
         rnd(p + "post_attention_norm.weight", T.F32, (D,), 0, "norm")
         if (il + 1) % sp["interval"] != 0:  # Gated DeltaNet layer
@@ -388,11 +426,12 @@ def build_hybrid(arch_key: str, src: str, out: str, seed: int | None = None):
             rnd(p + "attn_q_norm.weight", T.F32, (HD,), 0, "norm")
             rnd(p + "attn_k_norm.weight", T.F32, (HD,), 0, "norm")
             rnd(p + "attn_output.weight", t3, (H * HD, D), gain / math.sqrt(H * HD))
-        moe_tensors(rnd, p, D, E, FF, gain, sp["exp_types"][il], (SF, sp["shexp_types"][il]))
+        ni = len(sp["exp_types"])
+        moe_tensors(rnd, p, D, E, FF, gain, sp["exp_types"][il % ni], (SF, sp["shexp_types"][il % ni]))
     rnd("output_norm.weight", T.F32, (D,), 0, "norm")
     if not sp["tied"]:
         rnd("output.weight", sp["out_type"], (D, n_vocab), sp["logit_std"] / math.sqrt(D))
-    sw.write()
+    sw.write(progress=full)
 
 
 def build_random(arch_key: str, src: str, out: str, seed: int | None = None):
@@ -724,6 +763,10 @@ def main():
     s.add_argument("--src", default="models/SmolLM2-135M-Instruct.Q4_1.gguf")
     s.add_argument("--out", required=True)
     s.add_argument("--seed", type=int, default=None)
+    s = sub.add_parser("full", help="a full-size random model (about 20 GB; not for CI)")
+    s.add_argument("--arch", default="qwen35moe-35b-a3b", choices=sorted(FULL_SPECS))
+    s.add_argument("--src", default="models/SmolLM2-135M-Instruct.Q4_1.gguf")
+    s.add_argument("--out", required=True)
     s = sub.add_parser("stats")
     s.add_argument("--src", default="models/SmolLM2-135M-Instruct.Q4_1.gguf")
     s.add_argument("--refs", default="tests/fixtures/refs/SmolLM2-135M-Instruct.Q4_1.json")
@@ -737,6 +780,8 @@ def main():
                       a.router_logit_std)
     elif a.cmd == "random":
         build_random(a.arch, a.src, a.out, a.seed)
+    elif a.cmd == "full":
+        build_hybrid(a.arch, a.src, a.out)
     else:
         cmd_stats(a)
 

@@ -563,7 +563,7 @@ fn cmd_run(a: RunArgs) -> Res {
             let g = les::gguf::GgufFile::read(&FileSource::open(p)?)?;
             let c = les::model::Config::from_gguf(&g)?;
             let n_ctx = a.m.ctx_size.min(c.n_ctx_train.max(1));
-            g.tensors.iter().map(|t| t.size).sum::<u64>() + les::model::KvCache::bytes(c.n_layer, n_ctx, c.n_head_kv, c.head_dim) as u64
+            g.tensors.iter().map(|t| t.size).sum::<u64>() + c.cache_bytes(n_ctx) as u64
         }
         _ => 0,
     };

@@ -262,7 +262,7 @@ pub fn run(model: &str, bundle: &str, opts: &StreamOptions, prompts: &[String], 
                 let tok = crate::tokenizer::Tokenizer::from_gguf(&g)?;
                 let n_ctx = o.n_ctx.min(crate::model::Config::from_gguf(&g)?.n_ctx_train.max(1));
                 let d = DraftModel::load(&FileSource::open(p)?, &tok, n_ctx)?;
-                let extra = d.bytes + crate::model::KvCache::bytes(d.model.cfg.n_layer, d.kv.n_ctx, d.model.cfg.n_head_kv, d.model.cfg.head_dim) as u64;
+                let extra = d.bytes + d.model.cfg.cache_bytes(d.kv.n_ctx) as u64;
                 o.budget = o.budget.saturating_sub(extra);
                 rep.spec_note = format!("+ speculative: draft model {p} (γ {}), its weights + KV ({:.1} MiB) taken from the budget", spec.draft_max.unwrap_or(speculative::DRAFT_MODEL_DRAFT_MAX), extra as f64 / 1048576.0);
                 Box::new(d)

@@ -170,12 +170,11 @@ impl Session {
     /// Run on the GPU of `ctx`: upload the dense weights (experts go to GPU slots as routed).
     pub fn use_gpu(&mut self, ctx: crate::backend::wgpu::GpuContext, opts: &crate::backend::wgpu::exec::GpuOptions) -> Result<(), EngineError> {
         let m = &self.model;
-        if m.cfg.ssm.is_some() {
-            return Err(crate::model::ModelError::Unsupported(format!("the wgpu backend does not run {} (Gated DeltaNet) yet: use --backend cpu", m.cfg.arch.name())).into());
-        }
         let gpu = GpuBackend::new(std::sync::Arc::new(ctx), &m.weights, m.gpu_shapes(self.kv.n_ctx), m.experts(), opts)?;
         // Keys and values live on the GPU; the CPU cache keeps only the position count.
-        self.kv = KvCache::new(0, self.kv.n_ctx, self.model.cfg.n_head_kv, self.model.cfg.head_dim);
+        // (Recurrent states too; the cache keeps the checkpoint bookkeeping the GPU mirrors.)
+        let c = &self.model.cfg;
+        self.kv = KvCache::positions_only(self.kv.n_ctx, c.ssm.is_some(), c.n_head_kv, c.head_dim);
         self.gpu = Some(gpu);
         Ok(())
     }

@@ -8,7 +8,7 @@ use crate::expert::store::{ExpertStore, GgufExpertStore};
 use crate::expert::stream::{StreamConfig, StreamingExperts};
 use crate::expert::GgufExpertTensors;
 use crate::gguf::GgufFile;
-use crate::model::{Config, ExpertMode, KvCache};
+use crate::model::{Config, ExpertMode};
 use crate::quant;
 #[cfg(not(target_arch = "wasm32"))]
 use crate::store::throttle::{DeviceProfile, Throttled};
@@ -208,9 +208,7 @@ pub fn open_streaming_sources(raw: Arc<dyn ByteSource>, expert_src: Arc<dyn Byte
     let routers = (0..c.n_layer).map(|il| tensor_f32(&g, &*dense_src, &format!("blk.{il}.ffn_gate_inp.weight"))).collect::<Result<Vec<_>, _>>()?;
     let dense: u64 = g.tensors.iter().filter(|t| !t.name.contains("_exps.")).map(|t| t.size).sum::<u64>() + routers.iter().map(|r| r.len() as u64 * 4).sum::<u64>();
     let n_ctx = opts.n_ctx.min(c.n_ctx_train.max(1));
-    // Keys and values of the attention layers; the recurrent state of the Gated DeltaNet layers
-    // twice (the state and its checkpoint, `KvCache::checkpoint`).
-    let kv = (KvCache::bytes(c.n_attn_layers(), n_ctx, c.n_head_kv, c.head_dim) + 2 * c.recurrent_state_bytes()) as u64;
+    let kv = c.cache_bytes(n_ctx) as u64;
     let scratch = scratch_bytes(&c, PREFILL_BATCH);
     let max_e = (0..store.n_layers()).map(|l| store.layout(l).bytes()).max().unwrap_or(0) as u64;
     let total_e: u64 = (0..store.n_layers()).map(|l| store.layout(l).bytes() as u64 * c.n_expert as u64).sum();

@@ -263,6 +263,11 @@ impl Config {
     pub fn n_attn_layers(&self) -> usize {
         self.n_layer - self.recurrent.iter().filter(|&&r| r).count()
     }
+    /// Bytes of one sequence's cache with `n_ctx` positions: f16 keys and values of the attention
+    /// layers, and the recurrent state of the others twice (the state and its checkpoint).
+    pub fn cache_bytes(&self, n_ctx: usize) -> usize {
+        crate::backend::cpu::kv::KvCache::bytes(self.n_attn_layers(), n_ctx, self.n_head_kv, self.head_dim) + 2 * self.recurrent_state_bytes()
+    }
     /// Bytes of recurrent state (conv + delta-rule state, f32) of one sequence.
     pub fn recurrent_state_bytes(&self) -> usize {
         self.ssm.map_or(0, |s| (s.conv_state_len() + s.ssm_state_len()) * 4 * (self.n_layer - self.n_attn_layers()))

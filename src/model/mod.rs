@@ -297,6 +297,7 @@ impl Model {
         if pos0 + tokens.len() > kv.n_ctx {
             return Err(ModelError::ContextFull(kv.n_ctx));
         }
+        kv.take_events(); // the CPU's states are the cache's own
         let logits = {
             let mut b = CpuExec::new(&self.weights, kv, per_row);
             ops::ready(self.forward_on(&mut b, tokens, pos0, Some(want)))??
@@ -329,6 +330,7 @@ impl Model {
             return Err(ModelError::ContextFull(n_ctx));
         }
         let mut out = Vec::new();
+        let mut events = kv.take_events();
         let n_chunks = tokens.len().div_ceil(GPU_BATCH);
         for (i, ch) in tokens.chunks(GPU_BATCH).enumerate() {
             let w = match want {
@@ -337,6 +339,7 @@ impl Model {
                 Logits::Last => None,
             };
             let mut b = g.exec()?;
+            b.apply_state_events(&std::mem::take(&mut events))?;
             let l = self.forward_on(&mut b, ch, kv.len, w).await?;
             b.finish()?;
             kv.len += ch.len();

@@ -20,6 +20,18 @@ pub struct RecState {
     pub ssm: Vec<f32>,
 }
 
+/// What happened to the recurrent state on the host, for a backend that holds its own copy (the
+/// GPU replays these before its next forward, in order).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StateEvent {
+    /// A copy of the state was kept ([`KvCache::checkpoint`]).
+    Checkpoint,
+    /// The state went back to that copy.
+    Restore,
+    /// The state went back to zeros (the start of a sequence).
+    Clear,
+}
+
 pub struct KvCache {
     pub n_ctx: usize,
     pub n_head_kv: usize,
@@ -32,6 +44,8 @@ pub struct KvCache {
     pub rs: Vec<Option<RecState>>,
     /// A copy of every recurrent state at a position (see [`KvCache::checkpoint`]).
     saved: Option<(usize, Vec<Option<RecState>>)>,
+    /// State events not yet taken by a device backend ([`KvCache::take_events`]).
+    events: Vec<StateEvent>,
 }
 
 impl KvCache {
@@ -53,7 +67,20 @@ impl KvCache {
             v: layers.iter().map(kv).collect(),
             rs: layers.iter().map(|l| l.map(|(c, s)| RecState { conv: vec![0.0; c], ssm: vec![0.0; s] })).collect(),
             saved: None,
+            events: Vec::new(),
         }
+    }
+
+    /// The position count (and, for a model with recurrent layers, the checkpoint bookkeeping)
+    /// of a sequence whose keys, values and states live on a device.
+    pub fn positions_only(n_ctx: usize, recurrent: bool, n_head_kv: usize, head_dim: usize) -> Self {
+        let layers: Vec<Option<(usize, usize)>> = if recurrent { vec![Some((0, 0))] } else { Vec::new() };
+        Self::hybrid(&layers, n_ctx, n_head_kv, head_dim)
+    }
+
+    /// The state events since the last call (a device backend replays them).
+    pub fn take_events(&mut self) -> Vec<StateEvent> {
+        std::mem::take(&mut self.events)
     }
 
     /// Bytes held (for the memory budget).
@@ -75,6 +102,9 @@ impl KvCache {
     pub fn clear(&mut self) {
         self.len = 0;
         self.zero_states();
+        if self.recurrent() {
+            self.events.push(StateEvent::Clear);
+        }
     }
 
     /// Keep a copy of the recurrent states at the current position (replacing the previous
@@ -83,6 +113,7 @@ impl KvCache {
     pub fn checkpoint(&mut self) {
         if self.recurrent() {
             self.saved = Some((self.len, self.rs.clone()));
+            self.events.push(StateEvent::Checkpoint);
         }
     }
 
@@ -112,6 +143,7 @@ impl KvCache {
             Some((p, states)) if *p <= n => {
                 self.len = *p;
                 self.rs.clone_from(states);
+                self.events.push(StateEvent::Restore);
             }
             _ => {
                 self.saved = None;

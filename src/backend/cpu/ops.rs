@@ -388,14 +388,15 @@ pub fn sigmoid_exp(x: f32) -> f32 {
     1.0 / (1.0 + super::cmath::expf(-x))
 }
 
-/// Softplus as ggml's `softplus` op: `x > 20 ? x : logf(1 + expf(x))`. `logf` here is the
-/// correctly rounded natural log (f64, rounded once); glibc's `logf` is within one ulp of it.
+/// Softplus as ggml's `softplus` op: `x > 20 ? x : logf(1 + expf(x))`, `expf` as glibc's
+/// ([`super::cmath::expf`]) and `logf` the `libm` crate's (FreeBSD `e_logf.c`: f32 arithmetic
+/// only, so the GPU's exact path repeats it; glibc's `logf` may differ in the last bit).
 #[inline]
 pub fn softplus(x: f32) -> f32 {
     if x > 20.0 {
         x
     } else {
-        libm::log((1.0 + super::cmath::expf(x)) as f64) as f32
+        libm::logf(1.0 + super::cmath::expf(x))
     }
 }
 

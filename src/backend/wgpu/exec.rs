@@ -11,6 +11,7 @@ use super::experts::{GpuExpertPool, PoolStats, SlotLayout};
 use super::kernels::Kernels;
 use super::{GpuContext, GpuError, Recorder};
 use crate::backend::cpu::matmul::Weight;
+use crate::backend::cpu::kv::StateEvent;
 use crate::backend::cpu::ops::{rope_cache, RopeKind};
 use crate::backend::ops::{Attn, DeltaNet, Mat, OpError, Ops, Rope, Route, Sigmoid, Vector, Weights};
 use crate::clock::now_ms;
@@ -111,6 +112,17 @@ pub struct GpuBackend {
     bufs: BufPool,
     pool: Mutex<Option<GpuExpertPool>>,
     stats: Mutex<GpuStats>,
+    /// Recurrent states of Gated DeltaNet layers (conv, delta rule), zeroed when first used, and
+    /// their saved copies ([`StateEvent::Checkpoint`]).
+    rs: Mutex<RecStates>,
+}
+
+/// Per layer: conv state and delta-rule state buffers, and the saved copy of each.
+#[derive(Default)]
+struct RecStates {
+    conv: HashMap<usize, wgpu::Buffer>,
+    ssm: HashMap<usize, wgpu::Buffer>,
+    saved: HashMap<(bool, usize), wgpu::Buffer>,
 }
 
 impl GpuBackend {
@@ -172,6 +184,7 @@ impl GpuBackend {
             bufs: Default::default(),
             pool: Mutex::new(pool),
             stats: Default::default(),
+            rs: Default::default(),
             ctx,
         })
     }
@@ -275,6 +288,48 @@ pub struct GpuExec<'a> {
 }
 
 impl<'a> GpuExec<'a> {
+    /// Mirror what the host did to the sequence's recurrent state since the last forward (save a
+    /// copy, go back to it, zero it), recorded before this forward's ops.
+    pub fn apply_state_events(&mut self, events: &[StateEvent]) -> Result<(), GpuError> {
+        let mut rs = self.g.rs.lock().unwrap();
+        let RecStates { conv, ssm, saved } = &mut *rs;
+        for ev in events {
+            for (is_conv, m) in [(true, &*conv), (false, &*ssm)] {
+                for (&il, b) in m {
+                    let key = (is_conv, il);
+                    match ev {
+                        StateEvent::Checkpoint => {
+                            if !saved.contains_key(&key) {
+                                saved.insert(key, self.g.ctx.scratch("recurrent-state-saved", b.size() as usize)?);
+                            }
+                            self.rec.encoder().copy_buffer_to_buffer(b, 0, &saved[&key], 0, b.size());
+                        }
+                        StateEvent::Restore => match saved.get(&key) {
+                            Some(sv) => self.rec.encoder().copy_buffer_to_buffer(sv, 0, b, 0, b.size()),
+                            None => self.rec.encoder().clear_buffer(b, 0, None),
+                        },
+                        StateEvent::Clear => self.rec.encoder().clear_buffer(b, 0, None),
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Layer `il`'s conv (`conv`) or delta-rule state buffer of `len` f32, made zeroed on first use.
+    fn state(&self, il: usize, conv: bool, len: usize) -> Result<wgpu::Buffer, GpuError> {
+        let mut rs = self.g.rs.lock().unwrap();
+        let m = if conv { &mut rs.conv } else { &mut rs.ssm };
+        if let Some(b) = m.get(&il) {
+            if b.size() as usize >= 4 * len {
+                return Ok(b.clone());
+            }
+        }
+        let b = self.g.ctx.scratch("recurrent-state", 4 * len)?;
+        m.insert(il, b.clone());
+        Ok(b)
+    }
+
     /// Submit what is still recorded and add this forward's counters to the backend's.
     pub fn finish(mut self) -> Result<(), GpuError> {
         self.rec.submit();
@@ -475,28 +530,39 @@ impl Ops for GpuExec<'_> {
     }
 
     fn gate_add(&mut self, x: &mut GpuT, y: &GpuT, g: &GpuT, f: Sigmoid) -> Result<(), OpError> {
-        if f != Sigmoid::SiluDiv {
-            return Err(OpError::Unsupported { backend: "wgpu", op: "gate_add with ggml's sigmoid" });
-        }
-        self.g.k.gate_add(&mut self.rec, y.buf(), g.buf(), x.buf(), x.cols, x.rows);
+        self.g.k.gate_add(&mut self.rec, y.buf(), g.buf(), x.buf(), x.cols, x.rows, f == Sigmoid::Exp);
         Ok(())
     }
 
-    // Gated DeltaNet models (qwen35moe, qwen3next): CPU only so far (issue 18).
-    fn mul_sigmoid(&mut self, _x: &mut GpuT, _g: &GpuT) -> Result<(), OpError> {
-        Err(OpError::Unsupported { backend: "wgpu", op: "mul_sigmoid" })
+    fn mul_sigmoid(&mut self, x: &mut GpuT, g: &GpuT) -> Result<(), OpError> {
+        self.g.k.mul_sigmoid(&mut self.rec, g.buf(), x.buf(), x.rows * x.cols);
+        Ok(())
     }
 
-    fn conv_silu(&mut self, _il: usize, _x: &GpuT, _w: Vector, _d_conv: usize) -> Result<GpuT, OpError> {
-        Err(OpError::Unsupported { backend: "wgpu", op: "conv_silu (Gated DeltaNet)" })
+    fn conv_silu(&mut self, il: usize, x: &GpuT, w: Vector, d_conv: usize) -> Result<GpuT, OpError> {
+        let st = self.state(il, true, x.cols * (d_conv - 1))?;
+        let y = self.alloc(x.rows, x.cols)?;
+        let wb = self.vec(w);
+        self.g.k.conv_silu(&mut self.rec, x.buf(), wb, &st, y.buf(), x.cols, d_conv, x.rows);
+        Ok(y)
     }
 
-    fn delta_net(&mut self, _il: usize, _x: &GpuT, _alpha: &GpuT, _beta: &GpuT, _p: &DeltaNet) -> Result<GpuT, OpError> {
-        Err(OpError::Unsupported { backend: "wgpu", op: "delta_net (Gated DeltaNet)" })
+    fn delta_net(&mut self, il: usize, x: &GpuT, alpha: &GpuT, beta: &GpuT, p: &DeltaNet) -> Result<GpuT, OpError> {
+        let (hv, s) = (p.dt_rank, p.d_state);
+        if s > 1024 || x.cols != (2 * p.n_group + hv) * s {
+            return Err(OpError::NoState(il));
+        }
+        let st = self.state(il, false, hv * s * s)?;
+        let y = self.alloc(x.rows, hv * s)?;
+        let (dt, a) = (self.vec(p.dt_bias), self.vec(p.a));
+        self.g.k.delta_net(&mut self.rec, x.buf(), alpha.buf(), beta.buf(), dt, a, &st, y.buf(), x.rows, p.n_group, hv, s, p.tiled, p.eps);
+        Ok(y)
     }
 
-    fn norm_gated(&mut self, _x: &mut GpuT, _w: Vector, _z: &GpuT, _eps: f32) -> Result<(), OpError> {
-        Err(OpError::Unsupported { backend: "wgpu", op: "norm_gated (Gated DeltaNet)" })
+    fn norm_gated(&mut self, x: &mut GpuT, w: Vector, z: &GpuT, eps: f32) -> Result<(), OpError> {
+        self.rms_norm_groups(x, w, eps)?;
+        self.g.k.mul_silu(&mut self.rec, z.buf(), x.buf(), x.rows * x.cols);
+        Ok(())
     }
 
     fn last_row(&mut self, x: GpuT) -> Result<GpuT, OpError> {

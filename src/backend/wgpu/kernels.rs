@@ -24,6 +24,7 @@ const ROPE: &str = include_str!("../../../shaders/rope.wgsl");
 const KV_STORE: &str = include_str!("../../../shaders/kv_store.wgsl");
 const ATTENTION: &str = include_str!("../../../shaders/attention.wgsl");
 const ELEMENTWISE: &str = include_str!("../../../shaders/elementwise.wgsl");
+const DELTA_NET: &str = include_str!("../../../shaders/delta_net.wgsl");
 
 /// The WGSL block-dot source for a weight type (appended to matvec.wgsl).
 fn quant_source(ty: GgmlType) -> Option<String> {
@@ -128,6 +129,7 @@ pub struct Kernels {
     kv: Kernel,
     attn: Kernel,
     ew: Kernel,
+    dn: Kernel,
     /// Bound where a kernel does not use a binding.
     pub dummy: wgpu::Buffer,
     pub dummy2: wgpu::Buffer,
@@ -193,7 +195,8 @@ impl Kernels {
         let rope = Kernel::new(ctx, p, "rope", &format!("{EXACT}\n{ROPE}"), &[ReadWrite, Read, Uniform], &["main"]);
         let kv = Kernel::new(ctx, p, "kv_store", KV_STORE, &[Read, Read, ReadWrite, ReadWrite, Uniform], &["main"]);
         let attn = Kernel::new(ctx, p, "attention", &format!("{EXACT}\n{ATTENTION}"), &[Read, Read, Read, ReadWrite, ReadWrite, Uniform], &["scores", "factors", "softmax_v"]);
-        let ew = Kernel::new(ctx, p, "elementwise", &format!("{EXACT}\n{ELEMENTWISE}"), &[Read, Read, ReadWrite, Read, Uniform], &["add", "swiglu", "gather", "scatter", "combine", "gate_add", "expf"]);
+        let ew = Kernel::new(ctx, p, "elementwise", &format!("{EXACT}\n{ELEMENTWISE}"), &[Read, Read, ReadWrite, Read, Uniform], &["add", "swiglu", "gather", "scatter", "combine", "gate_add", "expf", "gate_add_exp", "mul_sigmoid", "mul_silu"]);
+        let dn = Kernel::new(ctx, p, "delta_net", &format!("{EXACT}\n{DELTA_NET}"), &[Read, Read, Read, Read, Read, ReadWrite, ReadWrite, Uniform], &["conv_silu", "delta_net"]);
         let matvec_layout = bind_layout(ctx, "matvec", &[Read, Read, ReadWrite, Uniform]);
         let mk = |l| ctx.device.create_buffer(&wgpu::BufferDescriptor { label: Some(l), size: 256, usage: wgpu::BufferUsages::STORAGE, mapped_at_creation: false });
         Self {
@@ -205,6 +208,7 @@ impl Kernels {
             kv,
             attn,
             ew,
+            dn,
             dummy: mk("dummy"),
             dummy2: mk("dummy2"),
             max_tpr: Self::default_tpr(ctx),
@@ -409,8 +413,46 @@ impl Kernels {
         self.ew(rec, "combine", x, &self.dummy, y, [n as u32, rows as u32, 0, 0, 0, k as u32, 0, 0], &[], n * rows);
     }
 
-    /// `y[t] += x[t] * sigmoid(g[t])`, `rows` tokens of `n`.
-    pub fn gate_add(&self, rec: &mut Recorder<'_>, x: Buf, g: Buf, y: Buf, n: usize, rows: usize) {
-        self.ew(rec, "gate_add", x, g, y, [n as u32, rows as u32, 0, 0, 0, 0, 0, 0], &[], n * rows);
+    /// `y[t] += x[t] * sigmoid(g[t])`, `rows` tokens of `n`; `exp`: `1 / (1 + e^-g)` (ggml's
+    /// sigmoid), else qwen2moe's `silu(g) / g`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gate_add(&self, rec: &mut Recorder<'_>, x: Buf, g: Buf, y: Buf, n: usize, rows: usize, exp: bool) {
+        self.ew(rec, if exp { "gate_add_exp" } else { "gate_add" }, x, g, y, [n as u32, rows as u32, 0, 0, 0, 0, 0, 0], &[], n * rows);
+    }
+
+    /// `y[i] *= sigmoid(x[i])` (ggml's sigmoid) for `n` values.
+    pub fn mul_sigmoid(&self, rec: &mut Recorder<'_>, x: Buf, y: Buf, n: usize) {
+        self.ew(rec, "mul_sigmoid", x, &self.dummy, y, [n as u32, 1, 0, 0, 0, 0, 0, 0], &[], n);
+    }
+
+    /// `y[i] *= silu(x[i])` for `n` values.
+    pub fn mul_silu(&self, rec: &mut Recorder<'_>, x: Buf, y: Buf, n: usize) {
+        self.ew(rec, "mul_silu", x, &self.dummy, y, [n as u32, 1, 0, 0, 0, 0, 0, 0], &[], n);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn dn(&self, rec: &mut Recorder<'_>, entry: &str, bufs: [Buf; 7], words: [u32; 12], groups: (u32, u32, u32)) {
+        let prm = rec.push(&bytes_of(&words));
+        let mut res: Vec<wgpu::BindingResource<'_>> = bufs.iter().map(|b| entire(b)).collect();
+        res.push(rec.arena_binding(prm));
+        let bg = self.bind(rec, &self.dn.layout, res);
+        rec.dispatch(&self.dn.pipelines[entry], &bg, groups);
+    }
+
+    /// Causal conv1d + SiLU over `n_tok` rows of `cols` channels (shaders/delta_net.wgsl
+    /// `conv_silu`): `w` the layer's weights (`d_conv` per channel), `state` its conv state.
+    #[allow(clippy::too_many_arguments)]
+    pub fn conv_silu(&self, rec: &mut Recorder<'_>, x: Buf, w: Buf, state: Buf, y: Buf, cols: usize, d_conv: usize, n_tok: usize) {
+        let d = &self.dummy;
+        self.dn(rec, "conv_silu", [x, w, d, d, d, state, y], [n_tok as u32, cols as u32, d_conv as u32, 0, 0, 0, 0, 0, 0, 0, 0, 0], groups_1d(cols));
+    }
+
+    /// The gated delta rule over `n_tok` rows (shaders/delta_net.wgsl `delta_net`): one
+    /// workgroup per value head.
+    #[allow(clippy::too_many_arguments)]
+    pub fn delta_net(&self, rec: &mut Recorder<'_>, x: Buf, alpha: Buf, beta: Buf, dt_bias: Buf, a: Buf, state: Buf, y: Buf, n_tok: usize, hk: usize, hv: usize, s: usize, tiled: bool, eps: f32) {
+        let cols = (2 * hk + hv) * s;
+        let words = [n_tok as u32, cols as u32, 0, hk as u32, hv as u32, s as u32, tiled as u32, eps.to_bits(), 0, 0, 0, 0];
+        self.dn(rec, "delta_net", [x, alpha, beta, dt_bias, a, state, y], words, (hv as u32, 1, 1));
     }
 }
