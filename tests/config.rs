@@ -59,6 +59,7 @@ fn hostile_hybrid_hyper_parameters_are_typed_errors() {
         // Sections that leave rotated pairs to the vision (e) section: not text RoPE.
         ("rope.dimension_sections", Value::Array(vec![Value::I32(1), Value::I32(1), Value::I32(1), Value::I32(5)]), "rope.dimension_sections"),
         ("rope.dimension_sections", Value::Array(vec![Value::I32(3), Value::I32(3)]), "rope.dimension_sections"),
+        ("block_count", Value::U32(0), "block_count"),
     ];
     for (key, v, want) in cases {
         let mut g = read("rand-qwen35moe.gguf");

@@ -59,8 +59,9 @@ r, store, log, tf = sys.argv[1:]
 s = open(log).read()
 g = lambda p: (re.search(p, s) or [None, "?"])[1]
 rss = int(open(tf).read().split()[-1]) / 1024
-print(f"| {r} | LES | {store} | {g(r'decode \d+ tokens, ([0-9.]+) tokens/s')} | {g(r'prompt \d+ tokens, ([0-9.]+) tokens/s')} "
-      f"| {g(r'hit rate ([0-9.]+%)')} | {g(r'([0-9.]+) MB read/token')} | {g(r'stall ([0-9.]+) ms/token')} | {rss:.0f} |")
+cells = [g(r"decode \d+ tokens, ([0-9.]+) tokens/s"), g(r"prompt \d+ tokens, ([0-9.]+) tokens/s"),
+         g(r"hit rate ([0-9.]+%)"), g(r"([0-9.]+) MB read/token"), g(r"stall ([0-9.]+) ms/token")]
+print(f"| {r} | LES | {store} | " + " | ".join(cells) + f" | {rss:.0f} |")
 PY
 }
 

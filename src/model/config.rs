@@ -148,6 +148,11 @@ impl Config {
         };
         check("embedding_length", n_embd, n_embd > 0 && n_embd <= 1 << 16, "must be in 1..=65536")?;
         check("block_count", n_layer, n_layer > 0 && n_layer <= 1024, "must be in 1..=1024")?;
+        // qwen35moe / qwen3next files may keep multi-token-prediction blocks after the trunk
+        // (`nextn_predict_layers`, llama.cpp `n_layer() = block_count − nextn`); they are not run.
+        let nextn = if matches!(arch, Arch::Qwen35Moe | Arch::Qwen3Next) { opt("nextn_predict_layers").unwrap_or(0) } else { 0 };
+        check("nextn_predict_layers", nextn, nextn < n_layer, "must be below block_count")?;
+        let n_layer = n_layer - nextn;
         check("attention.head_count", n_head, n_head > 0 && n_head <= 1024, "must be in 1..=1024")?;
         check("attention.head_count_kv", n_head_kv, n_head_kv > 0 && n_head % n_head_kv == 0, "must divide head_count")?;
         let head_dim = opt("attention.key_length").unwrap_or(n_embd / n_head);
@@ -193,8 +198,8 @@ impl Config {
             // `full_attention_interval`-th layer (default 4) is full attention.
             let recurrent: Vec<bool> = match g.get(&k("attention.recurrent_layers")).and_then(|v| v.as_array()) {
                 Some(a) => {
-                    check("attention.recurrent_layers", a.len(), a.len() == n_layer, "must have block_count entries")?;
-                    a.iter().map(|v| v.as_u64().unwrap_or(0) != 0).collect()
+                    check("attention.recurrent_layers", a.len(), a.len() == n_layer || a.len() == n_layer + nextn, "must have block_count entries")?;
+                    a.iter().take(n_layer).map(|v| v.as_u64().unwrap_or(0) != 0).collect()
                 }
                 None => {
                     let iv = opt("full_attention_interval").unwrap_or(4);
