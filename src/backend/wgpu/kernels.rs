@@ -129,7 +129,8 @@ pub struct Kernels {
     kv: Kernel,
     attn: Kernel,
     ew: Kernel,
-    dn: Kernel,
+    /// Gated DeltaNet kernels, compiled on first use (only hybrid models need them).
+    dn: std::sync::OnceLock<Kernel>,
     /// Bound where a kernel does not use a binding.
     pub dummy: wgpu::Buffer,
     pub dummy2: wgpu::Buffer,
@@ -196,7 +197,6 @@ impl Kernels {
         let kv = Kernel::new(ctx, p, "kv_store", KV_STORE, &[Read, Read, ReadWrite, ReadWrite, Uniform], &["main"]);
         let attn = Kernel::new(ctx, p, "attention", &format!("{EXACT}\n{ATTENTION}"), &[Read, Read, Read, ReadWrite, ReadWrite, Uniform], &["scores", "factors", "softmax_v"]);
         let ew = Kernel::new(ctx, p, "elementwise", &format!("{EXACT}\n{ELEMENTWISE}"), &[Read, Read, ReadWrite, Read, Uniform], &["add", "swiglu", "gather", "scatter", "combine", "gate_add", "expf", "gate_add_exp", "mul_sigmoid", "mul_silu"]);
-        let dn = Kernel::new(ctx, p, "delta_net", &format!("{EXACT}\n{DELTA_NET}"), &[Read, Read, Read, Read, Read, ReadWrite, ReadWrite, Uniform], &["conv_silu", "delta_net"]);
         let matvec_layout = bind_layout(ctx, "matvec", &[Read, Read, ReadWrite, Uniform]);
         let mk = |l| ctx.device.create_buffer(&wgpu::BufferDescriptor { label: Some(l), size: 256, usage: wgpu::BufferUsages::STORAGE, mapped_at_creation: false });
         Self {
@@ -208,7 +208,7 @@ impl Kernels {
             kv,
             attn,
             ew,
-            dn,
+            dn: std::sync::OnceLock::new(),
             dummy: mk("dummy"),
             dummy2: mk("dummy2"),
             max_tpr: Self::default_tpr(ctx),
@@ -432,11 +432,15 @@ impl Kernels {
 
     #[allow(clippy::too_many_arguments)]
     fn dn(&self, rec: &mut Recorder<'_>, entry: &str, bufs: [Buf; 7], words: [u32; 12], groups: (u32, u32, u32)) {
+        use Bind::*;
+        let dn = self.dn.get_or_init(|| {
+            Kernel::new(rec.ctx, &self.prelude, "delta_net", &format!("{EXACT}\n{DELTA_NET}"), &[Read, Read, Read, Read, Read, ReadWrite, ReadWrite, Uniform], &["conv_silu", "delta_net"])
+        });
         let prm = rec.push(&bytes_of(&words));
         let mut res: Vec<wgpu::BindingResource<'_>> = bufs.iter().map(|b| entire(b)).collect();
         res.push(rec.arena_binding(prm));
-        let bg = self.bind(rec, &self.dn.layout, res);
-        rec.dispatch(&self.dn.pipelines[entry], &bg, groups);
+        let bg = self.bind(rec, &dn.layout, res);
+        rec.dispatch(&dn.pipelines[entry], &bg, groups);
     }
 
     /// Causal conv1d + SiLU over `n_tok` rows of `cols` channels (shaders/delta_net.wgsl
