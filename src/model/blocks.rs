@@ -138,7 +138,7 @@ impl<'a, B: Ops> Fwd<'a, B> {
     }
 
     /// `W_i · x` for each matrix of `ws`, as an array (one activation conversion for all).
-    fn matmuls<const N: usize>(&mut self, x: &B::T, ws: [Mat; N]) -> Result<[B::T; N], ModelError> {
+    pub fn matmuls<const N: usize>(&mut self, x: &B::T, ws: [Mat; N]) -> Result<[B::T; N], ModelError> {
         self.b.matmul(x, &ws)?.try_into().map_err(|_| ModelError::Internal("matmul returned the wrong number of tensors".into()))
     }
 

@@ -150,7 +150,7 @@ impl Hybrid {
     /// A Gated DeltaNet layer (`build_layer_attn_linear`).
     async fn linear<B: Ops>(&self, f: &mut Fwd<'_, B>, il: usize, cur: &B::T, w: &Linear) -> Result<B::T, ModelError> {
         let c = &f.m.cfg;
-        let [qkv, z, beta, alpha] = f.b.matmul(cur, &[w.qkv, w.gate, w.beta, w.alpha])?.try_into().map_err(|_| ModelError::Internal("matmul count".into()))?;
+        let [qkv, z, beta, alpha] = f.matmuls(cur, [w.qkv, w.gate, w.beta, w.alpha])?;
         f.dump("linear_attn_qkv_mixed", il, &qkv).await?;
         f.dump("z", il, &z).await?;
         let conv = f.b.conv_silu(il, &qkv, w.conv, self.ssm.d_conv)?;
@@ -159,7 +159,7 @@ impl Hybrid {
         f.dump("attn_output", il, &o).await?;
         f.b.norm_gated(&mut o, w.norm, &z, c.rms_eps)?;
         f.dump("final_output", il, &o).await?;
-        let [out] = f.b.matmul(&o, &[w.out])?.try_into().map_err(|_| ModelError::Internal("matmul count".into()))?;
+        let [out] = f.matmuls(&o, [w.out])?;
         f.dump("linear_attn_out", il, &out).await?;
         Ok(out)
     }
@@ -168,7 +168,7 @@ impl Hybrid {
 /// Gated full attention (`build_layer_attn`).
 async fn gated_attention<B: Ops>(f: &mut Fwd<'_, B>, il: usize, cur: &B::T, a: &GatedAttn) -> Result<B::T, ModelError> {
     let c = &f.m.cfg;
-    let [mut q, gate, mut k, v] = f.b.matmul(cur, &[a.wq, a.wgate, a.wk, a.wv])?.try_into().map_err(|_| ModelError::Internal("matmul count".into()))?;
+    let [mut q, gate, mut k, v] = f.matmuls(cur, [a.wq, a.wgate, a.wk, a.wv])?;
     f.b.rms_norm_groups(&mut q, a.q_norm, c.rms_eps)?;
     f.b.rms_norm_groups(&mut k, a.k_norm, c.rms_eps)?;
     f.dump("Qcur_normed", il, &q).await?;
@@ -176,7 +176,7 @@ async fn gated_attention<B: Ops>(f: &mut Fwd<'_, B>, il: usize, cur: &B::T, a: &
     let mut o = f.rope_attend(il, q, k, &v).await?;
     f.b.mul_sigmoid(&mut o, &gate)?;
     f.dump("attn_gated", il, &o).await?;
-    let [out] = f.b.matmul(&o, &[a.wo])?.try_into().map_err(|_| ModelError::Internal("matmul count".into()))?;
+    let [out] = f.matmuls(&o, [a.wo])?;
     f.dump("attn_output", il, &out).await?;
     Ok(out)
 }

@@ -117,11 +117,6 @@ impl KvCache {
         }
     }
 
-    /// The position of the saved recurrent states, if any.
-    pub fn checkpoint_pos(&self) -> Option<usize> {
-        self.saved.as_ref().map(|s| s.0)
-    }
-
     /// Keep only the first `n` positions (speculative rollback, prompt reuse). Keys and values
     /// are cut at `n`; recurrent states go back to the checkpoint when it is at or before `n`,
     /// else to the start. Returns the positions kept (`≤ n`): the caller feeds the rest again.
