@@ -3,10 +3,12 @@
 //   conv_silu: one thread per channel, tokens in order: y = silu(sum_k state[k] * w[k] + x * w[K-1])
 //              (`conv_silu_step`: products rounded before each add, silu with ggml_expf), then the
 //              channel's state shifts by one.
-//   delta_net: one workgroup per value head, tokens in order: thread 0 makes the head's decay
-//              g = softplus(alpha + dt_bias) * ssm_a, beta = sigmoid(b) and the L2-normalised q, k
-//              of its key head (`l2_norm`: the f64 sum of squares emulated in double-f32, as
-//              rms_norm.wgsl); each thread then owns rows j of the S x S state
+//   delta_net: one workgroup per value head, tokens in order. q and k arrive L2-normalised
+//              (`l2_norm`, made in place by rms_norm.wgsl with eps / S and the weight
+//              1 / sqrt(S): the same roundings); each thread makes the head's decay
+//              g = softplus(alpha + dt_bias) * ssm_a and beta = sigmoid(b) (no thread-0 branch:
+//              Chromium's SwiftShader took minutes to compile one and lost the device), copies
+//              a share of q, k into workgroup memory, then owns rows j of the S x S state
 //              (`delta_rule_step`): M_j *= e^g; d = (v_j - M_j . k) * beta; M_j += d k (fma);
 //              o_j = (M_j . q) / sqrt(S), dots in the CPU's portable eight-accumulator order.
 // Bindings: X input rows, A (conv weights | alpha rows), B (beta rows), V1 (dt_bias), V2 (ssm_a),
@@ -59,19 +61,6 @@ fn conv_silu(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgro
 }
 
 var<workgroup> QK: array<f32, 2048>; // q then k of the head's key head, S <= 1024 each
-var<workgroup> GB: vec2<f32>;       // (g, beta)
-
-// Sequential double-f32 sum of squares (the CPU's f64 loop), mean rounded to f32, then the
-// scale of `l2_norm`.
-fn l2_scale(base: u32, eps_n: f32) -> f32 {
-    var acc = vec2<f32>(0.0, 0.0);
-    for (var i = 0u; i < P.s; i++) {
-        let v = X[base + i];
-        acc = df_add_f(acc, keep(v * v));
-    }
-    let mean = df_div_f32(acc, f32(P.s));
-    return div_rn(1.0, sqrt_rn(keep(mean + eps_n)));
-}
 
 // Row j of the state (at `m`) dotted with QK[off..off+S], float.rs `dot_generic` order.
 fn dot_row(m: u32, off: u32) -> f32 {
@@ -97,29 +86,24 @@ fn delta_net(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
     var kh = h / (P.hv / P.hk);
     if (P.tiled != 0u) { kh = h % P.hk; }
     let sf = f32(s);
-    let eps_n = div_rn(P.eps, sf);
-    let s2 = div_rn(1.0, sqrt_rn(sf));
     let out_scale = div_rn(1.0, sqrt_rn(sf));
     for (var t = 0u; t < P.n_tok; t++) {
         let row = t * P.cols;
         let qb = row + kh * s;
         let kb = row + (P.hk + kh) * s;
-        if (lid == 0u) {
-            var a = keep(A[t * P.hv + h] + V1[h]);
-            if (!(a > 20.0)) {
-                a = logf_bsd(keep(1.0 + expf_glibc(a)));
-            }
-            GB = vec2<f32>(keep(a * V2[h]), div_rn(1.0, keep(1.0 + expf_glibc(-B[t * P.hv + h]))));
-            let sq = l2_scale(qb, eps_n);
-            let sk = l2_scale(kb, eps_n);
-            for (var i = 0u; i < s; i++) {
-                QK[i] = keep(keep(X[qb + i] * sq) * s2);
-                QK[s + i] = keep(keep(X[kb + i] * sk) * s2);
-            }
+        // Every thread makes the head's decay and beta (the same values; no branch on the
+        // thread, which SwiftShader compiles far more slowly) and a share of q, k.
+        var a = keep(A[t * P.hv + h] + V1[h]);
+        if (!(a > 20.0)) {
+            a = logf_bsd(keep(1.0 + expf_glibc(a)));
+        }
+        let g = keep(a * V2[h]);
+        let beta = div_rn(1.0, keep(1.0 + expf_glibc(-B[t * P.hv + h])));
+        for (var i = lid; i < s; i += 64u) {
+            QK[i] = X[qb + i];
+            QK[s + i] = X[kb + i];
         }
         workgroupBarrier();
-        let g = GB.x;
-        let beta = GB.y;
         let decay = expf_glibc(g);
         for (var j = lid; j < s; j += 64u) {
             let m = (h * s + j) * s;

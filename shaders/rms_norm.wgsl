@@ -3,7 +3,11 @@
 // (ggml_float) and rounds the mean to f32; here they are summed in double-f32 (exact.wgsl: 64
 // strided partial sums, then a tree), which rounds to the same f32 mean except within about
 // 2^-46 of a rounding boundary.
-// Rows are `n_groups` groups of n values per token (n_groups > 1: per-head Q/K norms).
+// Rows are `n_groups` groups of n values per token (n_groups > 1: per-head Q/K norms). With
+// `per_tok` > 0 (`inplace` only) row r starts at x_off + (r / per_tok) * tok_stride +
+// (r % per_tok) * n, the first per_tok heads of each token's row of tok_stride values, and the
+// weight is the one value `w_all`: Gated DeltaNet's q and k heads, `l2_norm` =
+// rms_norm(eps / n) * (1 / sqrt(n)) (src/backend/cpu/ops.rs).
 
 struct Params {
     n: u32,
@@ -12,6 +16,10 @@ struct Params {
     y_off: u32,
     eps: f32,
     zero: u32,
+    tok_stride: u32,
+    per_tok: u32,
+    w_all: f32,
+    _p0: u32,
     _p1: u32,
     _p2: u32,
 }
@@ -42,6 +50,11 @@ fn row_scale(x: u32, lid: u32) -> f32 {
     return scale;
 }
 
+fn row_start(r: u32) -> u32 {
+    if (P.per_tok == 0u) { return P.x_off + r * P.n; }
+    return P.x_off + (r / P.per_tok) * P.tok_stride + (r % P.per_tok) * P.n;
+}
+
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let x = P.x_off + wid.x * P.n;
@@ -55,9 +68,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 // In place (Q/K norms): X is read and overwritten.
 @compute @workgroup_size(64)
 fn inplace(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let x = P.x_off + wid.x * P.n;
+    let x = row_start(wid.x);
     let scale = row_scale(x, lid);
     for (var i = lid; i < P.n; i += 64u) {
-        X[x + i] = keep(X[x + i] * scale) * Wt[i];
+        var w = P.w_all;
+        if (P.per_tok == 0u) { w = Wt[i]; }
+        X[x + i] = keep(X[x + i] * scale) * w;
     }
 }

@@ -234,13 +234,14 @@ async fn case_delta_net<B: Ops>(b: &mut B) -> Out {
     use les::backend::ops::DeltaNet;
     let p = DeltaNet { dt_bias: fx().dt_bias, a: fx().ssm_a, n_group: HK, dt_rank: HV, d_state: S, tiled: true, eps: 1e-6 };
     // 3 rows with tiled heads (qwen35moe), then 2 with grouped heads (qwen3next), one state.
-    let x = b.input(rows_of(3, E, 6), E)?;
+    let mut x1 = b.input(rows_of(3, E, 6), E)?;
     let (al, be) = (b.input(rows_of(3, HV, 15), HV)?, b.input(rows_of(3, HV, 25), HV)?);
-    let o1 = b.delta_net(1, &x, &al, &be, &p)?;
-    let x = b.input(rows_of(2, E, 95), E)?;
+    let o1 = b.delta_net(1, &mut x1, &al, &be, &p)?;
+    let mut x2 = b.input(rows_of(2, E, 95), E)?;
     let (al, be) = (b.input(rows_of(2, HV, 35), HV)?, b.input(rows_of(2, HV, 45), HV)?);
-    let o2 = b.delta_net(1, &x, &al, &be, &DeltaNet { tiled: false, ..p })?;
-    read_all(b, &[&o1, &o2]).await
+    let o2 = b.delta_net(1, &mut x2, &al, &be, &DeltaNet { tiled: false, ..p })?;
+    // The inputs too: their q and k heads normalised in place.
+    read_all(b, &[&o1, &o2, &x1, &x2]).await
 }
 
 async fn case_last_row<B: Ops>(b: &mut B) -> Out {

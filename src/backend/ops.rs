@@ -207,8 +207,9 @@ pub trait Ops {
     /// `d_conv` per channel, f32), starting from and advancing the layer's conv state, then SiLU.
     fn conv_silu(&mut self, il: usize, x: &Self::T, w: Vector, d_conv: usize) -> Result<Self::T, OpError>;
     /// Layer `il`'s Gated DeltaNet over the rows of `x` (the conv output), token by token from and
-    /// into the layer's recurrent state: `H_v · S` columns out (see [`DeltaNet`]).
-    fn delta_net(&mut self, il: usize, x: &Self::T, alpha: &Self::T, beta: &Self::T, p: &DeltaNet) -> Result<Self::T, OpError>;
+    /// into the layer's recurrent state: `H_v · S` columns out (see [`DeltaNet`]). The q and k
+    /// heads of `x` are L2-normalised in place on the way.
+    fn delta_net(&mut self, il: usize, x: &mut Self::T, alpha: &Self::T, beta: &Self::T, p: &DeltaNet) -> Result<Self::T, OpError>;
     /// `x = rms_norm_groups(x, w) * silu(z)` (llama.cpp's `build_norm_gated`).
     fn norm_gated(&mut self, x: &mut Self::T, w: Vector, z: &Self::T, eps: f32) -> Result<(), OpError>;
     /// The last row alone (llama.cpp's `inp_out_ids` when only the last logits are wanted).

@@ -206,7 +206,7 @@ impl Ops for CpuExec<'_> {
         Ok(CpuT { v: y, cols: c })
     }
 
-    fn delta_net(&mut self, il: usize, x: &CpuT, alpha: &CpuT, beta: &CpuT, p: &DeltaNet) -> Result<CpuT, OpError> {
+    fn delta_net(&mut self, il: usize, x: &mut CpuT, alpha: &CpuT, beta: &CpuT, p: &DeltaNet) -> Result<CpuT, OpError> {
         let (hk, hv, s) = (p.n_group, p.dt_rank, p.d_state);
         let t_n = x.rows();
         let (dt, a) = (self.w.vec(p.dt_bias), self.w.vec(p.a));
@@ -214,13 +214,12 @@ impl Ops for CpuExec<'_> {
         if x.cols != (2 * hk + hv) * s || st.ssm.len() != hv * s * s || alpha.cols != hv || beta.cols != hv {
             return Err(OpError::NoState(il));
         }
-        // Per token: q and k L2-normalised per head; beta = sigmoid(b); g = softplus(a + dt) · A.
-        let mut qk = vec![0f32; t_n * 2 * hk * s];
+        // Per token: q and k L2-normalised per head (in place); beta = sigmoid(b);
+        // g = softplus(a + dt) · A.
+        let cols = x.cols;
         let mut gb = vec![0f32; t_n * 2 * hv];
         for t in 0..t_n {
-            let dst = &mut qk[t * 2 * hk * s..(t + 1) * 2 * hk * s];
-            dst.copy_from_slice(&x.row(t)[..2 * hk * s]);
-            for head in dst.chunks_mut(s) {
+            for head in x.v[t * cols..t * cols + 2 * hk * s].chunks_mut(s) {
                 ops::l2_norm(head, p.eps);
             }
             for h in 0..hv {
@@ -230,15 +229,15 @@ impl Ops for CpuExec<'_> {
         }
         let mut out = vec![0f32; t_n * hv * s];
         let o = par::SharedMut::new(&mut out);
-        let cols = x.cols;
+        let qk = &x.v;
         // One task per value head: its tokens in order on its own S×S state.
         par::for_each_chunk(&mut st.ssm, s * s, |h, m| {
             let kh = if p.tiled { h % hk } else { h / (hv / hk) };
             let mut d = vec![0f32; s];
             for t in 0..t_n {
-                let q = &qk[t * 2 * hk * s + kh * s..][..s];
-                let k = &qk[t * 2 * hk * s + (hk + kh) * s..][..s];
-                let v = &x.v[t * cols + (2 * hk + h) * s..][..s];
+                let q = &qk[t * cols + kh * s..][..s];
+                let k = &qk[t * cols + (hk + kh) * s..][..s];
+                let v = &qk[t * cols + (2 * hk + h) * s..][..s];
                 let (g, b) = (gb[(t * hv + h) * 2], gb[(t * hv + h) * 2 + 1]);
                 // SAFETY: each (token, head) writes its own S outputs.
                 let oh = unsafe { o.slice(t * hv * s + h * s, s) };

@@ -547,7 +547,7 @@ impl Ops for GpuExec<'_> {
         Ok(y)
     }
 
-    fn delta_net(&mut self, il: usize, x: &GpuT, alpha: &GpuT, beta: &GpuT, p: &DeltaNet) -> Result<GpuT, OpError> {
+    fn delta_net(&mut self, il: usize, x: &mut GpuT, alpha: &GpuT, beta: &GpuT, p: &DeltaNet) -> Result<GpuT, OpError> {
         let (hv, s) = (p.dt_rank, p.d_state);
         if s > 1024 || x.cols != (2 * p.n_group + hv) * s {
             return Err(OpError::NoState(il));

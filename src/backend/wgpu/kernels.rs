@@ -327,9 +327,13 @@ impl Kernels {
             Some((b, o)) => ("main", b, o),
             None => ("inplace", &self.dummy, 0),
         };
-        let prm = rec.push(&bytes_of(&[n as u32, rows as u32, x_off as u32, y_off as u32, eps.to_bits(), 0, 0, 0]));
-        let bg = self.bind(rec, &self.norm.layout, vec![entire(x), entire(w), entire(yb), rec.arena_binding(prm)]);
-        rec.dispatch(&self.norm.pipelines[entry], &bg, (rows as u32, 1, 1));
+        self.norm_rows(rec, entry, x, w, yb, [n as u32, rows as u32, x_off as u32, y_off as u32, eps.to_bits(), 0, 0, 0, 0, 0, 0, 0]);
+    }
+
+    fn norm_rows(&self, rec: &mut Recorder<'_>, entry: &str, x: Buf, w: Buf, y: Buf, words: [u32; 12]) {
+        let prm = rec.push(&bytes_of(&words));
+        let bg = self.bind(rec, &self.norm.layout, vec![entire(x), entire(w), entire(y), rec.arena_binding(prm)]);
+        rec.dispatch(&self.norm.pipelines[entry], &bg, (words[1], 1, 1));
     }
 
     /// RoPE in place on `n_tok` rows of `n_head` heads; `cs` holds (cos, sin) per token and pair.
@@ -452,10 +456,14 @@ impl Kernels {
     }
 
     /// The gated delta rule over `n_tok` rows (shaders/delta_net.wgsl `delta_net`): one
-    /// workgroup per value head.
+    /// workgroup per value head, after rms_norm.wgsl has L2-normalised the q and k heads of `x`
+    /// in place.
     #[allow(clippy::too_many_arguments)]
     pub fn delta_net(&self, rec: &mut Recorder<'_>, x: Buf, alpha: Buf, beta: Buf, dt_bias: Buf, a: Buf, state: Buf, y: Buf, n_tok: usize, hk: usize, hv: usize, s: usize, tiled: bool, eps: f32) {
         let cols = (2 * hk + hv) * s;
+        // q and k L2-normalised in place (ops.rs `l2_norm`): rms_norm(eps / S) * (1 / sqrt(S)).
+        let (eps_n, w_all) = (eps / s as f32, 1.0f32 / (s as f32).sqrt());
+        self.norm_rows(rec, "inplace", x, &self.dummy2, &self.dummy, [s as u32, (n_tok * 2 * hk) as u32, 0, 0, eps_n.to_bits(), 0, cols as u32, (2 * hk) as u32, w_all.to_bits(), 0, 0, 0]);
         let words = [n_tok as u32, cols as u32, 0, hk as u32, hv as u32, s as u32, tiled as u32, eps.to_bits(), 0, 0, 0, 0];
         self.dn(rec, "delta_net", [x, alpha, beta, dt_bias, a, state, y], words, (hv as u32, 1, 1));
     }
