@@ -3,7 +3,7 @@
 #
 #   tools/build_models.sh [small|smolmoe|all] [--check] [--force]
 #
-#   small   models/rand-{llama-moe,qwen2moe,qwen3moe,olmoe,qwen35moe,qwen3next}.gguf (19-31 MB, ~3 s each)
+#   small   models/rand-{llama-moe,qwen2moe,qwen3moe,olmoe,qwen35moe,qwen3next,gpt-oss}.gguf (19-45 MB, ~3 s each)
 #   smolmoe small + models/smolmoe-32x2.gguf                        (1.6 GB, ~1-2 min)
 #   all     smolmoe + models/smolmoe-64x4.gguf                      (3.3 GB, ~3-4 min)
 #
@@ -30,7 +30,7 @@ for a in "$@"; do
   esac
 done
 
-small=(rand-llama-moe rand-qwen2moe rand-qwen3moe rand-olmoe rand-qwen35moe rand-qwen3next)
+small=(rand-llama-moe rand-qwen2moe rand-qwen3moe rand-olmoe rand-qwen35moe rand-qwen3next rand-gpt-oss)
 big=()
 [ "$what" = smolmoe ] && big=(smolmoe-32x2)
 [ "$what" = all ] && big=(smolmoe-32x2 smolmoe-64x4)

@@ -3,7 +3,7 @@
 
   make_moe.py smolmoe --src models/SmolLM2-135M-Instruct.Q4_1.gguf --experts 32 --top-k 2 \
                       --out models/smolmoe-32x2.gguf
-  make_moe.py random  --arch {llama,qwen2moe,qwen3moe,olmoe,qwen35moe,qwen3next} --src models/SmolLM2-...gguf \
+  make_moe.py random  --arch {llama,qwen2moe,qwen3moe,olmoe,qwen35moe,qwen3next,gpt-oss} --src models/SmolLM2-...gguf \
                       --out models/rand-<arch>.gguf   (build_models.sh: rand-llama-moe for llama)
   make_moe.py full    --arch qwen35moe-35b-a3b --out models/qwen35moe-35b-a3b-rand.gguf  (~20 GB)
   make_moe.py stats   --src models/SmolLM2-...gguf --refs tests/fixtures/refs/SmolLM2-...json \
@@ -187,12 +187,24 @@ def rand_q6_k(rng, ne, std):
     return out
 
 
+def rand_mxfp4(rng, ne, std):
+    """block_mxfp4 {uint8 e; uint8 qs[16]} (ggml-common.h): random 4-bit codes (E2M1 values
+    0, ±1, ±2, ±3, ±4, ±6, ±8, ±12 in ggml's doubled table; RMS 5.85) and a shared E8M0 scale
+    d = 2^(e - 128) (GGML_E8M0_TO_FP32_HALF) near std / 5.85, one step up or down per block."""
+    nb = int(np.prod(ne)) // 32
+    e0 = 128 + int(round(math.log2(std / 5.85)))
+    out = np.empty((nb, 17), np.uint8)
+    out[:, 0] = (e0 + rng.integers(-1, 2, nb)).astype(np.uint8)
+    out[:, 1:] = rng.integers(0, 256, (nb, 16), dtype=np.uint8)
+    return out
+
+
 def rand_weight(rng, qtype: T, ne, std):
     if qtype == T.F32:
         return rand_f32(rng, ne, std)
     if qtype == T.F16:
         return rand_f16(rng, ne, std)
-    fn = {T.Q8_0: rand_q8_0, T.Q4_K: rand_q4_k, T.Q6_K: rand_q6_k}[qtype]
+    fn = {T.Q8_0: rand_q8_0, T.Q4_K: rand_q4_k, T.Q6_K: rand_q6_k, T.MXFP4: rand_mxfp4}[qtype]
     blocks = fn(rng, ne, std)
     blk, tsz = QK[qtype]
     return blocks.reshape(tuple(reversed(ne[1:])) + (ne[0] // blk * tsz,))
@@ -291,6 +303,89 @@ FULL_SPECS = {
         shexp_types=[(Q4K, Q4K, Q6K), (Q4K, Q4K, Q4K)],
     ),
 }
+
+
+# gpt-oss (llama.cpp src/models/openai-moe.cpp; ../shared/research/moe_archs.md §2): biased q/k/v/o
+# and router, attention sinks, sliding-window attention on even layers (a window of 16 here, so
+# the references' prompts run past it), YaRN (factor 32 over 4096 as gpt-oss-20b), experts in
+# MXFP4 with biases and swiglu_oai; the harmony special tokens appended to SmolLM2's vocabulary.
+GPTOSS_SPECS = {
+    "gpt-oss": dict(
+        arch="gpt-oss", pre="smollm", add_bos=False, seed=1007, logit_std=6.0, res_gain=4.0,
+        n_embd=256, n_layer=4, n_head=4, n_head_kv=2, head_dim=64, n_expert=16, top_k=4, n_ff_exp=64,
+        rope_base=150000.0, eps=1e-5, swa=16, yarn_factor=32.0, yarn_orig_ctx=4096,
+        embd_type=Q8, out_type=F16, exp_type=T.MXFP4,
+        # per layer: (attn_q, attn_k, attn_v, attn_output)
+        mix_types=[(F32, F16, F16, F32), (F16, F32, F32, F16), (F32, F32, F16, F16), (F16, F16, F32, F32)],
+    ),
+}
+HARMONY_TOKENS = ["<|start|>", "<|message|>", "<|end|>", "<|return|>", "<|channel|>", "<|constrain|>", "<|call|>"]
+
+
+def build_gptoss(arch_key: str, src: str, out: str, seed: int | None = None):
+    sp = GPTOSS_SPECS[arch_key]
+    arch = sp["arch"]
+    seed = sp["seed"] if seed is None else seed
+    r = gguf.GGUFReader(src)
+    base = r.fields["tokenizer.ggml.tokens"].contents()
+    n_vocab = len(base) + len(HARMONY_TOKENS)
+    E, K, D, L = sp["n_expert"], sp["top_k"], sp["n_embd"], sp["n_layer"]
+    H, HKV, HD, FF = sp["n_head"], sp["n_head_kv"], sp["head_dim"], sp["n_ff_exp"]
+    sw = StreamWriter(out, arch)
+    write_general(sw, arch, arch_key, seed, D, L)
+    u32 = lambda keys: [sw.u32(f"{arch}.{key}", v) for key, v in keys]  # noqa: E731
+    u32([("feed_forward_length", FF), ("expert_feed_forward_length", FF), ("attention.head_count", H),
+         ("attention.head_count_kv", HKV), ("attention.key_length", HD), ("attention.value_length", HD),
+         ("rope.dimension_count", HD), ("expert_count", E), ("expert_used_count", K),
+         ("attention.sliding_window", sp["swa"]), ("rope.scaling.original_context_length", sp["yarn_orig_ctx"])])
+    sw.f32(f"{arch}.rope.freq_base", sp["rope_base"])
+    sw.f32(f"{arch}.attention.layer_norm_rms_epsilon", sp["eps"])
+    sw.s(f"{arch}.rope.scaling.type", "yarn")
+    sw.f32(f"{arch}.rope.scaling.factor", sp["yarn_factor"])
+    for k, f in r.fields.items():
+        if not k.startswith("tokenizer.") or k == "tokenizer.chat_template":
+            continue
+        if k == "tokenizer.ggml.tokens":
+            sw.kv(k, base + HARMONY_TOKENS, gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.STRING)
+        elif k == "tokenizer.ggml.token_type":
+            sw.kv(k, f.contents() + [3] * len(HARMONY_TOKENS), gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.INT32)
+        elif k == "tokenizer.ggml.pre":
+            sw.s(k, sp["pre"])
+        elif k == "tokenizer.ggml.add_bos_token":
+            sw.kv(k, bool(sp["add_bos"]), gguf.GGUFValueType.BOOL)
+        elif k == "tokenizer.ggml.eos_token_id":
+            sw.u32(k, len(base) + HARMONY_TOKENS.index("<|return|>"))
+        else:
+            copy_kv(sw, f)
+    rnd = random_tensors(sw, seed)
+    gain = sp["res_gain"]
+    rnd("token_embd.weight", sp["embd_type"], (D, n_vocab), 1.0)
+    for il in range(L):
+        p = f"blk.{il}."
+        tq, tk, tv, to = sp["mix_types"][il % len(sp["mix_types"])]
+        rnd(p + "attn_norm.weight", T.F32, (D,), 0, "norm")
+        rnd(p + "post_attention_norm.weight", T.F32, (D,), 0, "norm")
+        rnd(p + "attn_q.weight", tq, (D, H * HD), 1 / math.sqrt(D))
+        rnd(p + "attn_q.bias", T.F32, (H * HD,), 0.5)
+        rnd(p + "attn_k.weight", tk, (D, HKV * HD), 1 / math.sqrt(D))
+        rnd(p + "attn_k.bias", T.F32, (HKV * HD,), 0.5)
+        rnd(p + "attn_v.weight", tv, (D, HKV * HD), 1 / math.sqrt(D))
+        rnd(p + "attn_v.bias", T.F32, (HKV * HD,), 0.5)
+        rnd(p + "attn_output.weight", to, (H * HD, D), gain / math.sqrt(H * HD))
+        rnd(p + "attn_output.bias", T.F32, (D,), 0.5)
+        # One logit per head joining the softmax's denominator, around the scores' own scale.
+        rnd(p + "attn_sinks.weight", T.F32, (H,), 1.0)
+        rnd(p + "ffn_gate_inp.weight", T.F32, (D, E), 2.0 / math.sqrt(D))
+        rnd(p + "ffn_gate_inp.bias", T.F32, (E,), 1.0)
+        rnd(p + "ffn_gate_exps.weight", sp["exp_type"], (D, FF, E), 2 / math.sqrt(D))
+        rnd(p + "ffn_gate_exps.bias", T.F32, (FF, E), 1.0)
+        rnd(p + "ffn_up_exps.weight", sp["exp_type"], (D, FF, E), 2 / math.sqrt(D))
+        rnd(p + "ffn_up_exps.bias", T.F32, (FF, E), 1.0)
+        rnd(p + "ffn_down_exps.weight", sp["exp_type"], (FF, D, E), gain / math.sqrt(FF))
+        rnd(p + "ffn_down_exps.bias", T.F32, (D, E), 0.5)
+    rnd("output_norm.weight", T.F32, (D,), 0, "norm")
+    rnd("output.weight", sp["out_type"], (D, n_vocab), sp["logit_std"] / math.sqrt(D))
+    sw.write()
 
 
 def write_general(sw, arch, arch_key, seed, n_embd, n_layer, n_ctx=4096):
@@ -437,6 +532,8 @@ def build_hybrid(arch_key: str, src: str, out: str, seed: int | None = None):
 def build_random(arch_key: str, src: str, out: str, seed: int | None = None):
     if arch_key in HYBRID_SPECS:
         return build_hybrid(arch_key, src, out, seed)
+    if arch_key in GPTOSS_SPECS:
+        return build_gptoss(arch_key, src, out, seed)
     sp = RANDOM_SPECS[arch_key]
     arch = sp["arch"]
     seed = sp["seed"] if seed is None else seed
@@ -759,7 +856,7 @@ def main():
     s.add_argument("--seed", type=int, default=20251)
     s.add_argument("--router-logit-std", type=float, default=ROUTER_LOGIT_STD)
     s = sub.add_parser("random")
-    s.add_argument("--arch", required=True, choices=sorted(RANDOM_SPECS) + sorted(HYBRID_SPECS))
+    s.add_argument("--arch", required=True, choices=sorted(RANDOM_SPECS) + sorted(HYBRID_SPECS) + sorted(GPTOSS_SPECS))
     s.add_argument("--src", default="models/SmolLM2-135M-Instruct.Q4_1.gguf")
     s.add_argument("--out", required=True)
     s.add_argument("--seed", type=int, default=None)
