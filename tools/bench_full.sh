@@ -10,8 +10,10 @@
 #   LES        les run --memory-budget $BUDGET -n $N on --store disk --direct, phone-4GBps and
 #              phone-1.5GBps (les's own stats line: tokens/s, hit rate, MB read per token, stall;
 #              peak RSS from /usr/bin/time)
-#   llama.cpp  llama-bench -p 0 -n $LLAMA_N -r 1 inside a memory cgroup (v1) of $BUDGET, page
-#              cache counted (mmap, as a phone without swap would run it)
+#   llama.cpp  llama-bench -p 0 -n $LLAMA_N -r 1 -lm mmap --repack 0 inside a memory cgroup (v1)
+#              of $BUDGET, page cache counted (mmap, as a phone without swap would run it; the CPU
+#              backend's default repacking copies the Q4_K weights into anonymous memory, which
+#              the cgroup kills at 3 GiB)
 # Env: BUDGET (3GiB; the cgroup gets the same bytes), N (16), LLAMA_N (4), ROUNDS (2), THREADS (2),
 # LLAMA_CPP_DIR (as tools/make_refs.sh). Output: markdown on stdout; logs in target/bench/full/.
 # Needs root for the cgroup. Delete the model afterwards if the disk is short (21 GB).
@@ -75,7 +77,7 @@ llama_run() {  # round
   evict "$M"
   bash -c 'echo $$ > '"$cg"'/cgroup.procs && exec "$0" "$@"' \
     /usr/bin/time -o "$OUT/llama.$r.time" -f "%M" \
-    "$BENCH" -m "$M" -t "$T" -p 0 -n "$LLAMA_N" -r 1 -o json 2>"$OUT/llama.$r.log" >"$OUT/llama.$r.json" || true
+    "$BENCH" -m "$M" -t "$T" -p 0 -n "$LLAMA_N" -r 1 -lm mmap --repack 0 -o json 2>"$OUT/llama.$r.log" >"$OUT/llama.$r.json" || true
   local peak=$(( $(cat "$cg/memory.max_usage_in_bytes") / 1048576 ))
   rmdir "$cg" 2>/dev/null || true
   python3 - "$r" "$OUT/llama.$r.json" "$OUT/llama.$r.time" "$peak" <<'PY'

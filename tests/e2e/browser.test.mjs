@@ -72,27 +72,29 @@ function fs_size() {
   return fs.statSync(SMOLMOE).size;
 }
 
-// The seed's family (qwen35moe: Gated DeltaNet layers between gated attention layers): the
-// recurrent state lives in the wasm heap on the CPU path and in GPU buffers on the WebGPU path;
-// experts streamed from a 10-slot cache. Tokens equal the native engine's on each path.
-test('qwen35moe (Gated DeltaNet hybrid) streamed: CPU and WebGPU paths equal native', async () => {
-  const model = path.join(ROOT, 'models/rand-qwen35moe.les');
-  need(model, 'run `les pack models/rand-qwen35moe.gguf models/rand-qwen35moe.les`');
-  const n = 8;
-  const wantCpu = nativeTokens(model, SMALL_PROMPT, n, ['--memory-budget', '1GiB'], { LES_NO_SIMD: '1' });
-  const wantGpu = nativeTokens(model, SMALL_PROMPT, n, ['--memory-budget', '1GiB', '--backend', 'wgpu']);
-  const ctx = await launch();
-  try {
-    const page = await ctx.newPage();
-    for (const [backend, want] of [['cpu', wantCpu], ['webgpu', wantGpu]]) {
-      const r = await runDemo(page, base, { model: '/models/rand-qwen35moe.les', budget: '64', slots: '10', backend, prompt: SMALL_PROMPT, n: String(n) }, 600_000);
-      assert.equal(r.error, null, JSON.stringify(r.error));
-      assert.deepEqual(r.last.tokens, want, `${backend} path vs native`);
+// The seed's family (qwen35moe, and qwen3next: Gated DeltaNet layers between gated attention
+// layers): the recurrent state lives in the wasm heap on the CPU path and in GPU buffers on the
+// WebGPU path; experts streamed from a 10-slot cache. Tokens equal the native engine's on each path.
+for (const arch of ['qwen35moe', 'qwen3next']) {
+  test(`${arch} (Gated DeltaNet hybrid) streamed: CPU and WebGPU paths equal native`, async () => {
+    const model = path.join(ROOT, `models/rand-${arch}.les`);
+    need(model, `run \`les pack models/rand-${arch}.gguf models/rand-${arch}.les\``);
+    const n = 8;
+    const wantCpu = nativeTokens(model, SMALL_PROMPT, n, ['--memory-budget', '1GiB'], { LES_NO_SIMD: '1' });
+    const wantGpu = nativeTokens(model, SMALL_PROMPT, n, ['--memory-budget', '1GiB', '--backend', 'wgpu']);
+    const ctx = await launch();
+    try {
+      const page = await ctx.newPage();
+      for (const [backend, want] of [['cpu', wantCpu], ['webgpu', wantGpu]]) {
+        const r = await runDemo(page, base, { model: `/models/rand-${arch}.les`, budget: '64', slots: '10', backend, prompt: SMALL_PROMPT, n: String(n) }, 600_000);
+        assert.equal(r.error, null, JSON.stringify(r.error));
+        assert.deepEqual(r.last.tokens, want, `${backend} path vs native`);
+      }
+    } finally {
+      await ctx.close();
     }
-  } finally {
-    await ctx.close();
-  }
-});
+  });
+}
 
 test('a download cut off midway resumes where it stopped and completes', async () => {
   const size = fs.statSync(SMALL).size;
