@@ -32,12 +32,12 @@ fn main() {
     let kc = ctx.scratch("kc", 2 * nkv * nctx * hd).unwrap();
     let vc = ctx.scratch("vc", 2 * nkv * nctx * hd).unwrap();
     let o = ctx.scratch("o", 4 * nh * hd).unwrap();
-    let sc = ctx.scratch("sc", 4 * nh * 64).unwrap();
+    let sc = ctx.scratch("sc", 4 * nh * 65).unwrap();
     let mut rec = Recorder::new(&ctx, &arena);
     let n = 50;
     let t = Instant::now();
     for _ in 0..n {
-        k.attention(&mut rec, &q, &kc, &vc, &o, &sc, nh, nkv, hd, nctx, 0, 63, 1, 0.125);
+        k.attention(&mut rec, &q, &kc, &vc, &o, &sc, nh, nkv, hd, nctx, 0, 63, 1, 0.125, 0, None);
     }
     block_on(rec.readback(&[(&o, 0, 4)])).unwrap();
     println!("attention 64 positions: {:.3} ms", t.elapsed().as_secs_f64() * 1000.0 / n as f64);

@@ -8,8 +8,14 @@
 //   softmax_v: one workgroup per (token, head), threads over pairs of dimensions: V accumulated
 //              in f16 (VKQ16) with fma, output acc * (1 / sum).
 //
+// Sliding window (P.window > 0): query t sees positions n_kv - window .. n_kv only (ggml skips
+// masked positions). Attention sinks (P.sinks = 1): one logit per head, SINKS[h], joins the
+// softmax's sum after the last position (ggml's flash-attention `sinks`): its factor is the
+// extra last score of each row, and a new maximum rescales the accumulator in f32.
+//
 // KV layout (u32 = two f16): K[((layer * n_head_kv + kvh) * n_ctx + pos) * head_dim / 2 + p].
-// Scores: S[(t * n_head + h) * n_kv_max + j] with n_kv_max = pos0 + n_tok.
+// Scores: S[(t * n_head + h) * (n_kv_max + 1) + j] with n_kv_max = pos0 + n_tok (j = n_kv_max:
+// the sink's factor).
 
 struct Params {
     n_head: u32,
@@ -24,6 +30,10 @@ struct Params {
     o_off: u32,
     zero: u32,
     _p1: u32,
+    window: u32,
+    sinks: u32,
+    _p2: u32,
+    _p3: u32,
 }
 
 @group(0) @binding(0) var<storage, read> Q: array<f32>;
@@ -32,6 +42,13 @@ struct Params {
 @group(0) @binding(3) var<storage, read_write> O: array<f32>;
 @group(0) @binding(4) var<storage, read_write> S: array<f32>;
 @group(0) @binding(5) var<uniform> P: Params;
+@group(0) @binding(6) var<storage, read> SINKS: array<f32>;
+
+// The first position query t sees (its sliding window's start).
+fn kv_lo(n_kv: u32) -> u32 {
+    if (P.window > 0u && n_kv > P.window) { return n_kv - P.window; }
+    return 0u;
+}
 
 fn kv_base(h: u32) -> u32 {
     let kvh = h / (P.n_head / P.n_head_kv);
@@ -52,7 +69,7 @@ fn scores(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
     let th = i / n_kv_max;
     let t = th / P.n_head;
     let h = th % P.n_head;
-    if (j >= P.pos0 + t + 1u) { return; }
+    if (j >= P.pos0 + t + 1u || j < kv_lo(P.pos0 + t + 1u)) { return; }
     let base = kv_base(h);
     let qb = P.q_off + (t * P.n_head + h) * P.head_dim;
     let np = P.head_dim & ~63u;
@@ -77,7 +94,7 @@ fn scores(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
     for (var d = np; d < P.head_dim; d++) {
         s = df_add_f(s, keep(k_at(base, j, d) * f16_round(Q[qb + d])));
     }
-    S[th * n_kv_max + j] = df_to_f32(s) * P.scale;
+    S[th * (n_kv_max + 1u) + j] = df_to_f32(s) * P.scale;
 }
 
 // One thread per (token, head): the online softmax's sequence of factors, in the CPU's order
@@ -91,10 +108,10 @@ fn factors(@builtin(global_invocation_id) gid: vec3<u32>) {
     let t = th / P.n_head;
     let n_kv_max = P.pos0 + P.n_tok;
     let n_kv = P.pos0 + t + 1u;
-    let sb = th * n_kv_max;
+    let sb = th * (n_kv_max + 1u);
     var m = 0.0;
     var first = true;
-    for (var j = 0u; j < n_kv; j++) {
+    for (var j = kv_lo(n_kv); j < n_kv; j++) {
         let sc = S[sb + j];
         if (first || sc > m) {
             var ms = 0.0;
@@ -104,6 +121,14 @@ fn factors(@builtin(global_invocation_id) gid: vec3<u32>) {
             S[sb + j] = bitcast<f32>(bitcast<u32>(ms) | 0x80000000u);
         } else {
             S[sb + j] = expf_glibc(sc - m);
+        }
+    }
+    if (P.sinks != 0u) {
+        let sk = SINKS[th % P.n_head];
+        if (sk > m) {
+            S[sb + n_kv_max] = bitcast<f32>(bitcast<u32>(expf_glibc(m - sk)) | 0x80000000u);
+        } else {
+            S[sb + n_kv_max] = expf_glibc(sk - m);
         }
     }
 }
@@ -116,12 +141,12 @@ fn softmax_v(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
     let n_kv_max = P.pos0 + P.n_tok;
     let n_kv = P.pos0 + t + 1u;
     let base = kv_base(h);
-    let sb = (t * P.n_head + h) * n_kv_max;
+    let sb = (t * P.n_head + h) * (n_kv_max + 1u);
     // Each thread owns pairs p = lid, lid + 64, ... (head_dim <= 512).
     var acc: array<vec2<f32>, 4>;
     for (var i = 0u; i < 4u; i++) { acc[i] = vec2<f32>(0.0); }
     var s_sum = 0.0;
-    for (var j = 0u; j < n_kv; j++) {
+    for (var j = kv_lo(n_kv); j < n_kv; j++) {
         let f = bitcast<u32>(S[sb + j]);
         var ms = 1.0;
         var vs = 1.0;
@@ -142,14 +167,28 @@ fn softmax_v(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
         }
         s_sum = fma_rn(s_sum, ms, vs);
     }
+    // The sink: a new maximum scales the (f32) accumulator by ms; else it adds vs to the sum.
+    var acc_ms = 1.0;
+    if (P.sinks != 0u) {
+        let f = bitcast<u32>(S[sb + n_kv_max]);
+        var vs = 1.0;
+        var ms = 1.0;
+        if ((f & 0x80000000u) != 0u) {
+            ms = bitcast<f32>(f & 0x7fffffffu);
+            acc_ms = ms;
+        } else {
+            vs = bitcast<f32>(f);
+        }
+        s_sum = fma_rn(s_sum, ms, vs);
+    }
     var inv = 0.0;
     if (s_sum != 0.0) { inv = div_rn(1.0, s_sum); }
     let ob = P.o_off + (t * P.n_head + h) * P.head_dim;
     for (var i = 0u; i < 4u; i++) {
         let p = lid + 64u * i;
         if (p < hp) {
-            O[ob + 2u * p] = acc[i].x * inv;
-            O[ob + 2u * p + 1u] = acc[i].y * inv;
+            O[ob + 2u * p] = keep(acc[i].x * acc_ms) * inv;
+            O[ob + 2u * p + 1u] = keep(acc[i].y * acc_ms) * inv;
         }
     }
 }

@@ -45,6 +45,22 @@ fn swiglu(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
     Y[P.y_off + i] = div_rn(g, keep(1.0 + ggml_expf(-g))) * X2[P.x2_off + i];
 }
 
+// gpt-oss's swiglu_oai (ops::swiglu_oai, ggml `swiglu_oai`): x = min(g, limit),
+// y = clamp(u, -limit, limit), x / (1 + expf(alpha * -x)) * (y + 1) with glibc's expf.
+// alpha and limit arrive as the bits of P.k and P.idx_off.
+@compute @workgroup_size(64)
+fn swiglu_oai(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
+    let i = gid.x + gid.y * nw.x * 64u;
+    if (i >= P.n * P.rows) { return; }
+    let alpha = bitcast<f32>(P.k);
+    let limit = bitcast<f32>(P.idx_off);
+    var x = X[P.x_off + i];
+    if (limit < x) { x = limit; }
+    let y = clamp(X2[P.x2_off + i], -limit, limit);
+    let glu = div_rn(x, keep(1.0 + expf_glibc(keep(alpha * -x))));
+    Y[P.y_off + i] = keep(glu * keep(y + 1.0));
+}
+
 @compute @workgroup_size(64)
 fn gather(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let i = gid.x + gid.y * nw.x * 64u;

@@ -80,3 +80,27 @@ fn hostile_hybrid_hyper_parameters_are_typed_errors() {
     set(&mut g, &format!("{a}.ssm.conv_kernel"), Value::String("4".into()));
     assert!(matches!(Config::from_gguf(&g), Err(ConfigError::Missing(k)) if k == "qwen35moe.ssm.conv_kernel"));
 }
+
+/// gpt-oss (llama.cpp `openai-moe.cpp` `load_arch_hparams`, `llama-context.cpp`): sliding
+/// window on even layers (pattern 2), YaRN from `rope.scaling.*`, softmax over the top-k logits.
+#[test]
+fn gpt_oss_hyper_parameters_are_llama_cpps() {
+    use les::model::config::Gating;
+    let c = Config::from_gguf(&read("rand-gpt-oss.gguf")).unwrap();
+    assert_eq!((c.n_swa, c.swa.clone()), (16, vec![true, false, true, false]));
+    assert_eq!(c.gating, Gating::SoftmaxWeight);
+    let y = c.yarn.unwrap();
+    assert_eq!((y.freq_scale, y.ext_factor, y.n_ctx_orig), (1.0 / 32.0, 1.0, 4096));
+    // attn_factor = get_mscale(32) / (1 + 0.1 ln 32): 1 within an ulp (ggml's rope_yarn applies the 1.35).
+    assert!((y.attn_factor - 1.0).abs() <= f32::EPSILON, "attn_factor {}", y.attn_factor);
+    // gpt-oss-20b's correction dims (head size 64, base 150000, 4096 positions, beta 32 / 1):
+    // HF's unrounded 8.09 and 17.40 (`_compute_yarn_parameters`, truncate), floored / ceiled by ggml.
+    assert_eq!(les::backend::cpu::ops::yarn_corr_dims(64, 4096, 150000.0, 32.0, 1.0), [8.0, 18.0]);
+    // A hostile window is a typed error.
+    let mut g = read("rand-gpt-oss.gguf");
+    set(&mut g, "gpt-oss.attention.sliding_window", Value::U32(0));
+    assert!(matches!(Config::from_gguf(&g), Err(ConfigError::Invalid { .. })));
+    let mut g = read("rand-gpt-oss.gguf");
+    set(&mut g, "gpt-oss.rope.scaling.type", Value::String("longrope".into()));
+    assert!(matches!(Config::from_gguf(&g), Err(ConfigError::UnsupportedValue { .. })));
+}

@@ -18,7 +18,7 @@ use les::backend::cpu::exec::CpuExec;
 use les::backend::cpu::kv::KvCache;
 use les::backend::cpu::matmul::Weight;
 use les::backend::cpu::ops::RopeKind;
-use les::backend::ops::{ready, Attn, Mat, OpError, Ops, Rope, Route, Vector, Weights};
+use les::backend::ops::{ready, Attn, ExpertAct, ExpertFfn, Mat, OpError, Ops, Rope, Route, Vector, Weights, Yarn};
 use les::backend::wgpu::exec::{GpuBackend, GpuOptions, GpuShapes};
 use les::backend::wgpu::{block_on, GpuContext};
 use les::expert::{ExpertBlock, ExpertError, ExpertLayout, ExpertSource};
@@ -54,6 +54,9 @@ struct Fx {
     conv_w: Vector,
     dt_bias: Vector,
     ssm_a: Vector,
+    /// gpt-oss: attention sinks (8 heads) and expert biases (gate, up, down rows per expert).
+    sinks: Vector,
+    ex_bias: [Vector; 3],
     x: Vec<f32>,
     experts: Arc<dyn ExpertSource>,
 }
@@ -107,6 +110,8 @@ fn fx() -> &'static Fx {
         let conv_w = w.add_vec(stream(5, E * D_CONV, 0.5));
         let dt_bias = w.add_vec(stream(6, HV, 1.0));
         let ssm_a = w.add_vec(stream(7, HV, 1.0).iter().map(|v| -4.0 - 8.0 * v.abs()).collect());
+        let sinks = w.add_vec(vec![3.0, -2.0, 0.5, 10.0, -10.0, 1.0, 0.0, 6.0]);
+        let ex_bias = [w.add_vec(stream(8, N_EXPERT * FF, 0.5)), w.add_vec(stream(9, N_EXPERT * FF, 0.5)), w.add_vec(stream(10, N_EXPERT * E, 0.5))];
         let gate_row = w.add_mat(Weight { ty: GgmlType::F32, cols: E, rows: 1, data: bytemuck::cast_slice(&stream(4, E, 0.05)).to_vec() });
         let q = |ty: GgmlType, v: &[f32]| {
             let mut out = Vec::new();
@@ -132,7 +137,7 @@ fn fx() -> &'static Fx {
                 ExpertBlock { data, layout: layout.clone() }
             })
             .collect();
-        Fx { w, mats, norm, head_norm, bias, gate_row, conv_w, dt_bias, ssm_a, x: f32s("act_x.f32"), experts: Arc::new(TestExperts { layout, blocks }) }
+        Fx { w, mats, norm, head_norm, bias, gate_row, conv_w, dt_bias, ssm_a, sinks, ex_bias, x: f32s("act_x.f32"), experts: Arc::new(TestExperts { layout, blocks }) }
     })
 }
 
@@ -251,7 +256,7 @@ async fn case_last_row<B: Ops>(b: &mut B) -> Out {
 }
 
 async fn case_rope<B: Ops>(b: &mut B, kind: RopeKind) -> Out {
-    let p = Rope { head_dim: 64, n_rot: 64, base: 10000.0, kind };
+    let p = Rope { head_dim: 64, n_rot: 64, base: 10000.0, kind, yarn: None };
     let mut x = b.input(rows_of(3, E, 4), E)?;
     b.rope(&mut x, 5, &p)?;
     // Partial rotation (n_rot < head_dim) at other positions.
@@ -261,17 +266,20 @@ async fn case_rope<B: Ops>(b: &mut B, kind: RopeKind) -> Out {
 }
 
 async fn case_attention<B: Ops>(b: &mut B) -> Out {
-    // GQA: 8 query heads over 2 KV heads of 64; a prompt of 3 rows, then one more row.
-    let p = Attn { n_head: 8, n_head_kv: 2, head_dim: 64, scale: 0.125 };
+    attend(b, &Attn { n_head: 8, n_head_kv: 2, head_dim: 64, scale: 0.125, window: 0, sinks: None }).await
+}
+
+/// GQA: 8 query heads over 2 KV heads of 64; a prompt of 3 rows, then one more row.
+async fn attend<B: Ops>(b: &mut B, p: &Attn) -> Out {
     let (nq, nkv) = (8 * 64, 2 * 64);
     let q = b.input(rows_of(3, nq, 11), nq)?;
     let k = b.input(rows_of(3, nkv, 22), nkv)?;
     let v = b.input(rows_of(3, nkv, 33), nkv)?;
-    let o1 = b.attention(0, &q, &k, &v, 0, &p)?;
+    let o1 = b.attention(0, &q, &k, &v, 0, p)?;
     let q = b.input(rows_of(1, nq, 44), nq)?;
     let k = b.input(rows_of(1, nkv, 55), nkv)?;
     let v = b.input(rows_of(1, nkv, 66), nkv)?;
-    let o2 = b.attention(0, &q, &k, &v, 3, &p)?;
+    let o2 = b.attention(0, &q, &k, &v, 3, p)?;
     read_all(b, &[&o1, &o2]).await
 }
 
@@ -280,11 +288,41 @@ async fn case_experts<B: Ops>(b: &mut B) -> Out {
     let sel = [1u32, 0, 2, 1, 0, 1];
     let wts = [0.7f32, 0.3, 0.55, 0.45, 0.9, 0.1];
     let x = b.input(rows_of(3, E, 13), E)?;
-    let y = b.experts(0, &*fx().experts, &x, Route { sel: &sel, wts: &wts, k: 2 }, None)?;
+    let y = b.experts(0, &*fx().experts, &x, Route { sel: &sel, wts: &wts, k: 2 }, &ExpertFfn::SWIGLU, None)?;
     // One token (the decode shape).
     let x1 = b.input(rows_of(1, E, 17), E)?;
-    let y1 = b.experts(0, &*fx().experts, &x1, Route { sel: &sel[2..4], wts: &wts[2..4], k: 2 }, None)?;
+    let y1 = b.experts(0, &*fx().experts, &x1, Route { sel: &sel[2..4], wts: &wts[2..4], k: 2 }, &ExpertFfn::SWIGLU, None)?;
     read_all(b, &[&y, &y1]).await
+}
+
+/// gpt-oss's experts: per-expert biases after each product and `swiglu_oai`.
+async fn case_experts_oai<B: Ops>(b: &mut B) -> Out {
+    let sel = [1u32, 0, 2, 1, 3, 1];
+    let wts = [0.7f32, 0.3, 0.55, 0.45, 0.9, 0.1];
+    let f = ExpertFfn { act: ExpertAct::SwigluOai { alpha: 1.702, limit: 7.0 }, bias: Some(fx().ex_bias) };
+    let x = b.input(rows_of(3, E, 13), E)?;
+    let y = b.experts(0, &*fx().experts, &x, Route { sel: &sel, wts: &wts, k: 2 }, &f, None)?;
+    let x1 = b.input(rows_of(1, E, 17), E)?;
+    let y1 = b.experts(0, &*fx().experts, &x1, Route { sel: &sel[4..6], wts: &wts[4..6], k: 2 }, &f, None)?;
+    read_all(b, &[&y, &y1]).await
+}
+
+/// gpt-oss's RoPE: NEOX with YaRN (factor 32 over 4096 positions, as gpt-oss-20b), at positions
+/// on both sides of the original context.
+async fn case_rope_yarn<B: Ops>(b: &mut B) -> Out {
+    let yarn = Yarn { freq_scale: 1.0 / 32.0, ext_factor: 1.0, attn_factor: 1.0, beta_fast: 32.0, beta_slow: 1.0, n_ctx_orig: 4096 };
+    let p = Rope { head_dim: 64, n_rot: 64, base: 150000.0, kind: RopeKind::Neox, yarn: Some(yarn) };
+    let mut x = b.input(rows_of(3, E, 4), E)?;
+    b.rope(&mut x, 5, &p)?;
+    let mut y = b.input(rows_of(2, E, 8), E)?;
+    b.rope(&mut y, 9000, &p)?;
+    read_all(b, &[&x, &y]).await
+}
+
+/// gpt-oss's attention: a sliding window of 2 (the prompt's rows see 1-2 positions) and one sink
+/// logit per head (above every score for some heads, below for others).
+async fn case_attention_oai<B: Ops>(b: &mut B) -> Out {
+    attend(b, &Attn { n_head: 8, n_head_kv: 2, head_dim: 64, scale: 0.125, window: 2, sinks: Some(fx().sinks) }).await
 }
 
 /// The GPU backends: exact path and fast path, each holding the fixture table.
@@ -454,6 +492,12 @@ fn attention() {
 #[test]
 fn experts() {
     assert_conforms("experts", &conform!(case_experts));
+    assert_conforms("experts (biases, swiglu_oai)", &conform!(case_experts_oai));
+}
+#[test]
+fn gpt_oss_rope_and_attention() {
+    assert_conforms("rope (neox, YaRN)", &conform!(case_rope_yarn));
+    assert_conforms("attention (window, sinks)", &conform!(case_attention_oai));
 }
 
 fn cell(v: Option<Verdict>) -> &'static str {
@@ -480,7 +524,9 @@ fn ops_table_is_current() {
     rows.push(("add".into(), conform!(case_add)));
     rows.push(("rope (norm)".into(), conform!(|b| case_rope(b, RopeKind::Norm))));
     rows.push(("rope (neox)".into(), conform!(|b| case_rope(b, RopeKind::Neox))));
+    rows.push(("rope (neox, YaRN)".into(), conform!(case_rope_yarn)));
     rows.push(("attention".into(), conform!(case_attention)));
+    rows.push(("attention (window, sinks)".into(), conform!(case_attention_oai)));
     rows.push(("swiglu".into(), conform!(case_swiglu)));
     rows.push(("gate_add".into(), conform!(case_gate_add)));
     rows.push(("gate_add (sigmoid)".into(), conform!(case_gate_add_exp)));
@@ -490,6 +536,7 @@ fn ops_table_is_current() {
     rows.push(("delta_net".into(), conform!(case_delta_net)));
     rows.push(("last_row".into(), conform!(case_last_row)));
     rows.push(("experts".into(), conform!(case_experts)));
+    rows.push(("experts (biases, swiglu_oai)".into(), conform!(case_experts_oai)));
     if gpus().is_empty() {
         eprintln!("no GPU adapter: docs/ops.md not checked");
         return;

@@ -174,6 +174,37 @@ fn rand_hybrids_long_context_match_llama_cpp() {
     check_within("rand-qwen3next.gguf", "rand-qwen3next-long", HYBRID_DLOGIT, 1);
 }
 
+/// gpt-oss: biased attention with sinks, a sliding window of 16 on layers 0 and 2 (the prompts
+/// run past it), YaRN, a biased router (softmax over the top-k logits), MXFP4 experts with biases
+/// and `swiglu_oai`. References from llama.cpp's AVX2 build, as the hybrids'.
+///
+/// This random model amplifies rounding: its MXFP4 experts quantize their inputs to Q8_0, so a
+/// last-bit difference (here: f16 dot orders in attention, AVX2 vs AVX-512, at f16 ulp level in
+/// `kqv_out`) flips a quantization step and grows layer by layer. LES equals llama.cpp to 1e-5 on
+/// the rows whose attention sums agree (the first two positions, every layer, LES's dumps vs
+/// llama.cpp's), and its portable kernels part from its own AVX2 ones as much as from llama.cpp.
+/// So the check is on the size of the difference against a real bug's: the prompts' last rows
+/// within 1.0 of llama.cpp (measured 0.53; logits of magnitude ~25; without the sinks 12.8),
+/// no teacher-forced argmax change where llama.cpp's margin exceeds 1.0 (without sinks: 121 of
+/// 264 rows change where its margin exceeds 0.1), greedy text equal on at least 2 of 8 prompts
+/// (measured 3).
+fn check_noisy(model_file: &str, stem: &str, max_first: f32, min_greedy: usize) {
+    let r = compare(model_file, stem);
+    if reference_platform() {
+        assert!(r.max_dlogit_full <= max_first, "{stem}: max |Δlogit| over the full first rows {} > {max_first}", r.max_dlogit_full);
+        assert_eq!(r.argmax_mismatch_confident, 0, "{stem}: teacher-forced argmax differs where llama.cpp's margin > {CONFIDENT}");
+        assert!(r.greedy_exact >= min_greedy, "{stem}: greedy continuation equals llama.cpp's on only {} prompts", r.greedy_exact);
+    } else {
+        assert!(r.max_dlogit < MAX_DLOGIT, "{stem}: max |Δlogit| {} ≥ {MAX_DLOGIT}", r.max_dlogit);
+    }
+}
+
+#[test]
+fn rand_gpt_oss_matches_llama_cpp() {
+    check_noisy("rand-gpt-oss.gguf", "rand-gpt-oss", 1.0, 2);
+    check_noisy("rand-gpt-oss.gguf", "rand-gpt-oss-long", 1.0, 0);
+}
+
 #[test]
 fn smolmoe_32x2_matches_llama_cpp() {
     check("smolmoe-32x2.gguf", "smolmoe-32x2");

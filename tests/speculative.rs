@@ -70,7 +70,7 @@ fn batched_equals_single(name: &str) {
 
 #[test]
 fn batched_logits_are_bit_identical_to_single_token_logits() {
-    for m in ["SmolLM2-135M-Instruct.Q4_1.gguf", "rand-llama-moe.gguf", "rand-qwen2moe.gguf", "rand-qwen3moe.gguf", "rand-olmoe.gguf", "rand-qwen35moe.gguf", "rand-qwen3next.gguf"] {
+    for m in ["SmolLM2-135M-Instruct.Q4_1.gguf", "rand-llama-moe.gguf", "rand-qwen2moe.gguf", "rand-qwen3moe.gguf", "rand-olmoe.gguf", "rand-qwen35moe.gguf", "rand-qwen3next.gguf", "rand-gpt-oss.gguf"] {
         batched_equals_single(m);
     }
 }
@@ -94,6 +94,27 @@ fn greedy_prompt_lookup_equals_plain_greedy_on_every_prompt() {
     }
     // The test must exercise acceptance and rejection both.
     assert!(accepted > 0 && accepted < drafted, "drafted {drafted}, accepted {accepted}");
+}
+
+/// gpt-oss (sliding-window layers: a rejected draft's keys are cut back and the window moves
+/// with the accepted tokens): drafted by itself and by prompt lookup, past the 16-token window.
+#[test]
+fn greedy_speculative_on_gpt_oss_equals_plain_greedy() {
+    let m = "rand-gpt-oss.gguf";
+    let mut t = session(m);
+    let mut d = draft_model(m, &t);
+    let n = 20;
+    let mut drafted = 0;
+    for (i, p) in prompts().iter().take(3).enumerate() {
+        let toks = t.tokenize(p);
+        let want = plain_greedy(&mut t, &toks, n);
+        let (got, st) = spec_greedy(&mut t, &mut d, 4, &toks, n);
+        assert_eq!(got, want, "{m} drafted by itself, prompt {i}: speculative greedy differs from plain greedy");
+        drafted += st.drafted;
+        let (got, _) = spec_greedy(&mut t, &mut PromptLookup::default(), 3, &toks, n);
+        assert_eq!(got, want, "{m} with prompt lookup, prompt {i}: speculative greedy differs from plain greedy");
+    }
+    assert!(drafted > 0, "{m}: nothing drafted");
 }
 
 /// Gated DeltaNet hybrids: a rejected draft sends the recurrent state back to the checkpoint

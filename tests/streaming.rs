@@ -125,6 +125,12 @@ fn lossless_rand_qwen3next() {
     lossless("rand-qwen3next.gguf", &FRACTIONS, &[Policy::NextUse], 8, true);
 }
 
+/// gpt-oss: biased MXFP4 experts (the biases stay with the dense weights, in the bundle too).
+#[test]
+fn lossless_rand_gpt_oss() {
+    lossless("rand-gpt-oss.gguf", &FRACTIONS, &POLICIES, 8, true);
+}
+
 /// Prefetches (every lookahead stage: first, refinement, second) read in 4 KiB chunks from a slow modelled device: they pause for demand reads and
 /// are cancelled mid-read when stale, and the logits still equal the resident run's.
 #[test]

@@ -335,21 +335,28 @@ fn attention_case(g: &Gpu, arena: &wgpu::Buffer, hd: usize) {
     let qb = upf(g, &q);
     let o = g.ctx.scratch("o", 4 * n_tok * n_head * hd).unwrap();
     let scale = 1.0 / (hd as f32).sqrt();
-    let sc = g.ctx.scratch("scores", 4 * n_tok * n_head * (pos0 + n_tok)).unwrap();
-    g.k.attention(&mut rec, &qb, &kc, &vc, &o, &sc, n_head, n_head_kv, hd, n_ctx, layer, pos0, n_tok, scale);
-    let got = read(g, &mut rec, &o, n_tok * n_head * hd);
+    let sc = g.ctx.scratch("scores", 4 * n_tok * n_head * (pos0 + n_tok + 1)).unwrap();
+    // Plain causal attention; then gpt-oss's: a sliding window of 5 and one sink logit per head
+    // (above every score for some heads, below for others).
+    let sinks = [3.0f32, -2.0, 0.5, 10.0, -10.0, 1.0];
+    let sb = upf(g, &sinks);
     let mut worst = 0f32;
-    for t in 0..n_tok {
-        for h in 0..n_head {
-            let (kr, vr) = cpu.head(layer, h / (n_head / n_head_kv), pos0 + t + 1);
-            let mut want = vec![0f32; hd];
-            let qh = &q[(t * n_head + h) * hd..(t * n_head + h + 1) * hd];
-            ops::attend_head(qh, kr, vr, hd, pos0 + t + 1, scale, &mut want, &mut Vec::new(), &mut Vec::new());
-            for i in 0..hd {
-                let d = (got[(t * n_head + h) * hd + i] - want[i]).abs();
-                worst = worst.max(d);
-                // f16 accumulation: one f16 ulp of the running sum either way.
-                assert_eq!(got[(t * n_head + h) * hd + i].to_bits(), want[i].to_bits(), "head_dim {hd} t{t} h{h} [{i}]: {} vs {}", got[(t * n_head + h) * hd + i], want[i]);
+    for (window, sink) in [(0usize, false), (5, true)] {
+        g.k.attention(&mut rec, &qb, &kc, &vc, &o, &sc, n_head, n_head_kv, hd, n_ctx, layer, pos0, n_tok, scale, window, sink.then_some(&sb));
+        let got = read(g, &mut rec, &o, n_tok * n_head * hd);
+        for t in 0..n_tok {
+            for h in 0..n_head {
+                let n_kv = pos0 + t + 1;
+                let (kr, vr) = cpu.head(layer, h / (n_head / n_head_kv), n_kv);
+                let mut want = vec![0f32; hd];
+                let qh = &q[(t * n_head + h) * hd..(t * n_head + h + 1) * hd];
+                let lo = if window > 0 { n_kv.saturating_sub(window) } else { 0 };
+                ops::attend_head_ext(qh, kr, vr, hd, lo..n_kv, sink.then_some(sinks[h]), scale, &mut want, &mut Vec::new(), &mut Vec::new());
+                for i in 0..hd {
+                    let d = (got[(t * n_head + h) * hd + i] - want[i]).abs();
+                    worst = worst.max(d);
+                    assert_eq!(got[(t * n_head + h) * hd + i].to_bits(), want[i].to_bits(), "head_dim {hd} window {window} t{t} h{h} [{i}]: {} vs {}", got[(t * n_head + h) * hd + i], want[i]);
+                }
             }
         }
     }
@@ -375,6 +382,16 @@ fn elementwise_kernels_match_cpu() {
         ops::swiglu(a, b, &mut want);
         let ulps = got.iter().zip(&want).map(|(p, q)| if p == q { 0 } else { (p.to_bits() as i64 - q.to_bits() as i64).abs() }).max().unwrap();
         assert_eq!(ulps, 0, "swiglu differs from the CPU by {ulps} ulp");
+        // swiglu_oai (gpt-oss) on inputs scaled so that both clamps (±7) are reached.
+        let (a8, b8): (Vec<f32>, Vec<f32>) = (a.iter().map(|v| v * 40.0).collect(), b.iter().map(|v| v * 40.0).collect());
+        assert!(a8.iter().any(|&v| v > 7.0) && b8.iter().any(|&v| v < -7.0), "the inputs reach the clamps");
+        let (a8b, b8b) = (upf(g, &a8), upf(g, &b8));
+        g.k.swiglu_oai(&mut rec, &a8b, &b8b, &y, n, 1.702, 7.0);
+        let got = read(g, &mut rec, &y, n);
+        ops::swiglu_oai(&a8, &b8, &mut want, 1.702, 7.0);
+        for i in 0..n {
+            assert_eq!(got[i].to_bits(), want[i].to_bits(), "swiglu_oai [{i}]: {} vs {}", got[i], want[i]);
+        }
         // add (with a period: a bias over 4 rows).
         let yb = upf(g, &x[..4 * n]);
         g.k.add(&mut rec, &bb, 0, &yb, 0, 4 * n, n);

@@ -99,6 +99,18 @@ fn gpu_greedy_equals_cpu_random_moes() {
     }
 }
 
+/// gpt-oss (sinks, sliding window 16, YaRN, biased MXFP4 experts, swiglu_oai): prompts + 20
+/// steps run past the window; then streamed (10/30/60% of expert bytes) = resident on the GPU.
+#[test]
+fn gpu_equals_cpu_gpt_oss() {
+    if !gpu_available() {
+        return;
+    }
+    let (n, differ, _) = compare("rand-gpt-oss.gguf", 4, 20);
+    assert_eq!(differ, 0, "rand-gpt-oss: {differ} of {n} steps' logits are not bit-identical");
+    gpu_lossless("rand-gpt-oss.gguf", 8);
+}
+
 #[test]
 fn gpu_greedy_equals_cpu_smolmoe_32x2() {
     if !gpu_available() {

@@ -98,14 +98,29 @@ impl Weights {
     }
 }
 
-/// Rotary position embedding of one tensor (ggml `rope_ext` without YaRN: ext_factor 0,
-/// freq_scale 1): heads of `head_dim` values, the first `n_rot` of each rotated.
+/// Rotary position embedding of one tensor (ggml `rope_ext`): heads of `head_dim` values, the
+/// first `n_rot` of each rotated; YaRN scaling when `yarn` is set (else ext_factor 0, freq_scale 1).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Rope {
     pub head_dim: usize,
     pub n_rot: usize,
     pub base: f32,
     pub kind: RopeKind,
+    pub yarn: Option<Yarn>,
+}
+
+/// YaRN context extension as llama.cpp passes it to ggml `rope_ext` (`src/llama-context.cpp`:
+/// `freq_scale = 1 / rope.scaling.factor`, `ext_factor = 1`, `attn_factor`; beta_fast 32, beta_slow
+/// 1; `n_ctx_orig = rope.scaling.original_context_length`). The cos/sin table follows ggml-cpu's
+/// `rope_yarn` ([`super::cpu::ops::rope_cache`]); every backend takes it from the host.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Yarn {
+    pub freq_scale: f32,
+    pub ext_factor: f32,
+    pub attn_factor: f32,
+    pub beta_fast: f32,
+    pub beta_slow: f32,
+    pub n_ctx_orig: usize,
 }
 
 /// Causal attention over the backend's KV cache (ggml `flash_attn_ext` with an f16 cache):
@@ -116,6 +131,12 @@ pub struct Attn {
     pub n_head_kv: usize,
     pub head_dim: usize,
     pub scale: f32,
+    /// Sliding window: query at position p sees keys p0 with `p − p0 < window` (0: all; llama.cpp
+    /// `LLAMA_SWA_TYPE_STANDARD`, `llama-hparams.cpp` `is_masked_swa`).
+    pub window: usize,
+    /// Attention sinks (gpt-oss): one logit per head that joins each softmax's denominator only
+    /// (ggml `flash_attn_ext` with `sinks`, `ggml_flash_attn_ext_add_sinks`).
+    pub sinks: Option<Vector>,
 }
 
 /// One Gated DeltaNet layer's recurrence (ggml `gated_delta_net` with its inputs prepared as
@@ -143,6 +164,29 @@ pub enum Sigmoid {
     SiluDiv,
     /// `1 / (1 + exp(-x))` ([`super::cpu::ops::sigmoid_exp`]).
     Exp,
+}
+
+/// The gated activation of the experts' FFN.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ExpertAct {
+    /// `silu(gate) · up` (ggml `swiglu`).
+    Silu,
+    /// gpt-oss: `x = min(gate, limit)`, `y = clamp(up, −limit, limit)`,
+    /// `x / (1 + expf(−alpha·x)) · (y + 1)` (ggml `swiglu_oai`, `ggml-cpu/ops.cpp`).
+    SwigluOai { alpha: f32, limit: f32 },
+}
+
+/// How the routed experts' FFN is formed: its activation, and per-expert biases (gpt-oss:
+/// `ffn_{gate,up,down}_exps.bias`, `n_expert` rows of `n_ff_exp` / `n_ff_exp` / `n_embd` values
+/// each, added with ggml `add_id` after each product).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ExpertFfn {
+    pub act: ExpertAct,
+    pub bias: Option<[Vector; 3]>,
+}
+
+impl ExpertFfn {
+    pub const SWIGLU: ExpertFfn = ExpertFfn { act: ExpertAct::Silu, bias: None };
 }
 
 /// A router's decision for `rows` tokens: `sel[t * k + r]` is token t's rank-r expert, `wts` its
@@ -216,12 +260,13 @@ pub trait Ops {
     fn last_row(&mut self, x: Self::T) -> Result<Self::T, OpError>;
     /// The routed experts of layer `il` on `x` (one row per token), weighted and combined in rank
     /// order: `y[t] = Σ_r wts[t,r] · down(silu(gate x_t) · up x_t)` of expert `sel[t,r]`, summed
-    /// r = 0, 1, … (ggml `mul_mat_id` ×3 + `swiglu` + `mul` + the views added in order). Experts
+    /// r = 0, 1, … (ggml `mul_mat_id` ×3 + `swiglu` + `mul` + the views added in order); `f` may
+    /// change the activation and add per-expert biases after each product. Experts
     /// come from `src` (resident, cached or streamed). `partial`: the residual entering this FFN
     /// (single-token forwards); a backend that sees expert outputs on the host calls
     /// [`ExpertSource::on_partial`] with it plus the first expert's output (the CPU does; wgpu
     /// does not, as it would cost a synchronisation).
-    fn experts(&mut self, il: usize, src: &dyn ExpertSource, x: &Self::T, r: Route<'_>, partial: Option<&Self::T>) -> Result<Self::T, OpError>;
+    fn experts(&mut self, il: usize, src: &dyn ExpertSource, x: &Self::T, r: Route<'_>, f: &ExpertFfn, partial: Option<&Self::T>) -> Result<Self::T, OpError>;
     /// Rows of tensors to the host, in one synchronisation.
     async fn read(&mut self, parts: &[(&Self::T, Range<usize>)]) -> Result<Vec<Vec<f32>>, OpError>;
 }

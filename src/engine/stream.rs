@@ -229,10 +229,16 @@ pub fn open_streaming_sources(raw: Arc<dyn ByteSource>, expert_src: Arc<dyn Byte
         plan.gpu_slots = gpu;
     }
     // The FFN's input norm (the predictor applies it to hidden states): `post_attention_norm`
-    // in the hybrid graphs.
-    let ffn_norm = if c.ssm.is_some() { "post_attention_norm" } else { "ffn_norm" };
+    // in the hybrid graphs and gpt-oss.
+    let ffn_norm = if c.ssm.is_some() || c.arch == crate::model::Arch::GptOss { "post_attention_norm" } else { "ffn_norm" };
     let norms = (0..c.n_layer).map(|il| tensor_f32(&g, &*dense_src, &format!("blk.{il}.{ffn_norm}.weight"))).collect::<Result<Vec<_>, _>>()?;
-    let experts = Arc::new(StreamingExperts::new(store, routers, c.n_expert, c.n_expert_used, cfg).with_ffn_norms(norms));
+    let router_b = (0..c.n_layer)
+        .map(|il| {
+            let name = format!("blk.{il}.ffn_gate_inp.bias");
+            if g.tensor(&name).is_some() { tensor_f32(&g, &*dense_src, &name) } else { Ok(Vec::new()) }
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let experts = Arc::new(StreamingExperts::new(store, routers, c.n_expert, c.n_expert_used, cfg).with_ffn_norms(norms).with_router_biases(router_b));
     let session = Session::load_with_batch(&*dense_src, ExpertMode::External(experts.clone()), n_ctx, PREFILL_BATCH)?;
     Ok(Streaming { session, experts, plan, store_kind })
 }

@@ -296,11 +296,19 @@ pub struct StreamingExperts {
     /// Per-layer FFN norm weights (`ffn_norm`), to re-weight layer l's normed hidden state as
     /// layer l+d's norm would before applying l+d's router. Empty: use the state as it is.
     ffn_norms: Vec<Vec<f32>>,
+    /// Per-layer router biases (`ffn_gate_inp.bias`, gpt-oss), added to the predicted logits.
+    router_b: Vec<Vec<f32>>,
     /// Experts a consumer (GPU slots) holds: never prefetched.
     holder: std::sync::RwLock<Option<Arc<dyn super::ExpertHolder>>>,
 }
 
 impl StreamingExperts {
+    /// Give the predictor each layer's router bias (`ffn_gate_inp.bias`; empty: none).
+    pub fn with_router_biases(mut self, b: Vec<Vec<f32>>) -> Self {
+        self.router_b = b;
+        self
+    }
+
     /// Give the predictor each layer's `ffn_norm` weights (improves cross-layer recall).
     pub fn with_ffn_norms(mut self, norms: Vec<Vec<f32>>) -> Self {
         self.ffn_norms = norms;
@@ -342,7 +350,7 @@ impl StreamingExperts {
         // that needs an expert reads it itself (the browser installs its own executor).
         let n_workers = if cfg!(target_arch = "wasm32") { 0 } else { cfg.io_threads };
         let exec: Arc<dyn ReadExecutor> = if n_workers == 0 { Arc::new(Inline) } else { Arc::new(Threads::spawn(&sh, n_workers, cfg.max_prefetch_inflight)) };
-        let s = Self { sh, exec: RwLock::new(exec), routers, n_expert, n_used, hidden: Mutex::new(Vec::new()), ffn_norms: Vec::new(), holder: std::sync::RwLock::new(None) };
+        let s = Self { sh, exec: RwLock::new(exec), routers, n_expert, n_used, hidden: Mutex::new(Vec::new()), ffn_norms: Vec::new(), router_b: Vec::new(), holder: std::sync::RwLock::new(None) };
         s.load_pinned();
         s
     }
@@ -572,11 +580,12 @@ impl StreamingExperts {
 
     fn predict(&self, layer: usize, h: &[f32]) -> Vec<usize> {
         let r = &self.routers[layer];
+        let b = self.router_b.get(layer).filter(|b| b.len() == self.n_expert);
         let n_embd = h.len();
         let mut logits: Vec<(f32, usize)> = (0..self.n_expert)
             .map(|e| {
                 let w = &r[e * n_embd..(e + 1) * n_embd];
-                (dot8(w, h), e)
+                (dot8(w, h) + b.map_or(0.0, |b| b[e]), e)
             })
             .collect();
         logits.sort_by(|a, b| b.0.partial_cmp(&a.0).unwrap_or(std::cmp::Ordering::Equal).then(a.1.cmp(&b.1)));

@@ -9,7 +9,7 @@
 //! each layer when the source asks for it.
 
 use super::{dump, dump_wanted, route, Loader, Logits, Model, ModelError};
-use crate::backend::ops::{Attn, Mat, Ops, Rope, Route, Sigmoid, Vector};
+use crate::backend::ops::{Attn, ExpertFfn, Mat, Ops, Rope, Route, Sigmoid, Vector};
 use super::Config;
 
 /// Which QK-norm an architecture applies after the Q/K projections.
@@ -31,8 +31,12 @@ pub struct Attention {
     pub bq: Option<Vector>,
     pub bk: Option<Vector>,
     pub bv: Option<Vector>,
+    /// `attn_output.bias` (gpt-oss).
+    pub bo: Option<Vector>,
     pub q_norm: Option<Vector>,
     pub k_norm: Option<Vector>,
+    /// `attn_sinks.weight`: one logit per head (gpt-oss).
+    pub sinks: Option<Vector>,
 }
 
 impl Attention {
@@ -52,8 +56,10 @@ impl Attention {
             bq: ld.opt_vec(&n("attn_q.bias"), nq)?,
             bk: ld.opt_vec(&n("attn_k.bias"), nkv)?,
             bv: ld.opt_vec(&n("attn_v.bias"), nkv)?,
+            bo: ld.opt_vec(&n("attn_output.bias"), e)?,
             q_norm,
             k_norm,
+            sinks: ld.opt_vec(&n("attn_sinks.weight"), c.n_head)?,
         })
     }
 }
@@ -82,10 +88,13 @@ pub struct SharedExpert {
     pub gate_fn: Sigmoid,
 }
 
-/// A MoE FFN: the router (`ffn_gate_inp`), experts reached through the model's
-/// expert source, and an optional shared expert.
+/// A MoE FFN: the router (`ffn_gate_inp`, optionally biased), experts reached through the
+/// model's expert source (their activation and optional per-expert biases in `ffn`), and an
+/// optional shared expert.
 pub struct Moe {
     pub router: Mat,
+    pub router_b: Option<Vector>,
+    pub ffn: ExpertFfn,
     pub shared: Option<SharedExpert>,
 }
 
@@ -93,6 +102,16 @@ impl Moe {
     pub fn load(ld: &mut Loader<'_>, c: &Config, il: usize) -> Result<Self, ModelError> {
         let e = c.n_embd;
         let router = ld.mat(&format!("blk.{il}.ffn_gate_inp.weight"), [e, c.n_expert])?;
+        let router_b = ld.opt_vec(&format!("blk.{il}.ffn_gate_inp.bias"), c.n_expert)?;
+        // gpt-oss: `ffn_{gate,up,down}_exps.bias` ([n_ff_exp | n_embd, n_expert]), all or none.
+        let bn = |w: &str| format!("blk.{il}.ffn_{w}_exps.bias");
+        let bias = if ld.has(&bn("gate")) || ld.has(&bn("up")) || ld.has(&bn("down")) {
+            let (f, x) = (c.n_ff_exp, c.n_expert);
+            Some([ld.vec_shaped(&bn("gate"), &[f, x])?, ld.vec_shaped(&bn("up"), &[f, x])?, ld.vec_shaped(&bn("down"), &[e, x])?])
+        } else {
+            None
+        };
+        let ffn = ExpertFfn { act: c.expert_act, bias };
         let gate_shexp = format!("blk.{il}.ffn_gate_shexp.weight");
         let shared = if ld.has(&gate_shexp) {
             let sh = ld.g.req_tensor(&gate_shexp)?.dims.get(1).copied().unwrap_or(0) as usize;
@@ -103,7 +122,7 @@ impl Moe {
         } else {
             None
         };
-        Ok(Self { router, shared })
+        Ok(Self { router, router_b, ffn, shared })
     }
 }
 
@@ -190,22 +209,29 @@ impl<'a, B: Ops> Fwd<'a, B> {
             self.b.rms_norm_groups(&mut q, qn, c.rms_eps)?;
             self.b.rms_norm_groups(&mut k, kn, c.rms_eps)?;
         }
-        let o = self.rope_attend(il, q, k, &v).await?;
-        let [out] = self.matmuls(&o, [a.wo])?;
+        let o = self.rope_attend(il, q, k, &v, a.sinks).await?;
+        let [mut out] = self.matmuls(&o, [a.wo])?;
+        if let Some(bo) = a.bo {
+            self.b.add_row(&mut out, bo)?;
+        }
         self.dump("attn_out", il, &out).await?;
         Ok(out)
     }
 
-    /// RoPE on `q` and `k` (the first `n_rot` dims of each head), then causal attention over the
-    /// layer's cache with `k`, `v` appended (`build_attn`, scale `1/sqrt(head_dim)`).
-    pub async fn rope_attend(&mut self, il: usize, mut q: B::T, mut k: B::T, v: &B::T) -> Result<B::T, ModelError> {
+    /// RoPE on `q` and `k` (the first `n_rot` dims of each head; the layer's base, YaRN), then
+    /// causal attention over the layer's cache with `k`, `v` appended (`build_attn`, scale
+    /// `1/sqrt(head_dim)`, the layer's sliding window, optional sinks).
+    pub async fn rope_attend(&mut self, il: usize, mut q: B::T, mut k: B::T, v: &B::T, sinks: Option<Vector>) -> Result<B::T, ModelError> {
         let c = &self.m.cfg;
-        let rope = Rope { head_dim: c.head_dim, n_rot: c.n_rot, base: c.rope_base, kind: c.rope };
+        let swa = c.is_swa(il);
+        let base = if swa { c.rope_base_swa } else { c.rope_base };
+        let rope = Rope { head_dim: c.head_dim, n_rot: c.n_rot, base, kind: c.rope, yarn: c.yarn };
         self.b.rope(&mut q, self.pos0, &rope)?;
         self.b.rope(&mut k, self.pos0, &rope)?;
         self.dump("Qrope", il, &q).await?;
         self.dump("Krope", il, &k).await?;
-        let p = Attn { n_head: c.n_head, n_head_kv: c.n_head_kv, head_dim: c.head_dim, scale: 1.0 / (c.head_dim as f32).sqrt() };
+        let window = if swa { c.n_swa } else { 0 };
+        let p = Attn { n_head: c.n_head, n_head_kv: c.n_head_kv, head_dim: c.head_dim, scale: 1.0 / (c.head_dim as f32).sqrt(), window, sinks };
         let o = self.b.attention(il, &q, &k, v, self.pos0, &p)?;
         self.dump("kqv_out", il, &o).await?;
         Ok(o)
@@ -214,9 +240,9 @@ impl<'a, B: Ops> Fwd<'a, B> {
     /// `x + attn`, the FFN's input (`ffn_inp`). In the last layer, when only the last logits are
     /// wanted, only the last row goes on (llama.cpp's `inp_out_ids`), so the last FFN's kernels
     /// see one row, as llama.cpp's do.
-    /// (The hybrid graphs, qwen35moe / qwen3next, keep every row to the output norm.)
+    /// (The hybrid graphs and gpt-oss keep every row to the output norm.)
     pub async fn attn_residual(&mut self, il: usize, mut x: B::T, mut attn: B::T) -> Result<B::T, ModelError> {
-        if il + 1 == self.m.cfg.n_layer && self.want == Some(Logits::Last) && Self::rows(&x) > 1 && self.m.cfg.ssm.is_none() {
+        if il + 1 == self.m.cfg.n_layer && self.want == Some(Logits::Last) && Self::rows(&x) > 1 && self.m.cfg.trims_last_layer() {
             x = self.b.last_row(x)?;
             attn = self.b.last_row(attn)?;
         }
@@ -250,7 +276,10 @@ impl<'a, B: Ops> Fwd<'a, B> {
         let c = &self.m.cfg;
         let src = self.m.experts().ok_or(ModelError::NoExperts)?.clone();
         let t_n = Self::rows(cur);
-        let [logits] = self.matmuls(cur, [w.router])?;
+        let [mut logits] = self.matmuls(cur, [w.router])?;
+        if let Some(b) = w.router_b {
+            self.b.add_row(&mut logits, b)?;
+        }
         // One synchronisation: the router logits, and when decoding the FFN input too (the
         // lookahead predictor's input).
         let mut parts = vec![(&logits, 0..t_n)];
@@ -264,7 +293,7 @@ impl<'a, B: Ops> Fwd<'a, B> {
         dump("ffn_moe_weights", il, &wts);
         dump("ffn_moe_topk", il, &sel.iter().map(|&v| v as f32).collect::<Vec<_>>());
         let r = Route { sel: &sel, wts: &wts, k: c.n_expert_used };
-        let mut out = self.b.experts(il, &*src, cur, r, (t_n == 1).then_some(x))?;
+        let mut out = self.b.experts(il, &*src, cur, r, &w.ffn, (t_n == 1).then_some(x))?;
         if let Some(sh) = &w.shared {
             self.dump("ffn_moe_out", il, &out).await?;
             let y = self.ffn(il, cur, &sh.ffn).await?;

@@ -2,6 +2,7 @@
 //! per-architecture choices (`src/llama-model.cpp`, `src/models/<arch>.cpp`).
 
 use crate::backend::cpu::ops::RopeKind;
+use crate::backend::ops::{ExpertAct, Yarn};
 use crate::gguf::{GgufError, GgufFile};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -19,6 +20,9 @@ pub enum Arch {
     Qwen35Moe,
     /// `qwen3next` (Qwen3-Next): as `qwen35moe` with a fused `ssm_ba` and grouped v→k heads.
     Qwen3Next,
+    /// `gpt-oss` (llama.cpp `openai-moe.cpp`): biased attention with sinks, sliding-window layers,
+    /// YaRN, a biased router (softmax over the top-k logits), biased MXFP4 experts, `swiglu_oai`.
+    GptOss,
 }
 
 impl Arch {
@@ -30,6 +34,7 @@ impl Arch {
             "olmoe" => Arch::Olmoe,
             "qwen35moe" => Arch::Qwen35Moe,
             "qwen3next" => Arch::Qwen3Next,
+            "gpt-oss" => Arch::GptOss,
             _ => return None,
         })
     }
@@ -41,6 +46,7 @@ impl Arch {
             Arch::Olmoe => "olmoe",
             Arch::Qwen35Moe => "qwen35moe",
             Arch::Qwen3Next => "qwen3next",
+            Arch::GptOss => "gpt-oss",
         }
     }
 }
@@ -77,6 +83,27 @@ pub struct Config {
     pub ssm: Option<Ssm>,
     /// Per layer: whether it is a recurrent (Gated DeltaNet) layer; all false for transformers.
     pub recurrent: Vec<bool>,
+    /// Sliding-window size (`attention.sliding_window`; 0 = none) and the layers that use it
+    /// (gpt-oss: `attention.sliding_window_pattern`, default 2: layer il when `il % 2 == 0`).
+    pub n_swa: usize,
+    pub swa: Vec<bool>,
+    /// RoPE base of the sliding-window layers (`rope.freq_base_swa`, else `rope.freq_base`).
+    pub rope_base_swa: f32,
+    /// RoPE scaling (`rope.scaling.type` yarn or linear, `rope.scaling.factor`, …).
+    pub yarn: Option<Yarn>,
+    /// How router logits become expert weights.
+    pub gating: Gating,
+    /// The experts' gated activation.
+    pub expert_act: ExpertAct,
+}
+
+/// Router gating (llama.cpp `llama_expert_gating_func_type`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gating {
+    /// Softmax over every expert, then top-k of the probabilities (`SOFTMAX`).
+    Softmax,
+    /// Top-k of the raw logits, then softmax over the k (`SOFTMAX_WEIGHT`: gpt-oss).
+    SoftmaxWeight,
 }
 
 /// How a Gated DeltaNet layer's value heads find their key heads (llama.cpp `qwen35moe.cpp` /
@@ -124,12 +151,14 @@ impl Ssm {
 pub enum ConfigError {
     #[error(transparent)]
     Gguf(#[from] GgufError),
-    #[error("unsupported architecture '{0}' (LES runs llama, qwen2moe, qwen3moe, olmoe, qwen35moe, qwen3next)")]
+    #[error("unsupported architecture '{0}' (LES runs llama, qwen2moe, qwen3moe, olmoe, qwen35moe, qwen3next, gpt-oss)")]
     UnsupportedArch(String),
     #[error("invalid hyper-parameter {key} = {value}: {why}")]
     Invalid { key: String, value: u64, why: &'static str },
     #[error("missing hyper-parameter {0}")]
     Missing(String),
+    #[error("unsupported {key} = '{value}' (LES knows {known})")]
+    UnsupportedValue { key: String, value: String, known: &'static str },
 }
 
 impl Config {
@@ -226,10 +255,27 @@ impl Config {
         } else {
             (None, vec![false; n_layer])
         };
+        // Sliding-window attention (gpt-oss: required, period 2, even layers).
+        let (n_swa, swa) = if arch == Arch::GptOss {
+            let n_swa = req("attention.sliding_window")?;
+            check("attention.sliding_window", n_swa, n_swa > 0, "must be > 0")?;
+            let period = opt("attention.sliding_window_pattern").unwrap_or(2);
+            check("attention.sliding_window_pattern", period, period > 0 && period <= 1024, "must be in 1..=1024")?;
+            // llama.cpp `set_swa_pattern(period)`: layer il slides unless il % period == period − 1.
+            (n_swa, (0..n_layer).map(|il| period == 1 || il % period < period - 1).collect())
+        } else {
+            (0, vec![false; n_layer])
+        };
+        if arch == Arch::GptOss {
+            check("expert_count", n_expert, n_expert > 0, "must be > 0 (this architecture is MoE only)")?;
+            check("rope.dimension_count", n_rot, n_rot == head_dim, "must equal the head size (llama.cpp uses n_rot as the head size)")?;
+        }
+        let rope_base = g.get_f32(&k("rope.freq_base")).unwrap_or(10000.0);
+        let yarn = rope_scaling(g, &k, n_ctx_train_of(g, &k))?;
         Ok(Config {
             arch,
             n_vocab,
-            n_ctx_train: opt("context_length").unwrap_or(2048),
+            n_ctx_train: n_ctx_train_of(g, &k),
             n_embd,
             n_layer,
             n_head,
@@ -242,13 +288,31 @@ impl Config {
             n_ff_exp,
             n_ff_shexp,
             rms_eps: g.get_f32(&k("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5),
-            rope_base: g.get_f32(&k("rope.freq_base")).unwrap_or(10000.0),
+            rope_base,
             rope,
             norm_topk: matches!(arch, Arch::Llama | Arch::Qwen3Moe | Arch::Qwen35Moe | Arch::Qwen3Next),
             expert_weights_scale: g.get_f32(&k("expert_weights_scale")).unwrap_or(0.0),
             ssm,
             recurrent,
+            n_swa,
+            swa,
+            rope_base_swa: g.get_f32(&k("rope.freq_base_swa")).unwrap_or(rope_base),
+            yarn,
+            gating: if arch == Arch::GptOss { Gating::SoftmaxWeight } else { Gating::Softmax },
+            expert_act: if arch == Arch::GptOss { ExpertAct::SwigluOai { alpha: 1.702, limit: 7.0 } } else { ExpertAct::Silu },
         })
+    }
+
+    /// Whether llama.cpp's graph keeps only the last row before the last layer's FFN when only the
+    /// last logits are wanted (`inp_out_ids` inside the layer loop: the llama family); the hybrids
+    /// and gpt-oss select the row after the last layer.
+    pub fn trims_last_layer(&self) -> bool {
+        matches!(self.arch, Arch::Llama | Arch::Qwen2Moe | Arch::Qwen3Moe | Arch::Olmoe)
+    }
+
+    /// Whether layer `il` uses sliding-window attention.
+    pub fn is_swa(&self, il: usize) -> bool {
+        self.swa.get(il).copied().unwrap_or(false)
     }
 
     pub fn is_moe(&self) -> bool {
@@ -276,5 +340,44 @@ impl Config {
     /// Bytes of recurrent state (conv + delta-rule state, f32) of one sequence.
     pub fn recurrent_state_bytes(&self) -> usize {
         self.ssm.map_or(0, |s| (s.conv_state_len() + s.ssm_state_len()) * 4 * (self.n_layer - self.n_attn_layers()))
+    }
+}
+
+fn n_ctx_train_of(g: &GgufFile, k: &dyn Fn(&str) -> String) -> usize {
+    g.get_u64(&k("context_length")).map(|v| v as usize).unwrap_or(2048)
+}
+
+/// RoPE scaling as llama.cpp sets it up (`llama-model.cpp` `load_hparams`, `llama-context.cpp`):
+/// `rope.scaling.type` yarn → `ext_factor` 1 and `attn_factor = m(f) / (1 + 0.1 ln f)` with
+/// `m(f) = 0.1 ln f + 1` (so ≈ 1: ggml's `rope_yarn` multiplies by `1 + 0.1 ln f` itself);
+/// linear → positions scaled by `1 / factor` only. `rope.scaling.attn_factor` multiplies both.
+fn rope_scaling(g: &GgufFile, k: &dyn Fn(&str) -> String, n_ctx_train: usize) -> Result<Option<Yarn>, ConfigError> {
+    let ty = g.get_str(&k("rope.scaling.type")).unwrap_or("linear");
+    let factor = g.get_f32(&k("rope.scaling.factor")).unwrap_or(0.0);
+    let freq_scale = if factor == 0.0 { 1.0 } else { 1.0 / factor };
+    let bad = |why| ConfigError::Invalid { key: k("rope.scaling.factor"), value: factor as u64, why };
+    if !(freq_scale.is_finite() && freq_scale > 0.0) {
+        return Err(bad("must be a positive finite number"));
+    }
+    let attn_mul = g.get_f32(&k("rope.scaling.attn_factor")).unwrap_or(1.0);
+    let n_ctx_orig = g.get_u64(&k("rope.scaling.original_context_length")).map(|v| v as usize).unwrap_or(n_ctx_train);
+    let beta_fast = g.get_f32(&k("rope.scaling.yarn_beta_fast")).unwrap_or(32.0);
+    let beta_slow = g.get_f32(&k("rope.scaling.yarn_beta_slow")).unwrap_or(1.0);
+    match ty {
+        "none" => Ok(None),
+        "yarn" => {
+            if n_ctx_orig == 0 || n_ctx_orig > 1 << 30 {
+                return Err(ConfigError::Invalid { key: k("rope.scaling.original_context_length"), value: n_ctx_orig as u64, why: "must be in 1..=2^30" });
+            }
+            let f = 1.0 / freq_scale;
+            let mscale = |s: f32| if s <= 1.0 { 1.0 } else { (0.1f32 * 1.0).mul_add(libm::logf(s), 1.0) };
+            let mut attn_factor = mscale(f);
+            attn_factor *= 1.0 / 0.1f32.mul_add(libm::logf(f), 1.0);
+            attn_factor *= attn_mul;
+            Ok(Some(Yarn { freq_scale, ext_factor: 1.0, attn_factor, beta_fast, beta_slow, n_ctx_orig }))
+        }
+        _ if freq_scale == 1.0 && attn_mul == 1.0 => Ok(None),
+        "linear" => Ok(Some(Yarn { freq_scale, ext_factor: 0.0, attn_factor: attn_mul, beta_fast, beta_slow, n_ctx_orig })),
+        _ => Err(ConfigError::UnsupportedValue { key: k("rope.scaling.type"), value: ty.into(), known: "none, linear, yarn" }),
     }
 }

@@ -20,6 +20,9 @@ pub struct Layer {
 
 pub struct Llama {
     pub layers: Vec<Layer>,
+    /// The FFN norm's tensor and dump name (`ffn_norm`; gpt-oss: `post_attention_norm`, dumped
+    /// as llama.cpp's `attn_post_norm`).
+    ffn_norm: (&'static str, &'static str),
 }
 
 impl Llama {
@@ -30,17 +33,22 @@ impl Llama {
 
     /// The decoder's tensors with the given QK-norm (the families built on it choose theirs).
     pub fn load_with(ld: &mut Loader<'_>, c: &Config, qk: QkNorm) -> Result<Self, ModelError> {
+        Self::load_named(ld, c, qk, ("ffn_norm", "ffn_norm"))
+    }
+
+    /// [`Self::load_with`] with the FFN norm under another name: (tensor stem, dump name).
+    pub fn load_named(ld: &mut Loader<'_>, c: &Config, qk: QkNorm, ffn_norm: (&'static str, &'static str)) -> Result<Self, ModelError> {
         let mut layers = Vec::with_capacity(c.n_layer);
         for il in 0..c.n_layer {
             let n = |s: &str| format!("blk.{il}.{s}");
             layers.push(Layer {
                 attn_norm: ld.vec(&n("attn_norm.weight"), c.n_embd)?,
                 attn: Attention::load(ld, c, il, qk)?,
-                ffn_norm: ld.vec(&n("ffn_norm.weight"), c.n_embd)?,
+                ffn_norm: ld.vec(&n(&format!("{}.weight", ffn_norm.0)), c.n_embd)?,
                 ffn: Ffn::load(ld, c, il)?,
             });
         }
-        Ok(Self { layers })
+        Ok(Self { layers, ffn_norm })
     }
 
     pub async fn forward<B: Ops>(&self, f: &mut Fwd<'_, B>, tokens: &[u32]) -> Result<Vec<f32>, ModelError> {
@@ -49,7 +57,7 @@ impl Llama {
             let cur = f.norm(&x, l.attn_norm, "attn_norm", il).await?;
             let attn = f.attention(il, &cur, &l.attn).await?;
             x = f.attn_residual(il, x, attn).await?;
-            let cur = f.norm(&x, l.ffn_norm, "ffn_norm", il).await?;
+            let cur = f.norm(&x, l.ffn_norm, self.ffn_norm.1, il).await?;
             let out = match &l.ffn {
                 Ffn::Dense(w) => f.ffn(il, &cur, w).await?,
                 Ffn::Moe(w) => f.moe(il, &cur, &x, w).await?,

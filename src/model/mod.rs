@@ -4,7 +4,8 @@
 //! - [`qwen2moe`]: Q/K/V biases, a sigmoid-gated shared expert (`qwen2moe.cpp`);
 //! - [`qwen3moe`]: per-head QK-norm (`qwen3moe.cpp`);
 //! - [`olmoe`]: QK-norm over whole Q / K (`olmoe.cpp`);
-//! - [`qwen35moe`]: Gated DeltaNet + gated attention hybrid, `qwen35moe` and `qwen3next`.
+//! - [`qwen35moe`]: Gated DeltaNet + gated attention hybrid, `qwen35moe` and `qwen3next`;
+//! - [`gpt_oss`]: biased attention with sinks and sliding windows, YaRN, biased MXFP4 experts.
 //!
 //! Each architecture file holds its tensor list (as llama.cpp's `load_arch_tensors`) and its
 //! forward (as the graph builder), made of the shared blocks in [`blocks`] (as
@@ -14,6 +15,7 @@
 
 pub mod blocks;
 pub mod config;
+pub mod gpt_oss;
 pub mod llama;
 pub mod olmoe;
 pub mod qwen2moe;
@@ -221,6 +223,7 @@ impl Model {
             Arch::Qwen2Moe => Layers::Llama(qwen2moe::load(&mut ld, &cfg)?),
             Arch::Qwen3Moe => Layers::Llama(qwen3moe::load(&mut ld, &cfg)?),
             Arch::Olmoe => Layers::Llama(olmoe::load(&mut ld, &cfg)?),
+            Arch::GptOss => Layers::Llama(gpt_oss::load(&mut ld, &cfg)?),
             Arch::Qwen35Moe | Arch::Qwen3Next => Layers::Hybrid(qwen35moe::Hybrid::load(&mut ld, &cfg)?),
         };
         // With an external expert source (a streaming cache, or a bundle whose dense GGUF has no
@@ -236,7 +239,7 @@ impl Model {
             (true, ExpertMode::Resident) => Some(Arc::new(ResidentExperts::load(src, &expert_tensors, cfg.n_expert)?)),
             (true, ExpertMode::External(s)) => Some(s),
         };
-        let dense_bytes = g.tensors.iter().filter(|t| !t.name.contains("_exps.")).map(|t| t.size as usize).sum();
+        let dense_bytes = g.tensors.iter().filter(|t| !t.name.contains("_exps.weight")).map(|t| t.size as usize).sum();
         Ok(Self { cfg, weights: ld.w, tok_embd, output_norm, output, layers, experts, expert_tensors, dense_bytes, capture: None })
     }
 
@@ -360,28 +363,40 @@ impl Model {
     }
 }
 
-/// Router logits (`t_n` rows of `n_expert`) → softmax → top-k expert ids (rank order) and their
-/// weights, normalised for llama/qwen3moe and scaled by `expert_weights_scale`, as llama.cpp's
-/// `build_moe_ffn` (src/llama-graph.cpp). Shared by every backend so routing is identical.
+/// Router logits (`t_n` rows of `n_expert`) → expert ids (rank order) and weights, as llama.cpp's
+/// `build_moe_ffn` (src/llama-graph.cpp): [`Gating::Softmax`]: softmax → top-k of the
+/// probabilities → normalised for llama/qwen3moe; [`Gating::SoftmaxWeight`] (gpt-oss): top-k of
+/// the raw logits → softmax over those k; then scaled by `expert_weights_scale`. Shared by every
+/// backend so routing is identical.
 pub(crate) fn route(c: &Config, logits: &[f32], t_n: usize) -> (Vec<u32>, Vec<f32>) {
     let k = c.n_expert_used;
     let mut sel = vec![0u32; t_n * k];
     let mut wts = vec![0f32; t_n * k];
     let mut probs = vec![0f32; c.n_expert];
     for t in 0..t_n {
-        cpu_ops::softmax(&logits[t * c.n_expert..(t + 1) * c.n_expert], &mut probs);
-        let top = cpu_ops::top_k(&probs, k);
-        // ggml_sum_rows (`ggml_vec_sum_f32`) adds in f64 and rounds once.
-        let mut sum = 0f64;
-        for (r, &ex) in top.iter().enumerate() {
-            sel[t * k + r] = ex as u32;
-            wts[t * k + r] = probs[ex];
-            sum += probs[ex] as f64;
-        }
-        if c.norm_topk {
-            let sum = (sum as f32).max(6.103515625e-5);
-            for w in &mut wts[t * k..(t + 1) * k] {
-                *w /= sum;
+        let row = &logits[t * c.n_expert..(t + 1) * c.n_expert];
+        if c.gating == config::Gating::SoftmaxWeight {
+            let top = cpu_ops::top_k(row, k);
+            let picked: Vec<f32> = top.iter().map(|&ex| row[ex]).collect();
+            cpu_ops::softmax(&picked, &mut wts[t * k..(t + 1) * k]);
+            for (r, &ex) in top.iter().enumerate() {
+                sel[t * k + r] = ex as u32;
+            }
+        } else {
+            cpu_ops::softmax(row, &mut probs);
+            let top = cpu_ops::top_k(&probs, k);
+            // ggml_sum_rows (`ggml_vec_sum_f32`) adds in f64 and rounds once.
+            let mut sum = 0f64;
+            for (r, &ex) in top.iter().enumerate() {
+                sel[t * k + r] = ex as u32;
+                wts[t * k + r] = probs[ex];
+                sum += probs[ex] as f64;
+            }
+            if c.norm_topk {
+                let sum = (sum as f32).max(6.103515625e-5);
+                for w in &mut wts[t * k..(t + 1) * k] {
+                    *w /= sum;
+                }
             }
         }
         if c.expert_weights_scale != 0.0 && c.expert_weights_scale != 1.0 {

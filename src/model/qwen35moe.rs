@@ -173,7 +173,7 @@ async fn gated_attention<B: Ops>(f: &mut Fwd<'_, B>, il: usize, cur: &B::T, a: &
     f.b.rms_norm_groups(&mut k, a.k_norm, c.rms_eps)?;
     f.dump("Qcur_normed", il, &q).await?;
     f.dump("Kcur_normed", il, &k).await?;
-    let mut o = f.rope_attend(il, q, k, &v).await?;
+    let mut o = f.rope_attend(il, q, k, &v, None).await?;
     f.b.mul_sigmoid(&mut o, &gate)?;
     f.dump("attn_gated", il, &o).await?;
     let [out] = f.matmuls(&o, [a.wo])?;

@@ -3,7 +3,7 @@
 use super::kv::KvCache;
 use super::matmul::{matmul, Acts, RowMode, WeightRef};
 use super::{ops, par};
-use crate::backend::ops::{Attn, DeltaNet, Mat, OpError, Ops, Rope, Route, Sigmoid, Vector, Weights};
+use crate::backend::ops::{Attn, DeltaNet, ExpertAct, ExpertFfn, Mat, OpError, Ops, Rope, Route, Sigmoid, Vector, Weights};
 use crate::expert::{ExpertError, ExpertSource};
 use std::ops::Range;
 
@@ -29,8 +29,9 @@ pub struct CpuExec<'a> {
     /// Every row computed as a single-row product ([`RowMode::PerRow`]) instead of with
     /// llama.cpp's batch kernels.
     per_row: bool,
-    /// RoPE cos/sin tables of this forward's positions: (pos0, n_rot, base bits) → one per row.
-    rope: Vec<((usize, usize, u32), Vec<Vec<f32>>)>,
+    /// RoPE cos/sin tables of this forward's positions: (pos0, n_rot, base bits, YaRN) → one
+    /// per row.
+    rope: Vec<((usize, usize, u32, Option<[u32; 3]>), Vec<Vec<f32>>)>,
 }
 
 impl<'a> CpuExec<'a> {
@@ -49,6 +50,22 @@ impl<'a> CpuExec<'a> {
 
 /// `down(silu(gate x) * up x)` of `x` (rows of `gate.cols`), the products in `mode`.
 pub fn swiglu_ffn(gate: WeightRef<'_>, up: WeightRef<'_>, down: WeightRef<'_>, x: &[f32], mode: RowMode) -> Vec<f32> {
+    expert_ffn(gate, up, down, x, mode, ExpertAct::Silu, None)
+}
+
+/// `x[t] += b` for every row of `x` (ggml `add` / `add_id` with one bias row).
+fn add_bias(x: &mut [f32], b: &[f32]) {
+    for r in x.chunks_mut(b.len().max(1)) {
+        for (v, &bb) in r.iter_mut().zip(b) {
+            *v += bb;
+        }
+    }
+}
+
+/// One expert's FFN of `x` with activation `act` and, when given, its bias rows
+/// (gate, up, down) added after each product (llama.cpp's `build_moe_ffn`: `mul_mat_id`, then
+/// `add_id`).
+pub fn expert_ffn(gate: WeightRef<'_>, up: WeightRef<'_>, down: WeightRef<'_>, x: &[f32], mode: RowMode, act: ExpertAct, bias: Option<[&[f32]; 3]>) -> Vec<f32> {
     let e = gate.cols;
     let t_n = x.len() / e;
     let ff = gate.rows;
@@ -59,11 +76,21 @@ pub fn swiglu_ffn(gate: WeightRef<'_>, up: WeightRef<'_>, down: WeightRef<'_>, x
         matmul(gate, &mut a, &mut g);
         matmul(up, &mut a, &mut u);
     }
+    if let Some([bg, bu, _]) = bias {
+        add_bias(&mut g, bg);
+        add_bias(&mut u, bu);
+    }
     let mut h = vec![0f32; t_n * ff];
-    ops::swiglu(&g, &u, &mut h);
+    match act {
+        ExpertAct::Silu => ops::swiglu(&g, &u, &mut h),
+        ExpertAct::SwigluOai { alpha, limit } => ops::swiglu_oai(&g, &u, &mut h, alpha, limit),
+    }
     let mut y = vec![0f32; t_n * down.rows];
     let mut a = Acts::with_mode(&h, ff, mode);
     matmul(down, &mut a, &mut y);
+    if let Some([_, _, bd]) = bias {
+        add_bias(&mut y, bd);
+    }
     y
 }
 
@@ -122,7 +149,7 @@ impl Ops for CpuExec<'_> {
     }
 
     fn rope(&mut self, x: &mut CpuT, pos0: usize, p: &Rope) -> Result<(), OpError> {
-        let key = (pos0, p.n_rot, p.base.to_bits());
+        let key = (pos0, p.n_rot, p.base.to_bits(), p.yarn.map(|y| [y.freq_scale.to_bits(), y.ext_factor.to_bits(), y.attn_factor.to_bits()]));
         let rows = x.rows();
         let i = match self.rope.iter().position(|(k, t)| *k == key && t.len() >= rows) {
             Some(i) => i,
@@ -130,7 +157,7 @@ impl Ops for CpuExec<'_> {
                 let tabs = (0..rows)
                     .map(|t| {
                         let mut c = Vec::new();
-                        ops::rope_cache(pos0 + t, p.n_rot, p.base, &mut c);
+                        ops::rope_cache_ext(pos0 + t, p.n_rot, p.base, p.yarn.as_ref(), &mut c);
                         c
                     })
                     .collect();
@@ -154,14 +181,17 @@ impl Ops for CpuExec<'_> {
         let group = p.n_head / p.n_head_kv;
         let mut out = vec![0f32; t_n * nq];
         let kv = &*self.kv;
+        let sinks = p.sinks.map(|s| self.w.vec(s));
         // One task per (token, head).
         par::for_each_chunk(&mut out, hd, |i, o| {
             let (t, h) = (i / p.n_head, i % p.n_head);
             let n_kv = pos0 + t + 1;
+            let lo = if p.window > 0 { n_kv.saturating_sub(p.window) } else { 0 };
             let (kr, vr) = kv.head(il, h / group, n_kv);
             let qh = &q.v[t * nq + h * hd..t * nq + (h + 1) * hd];
             let (mut qb, mut acc) = (Vec::new(), Vec::new());
-            ops::attend_head(qh, kr, vr, hd, n_kv, p.scale, o, &mut qb, &mut acc);
+            let sink = sinks.and_then(|s| s.get(h).copied());
+            ops::attend_head_ext(qh, kr, vr, hd, lo..n_kv, sink, p.scale, o, &mut qb, &mut acc);
         });
         Ok(CpuT { v: out, cols: nq })
     }
@@ -263,7 +293,7 @@ impl Ops for CpuExec<'_> {
         Ok(x)
     }
 
-    fn experts(&mut self, il: usize, src: &dyn ExpertSource, x: &CpuT, r: Route<'_>, partial: Option<&CpuT>) -> Result<CpuT, OpError> {
+    fn experts(&mut self, il: usize, src: &dyn ExpertSource, x: &CpuT, r: Route<'_>, f: &ExpertFfn, partial: Option<&CpuT>) -> Result<CpuT, OpError> {
         let mode = if self.per_row { RowMode::PerRow } else { RowMode::Experts };
         let (e, t_n, k) = (x.cols, x.rows(), r.k);
         let union = r.union();
@@ -283,7 +313,23 @@ impl Ops for CpuExec<'_> {
                 err = Some(ExpertError::Invalid { layer: il, expert: ex as usize, why: "expert shape does not match n_embd".into() });
                 return;
             }
-            let y = swiglu_ffn(g, u, d, &xin, mode);
+            let ff = g.rows;
+            let bias = f.bias.map(|[bg, bu, bd]| {
+                let (bg, bu, bd) = (self.w.vec(bg), self.w.vec(bu), self.w.vec(bd));
+                fn at(v: &[f32], i: usize, n: usize) -> Option<&[f32]> {
+                    v.get(i * n..(i + 1) * n)
+                }
+                [at(bg, ex as usize, ff), at(bu, ex as usize, ff), at(bd, ex as usize, e)]
+            });
+            let bias = match bias {
+                None => None,
+                Some([Some(bg), Some(bu), Some(bd)]) => Some([bg, bu, bd]),
+                Some(_) => {
+                    err = Some(ExpertError::Invalid { layer: il, expert: ex as usize, why: "expert biases do not cover this expert".into() });
+                    return;
+                }
+            };
+            let y = expert_ffn(g, u, d, &xin, mode, f.act, bias);
             for (j, &s) in slots.iter().enumerate() {
                 let w = r.wts[s];
                 for (o, &yy) in per[s * e..(s + 1) * e].iter_mut().zip(&y[j * e..(j + 1) * e]) {

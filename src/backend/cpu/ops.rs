@@ -42,15 +42,50 @@ pub enum RopeKind {
 /// Other transcendentals here (and in softmax, sigmoid, attention) come from the `libm` crate, not the
 /// platform's C library, so that native and wasm32 builds compute bit-identical logits.
 pub fn rope_cache(pos: usize, n_rot: usize, base: f32, cache: &mut Vec<f32>) {
+    rope_cache_ext(pos, n_rot, base, None, cache)
+}
+
+/// [`rope_cache`] with YaRN (ggml-cpu `ggml_rope_cache_init` → `rope_yarn`): per pair i,
+/// `θ_interp = freq_scale · θ`, `θ = θ_interp · (1 − r) + θ · r` with `r = ramp(i) · ext_factor`
+/// (`rope_yarn_ramp` over [`yarn_corr_dims`]), and cos / sin times
+/// `attn_factor · (1 + 0.1 · ln(1 / freq_scale))`. The sums of products are fused as GCC fuses
+/// them in ggml (`-ffp-contract=fast`: the first product of each sum becomes the FMA).
+pub fn rope_cache_ext(pos: usize, n_rot: usize, base: f32, yarn: Option<&crate::backend::ops::Yarn>, cache: &mut Vec<f32>) {
     cache.clear();
     let theta_scale = rope_theta_scale(base, n_rot);
     let mut theta = pos as f32;
-    for _ in 0..n_rot / 2 {
-        let (s, c) = super::cmath::sincosf(theta);
-        cache.push(c);
-        cache.push(s);
+    let Some(y) = yarn else {
+        for _ in 0..n_rot / 2 {
+            let (s, c) = super::cmath::sincosf(theta);
+            cache.push(c);
+            cache.push(s);
+            theta *= theta_scale;
+        }
+        return;
+    };
+    let corr = yarn_corr_dims(n_rot, y.n_ctx_orig, base, y.beta_fast, y.beta_slow);
+    for i in 0..n_rot / 2 {
+        let theta_extrap = theta;
+        let theta_interp = y.freq_scale * theta_extrap;
+        let (mut th, mut mscale) = (theta_interp, y.attn_factor);
+        if y.ext_factor != 0.0 {
+            let r = (i as f32 - corr[0]) / (corr[1] - corr[0]).max(0.001);
+            let ramp_mix = (1.0 - r.clamp(0.0, 1.0)) * y.ext_factor;
+            th = theta_interp.mul_add(1.0 - ramp_mix, theta_extrap * ramp_mix);
+            mscale *= 0.1f32.mul_add(libm::logf(1.0 / y.freq_scale), 1.0);
+        }
+        let (s, c) = super::cmath::sincosf(th);
+        cache.push(c * mscale);
+        cache.push(s * mscale);
         theta *= theta_scale;
     }
+}
+
+/// YaRN's correction dims (ggml `ggml_rope_yarn_corr_dims`, floored / ceiled, clamped to
+/// `[0, n_dims − 1]`): the pairs below `[0]` are extrapolated, above `[1]` interpolated.
+pub fn yarn_corr_dims(n_dims: usize, n_ctx_orig: usize, base: f32, beta_fast: f32, beta_slow: f32) -> [f32; 2] {
+    let dim = |n_rot: f32| n_dims as f32 * libm::logf(n_ctx_orig as f32 / (n_rot * 2.0 * std::f32::consts::PI)) / (2.0 * libm::logf(base));
+    [dim(beta_fast).floor().max(0.0), dim(beta_slow).ceil().min(n_dims as f32 - 1.0)]
 }
 
 /// `powf(base, -2 / n_rot)` (ggml's `theta_scale`), computed in f64 and rounded once: the
@@ -318,6 +353,14 @@ impl DotF16 {
 /// to f16, scores are f16 dots scaled by `scale`, the softmax is online, and the V accumulator is
 /// kept in f16.
 pub fn attend_head(q: &[f32], k_rows: &[f16], v_rows: &[f16], head_dim: usize, n_kv: usize, scale: f32, out: &mut [f32], qh: &mut Vec<f16>, acc: &mut Vec<f16>) {
+    attend_head_ext(q, k_rows, v_rows, head_dim, 0..n_kv, None, scale, out, qh, acc)
+}
+
+/// [`attend_head`] over positions `kv` only (a sliding window: ggml skips masked positions,
+/// `-INFINITY` in the mask), then an attention sink: `sink` joins the softmax's sum (a new
+/// maximum rescales the f32 accumulator), as ggml's flash-attention kernel applies `sinks`.
+#[allow(clippy::too_many_arguments)]
+pub fn attend_head_ext(q: &[f32], k_rows: &[f16], v_rows: &[f16], head_dim: usize, kv: std::ops::Range<usize>, sink: Option<f32>, scale: f32, out: &mut [f32], qh: &mut Vec<f16>, acc: &mut Vec<f16>) {
     qh.clear();
     qh.extend(q.iter().map(|&v| f16::from_f32(v)));
     acc.clear();
@@ -325,7 +368,7 @@ pub fn attend_head(q: &[f32], k_rows: &[f16], v_rows: &[f16], head_dim: usize, n
     let mut s_sum = 0f32;
     let mut m = f32::NEG_INFINITY;
     let dot = DotF16::new(head_dim);
-    for j in 0..n_kv {
+    for j in kv {
         let k = &k_rows[j * head_dim..(j + 1) * head_dim];
         let s = dot.dot(k, qh) * scale;
         let mut ms = 1.0f32;
@@ -342,9 +385,36 @@ pub fn attend_head(q: &[f32], k_rows: &[f16], v_rows: &[f16], head_dim: usize, n
         mad_f16(acc, v, vs);
         s_sum = s_sum.mul_add(ms, vs);
     }
+    let mut acc_scale = None;
+    if let Some(s) = sink {
+        let (mut ms, mut vs) = (1.0f32, 1.0f32);
+        if s > m {
+            ms = super::cmath::expf(m - s);
+            acc_scale = Some(ms);
+        } else {
+            vs = super::cmath::expf(s - m);
+        }
+        s_sum = s_sum.mul_add(ms, vs);
+    }
     let inv = if s_sum == 0.0 { 0.0 } else { 1.0 / s_sum };
     for (o, a) in out.iter_mut().zip(acc.iter()) {
-        *o = a.to_f32() * inv;
+        let a = a.to_f32();
+        *o = match acc_scale {
+            Some(ms) => (a * ms) * inv,
+            None => a * inv,
+        };
+    }
+}
+
+/// gpt-oss's gated activation (ggml `swiglu_oai`, `ggml-cpu/ops.cpp`): `x = min(g, limit)`,
+/// `y = clamp(u, −limit, limit)`, `h = x / (1 + expf(alpha · −x)) · (y + 1)`, with the C
+/// library's `expf` ([`super::cmath::expf`]).
+pub fn swiglu_oai(g: &[f32], u: &[f32], h: &mut [f32], alpha: f32, limit: f32) {
+    for ((o, &gv), &uv) in h.iter_mut().zip(g).zip(u) {
+        let x = if limit < gv { limit } else { gv };
+        let y = uv.clamp(-limit, limit);
+        let glu = x / (1.0 + super::cmath::expf(alpha * -x));
+        *o = glu * (y + 1.0);
     }
 }
 

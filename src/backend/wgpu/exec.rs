@@ -12,8 +12,8 @@ use super::kernels::Kernels;
 use super::{GpuContext, GpuError, Recorder};
 use crate::backend::cpu::matmul::Weight;
 use crate::backend::cpu::kv::StateEvent;
-use crate::backend::cpu::ops::{rope_cache, RopeKind};
-use crate::backend::ops::{Attn, DeltaNet, Mat, OpError, Ops, Rope, Route, Sigmoid, Vector, Weights};
+use crate::backend::cpu::ops::{rope_cache_ext, RopeKind};
+use crate::backend::ops::{Attn, DeltaNet, ExpertAct, ExpertFfn, Mat, OpError, Ops, Rope, Route, Sigmoid, Vector, Weights};
 use crate::clock::now_ms;
 use crate::expert::{ExpertError, ExpertLayout, ExpertSource};
 use crate::quant::{vec_dot_type, GgmlType};
@@ -105,7 +105,7 @@ pub struct GpuBackend {
     n_ctx: usize,
     acts: Vec<wgpu::Buffer>,
     arena: wgpu::Buffer,
-    /// RoPE cos/sin tables per (n_rot, base bits), rewritten by each forward.
+    /// RoPE cos/sin tables per (n_rot, base and YaRN bits), rewritten by each forward.
     rope: Mutex<HashMap<(usize, u32), wgpu::Buffer>>,
     #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
     probe: wgpu::Buffer,
@@ -283,7 +283,7 @@ pub struct GpuExec<'a> {
     rec: Recorder<'a>,
     readbacks: u64,
     rb_ms: f64,
-    /// RoPE tables written in this forward: (n_rot, base bits, pos0, rows).
+    /// RoPE tables written in this forward: (n_rot, base and YaRN bits, pos0, rows).
     rope_pos: Vec<(usize, u32, usize, usize)>,
 }
 
@@ -394,7 +394,8 @@ impl<'a> GpuExec<'a> {
 
     /// One routed expert (in GPU slot `slot`): gather its tokens' rows, SwiGLU FFN from the slot,
     /// scatter the outputs times the router weights into their (token, rank) rows of `per`.
-    fn run_expert(&mut self, buf: &wgpu::Buffer, layout: &ExpertLayout, x: &GpuT, per: &GpuT, ex: u32, r: &Route<'_>) -> Result<(), GpuError> {
+    #[allow(clippy::too_many_arguments)]
+    fn run_expert(&mut self, buf: &wgpu::Buffer, layout: &ExpertLayout, x: &GpuT, per: &GpuT, ex: u32, r: &Route<'_>, f: &ExpertFfn) -> Result<(), GpuError> {
         let (e, t_n, kk) = (x.cols, x.rows, r.k);
         let lay = SlotLayout::of_layout(layout);
         let slots: Vec<u32> = (0..t_n * kk).filter(|&i| r.sel[i] == ex).map(|i| i as u32).collect();
@@ -416,10 +417,24 @@ impl<'a> GpuExec<'a> {
         self.g.k.matvec(&mut self.rec, layout.gate_ty, e, ff, buf, lay.gate, ab, ao, g.buf(), 0, ff, n)?;
         let (ab, ao) = self.act_for(layout.up_ty, &mut a)?;
         self.g.k.matvec(&mut self.rec, layout.up_ty, e, ff, buf, lay.up, ab, ao, u.buf(), 0, ff, n)?;
-        self.g.k.swiglu(&mut self.rec, g.buf(), u.buf(), h.buf(), n * ff);
+        let ex_at = ex as usize;
+        if let Some([bg, bu, _]) = f.bias {
+            // ggml `add_id`: expert ex's bias row added to each of its rows.
+            let (bg, bu) = (self.vec(bg), self.vec(bu));
+            self.g.k.add(&mut self.rec, bg, ex_at * ff, g.buf(), 0, n * ff, ff);
+            self.g.k.add(&mut self.rec, bu, ex_at * ff, u.buf(), 0, n * ff, ff);
+        }
+        match f.act {
+            ExpertAct::Silu => self.g.k.swiglu(&mut self.rec, g.buf(), u.buf(), h.buf(), n * ff),
+            ExpertAct::SwigluOai { alpha, limit } => self.g.k.swiglu_oai(&mut self.rec, g.buf(), u.buf(), h.buf(), n * ff, alpha, limit),
+        }
         let mut a = ActIn::new(h.buf(), ff, n);
         let (ab, ao) = self.act_for(layout.down_ty, &mut a)?;
         self.g.k.matvec(&mut self.rec, layout.down_ty, ff, e, buf, lay.down, ab, ao, ye.buf(), 0, e, n)?;
+        if let Some([_, _, bd]) = f.bias {
+            let bd = self.vec(bd);
+            self.g.k.add(&mut self.rec, bd, ex_at * e, ye.buf(), 0, n * e, e);
+        }
         self.g.k.scatter(&mut self.rec, ye.buf(), per.buf(), e, &slots, &w);
         Ok(())
     }
@@ -483,7 +498,10 @@ impl Ops for GpuExec<'_> {
     }
 
     fn rope(&mut self, x: &mut GpuT, pos0: usize, p: &Rope) -> Result<(), OpError> {
-        let key = (p.n_rot, p.base.to_bits());
+        // The table's identity: n_rot and the bits of base and YaRN (FNV-1a over them).
+        let bits = [p.base.to_bits()].into_iter().chain(p.yarn.iter().flat_map(|y| [y.freq_scale.to_bits(), y.ext_factor.to_bits(), y.attn_factor.to_bits(), y.beta_fast.to_bits(), y.beta_slow.to_bits(), y.n_ctx_orig as u32]));
+        let id = if p.yarn.is_none() { p.base.to_bits() } else { bits.fold(0x811c_9dc5u32, |h, b| (h ^ b).wrapping_mul(0x0100_0193)) };
+        let key = (p.n_rot, id);
         let mut tabs = self.g.rope.lock().unwrap();
         if !tabs.contains_key(&key) {
             tabs.insert(key, self.g.ctx.scratch("rope-cs", 4 * GPU_BATCH * p.n_rot.max(2))?);
@@ -499,7 +517,7 @@ impl Ops for GpuExec<'_> {
             let mut all = Vec::with_capacity(x.rows * p.n_rot);
             let mut one = Vec::new();
             for t in 0..x.rows {
-                rope_cache(pos0 + t, p.n_rot, p.base, &mut one);
+                rope_cache_ext(pos0 + t, p.n_rot, p.base, p.yarn.as_ref(), &mut one);
                 all.extend_from_slice(&one);
             }
             if !all.is_empty() {
@@ -516,10 +534,12 @@ impl Ops for GpuExec<'_> {
         let t_n = q.rows;
         let n_ctx = self.g.n_ctx;
         let o = self.alloc(t_n, q.cols)?;
-        let scores = self.alloc(t_n * p.n_head, n_ctx)?;
+        // One more column per row: the sink's factor.
+        let scores = self.alloc(t_n * p.n_head, n_ctx + 1)?;
+        let sinks = p.sinks.map(|v| self.vec(v));
         let kk = &self.g.k;
         kk.kv_store(&mut self.rec, k.buf(), v.buf(), &self.g.kc, &self.g.vc, p.n_head_kv, p.head_dim, n_ctx, il, pos0, t_n);
-        kk.attention(&mut self.rec, q.buf(), &self.g.kc, &self.g.vc, o.buf(), scores.buf(), p.n_head, p.n_head_kv, p.head_dim, n_ctx, il, pos0, t_n, p.scale);
+        kk.attention(&mut self.rec, q.buf(), &self.g.kc, &self.g.vc, o.buf(), scores.buf(), p.n_head, p.n_head_kv, p.head_dim, n_ctx, il, pos0, t_n, p.scale, p.window, sinks);
         Ok(o)
     }
 
@@ -575,7 +595,7 @@ impl Ops for GpuExec<'_> {
         Ok(y)
     }
 
-    fn experts(&mut self, il: usize, src: &dyn ExpertSource, x: &GpuT, r: Route<'_>, _partial: Option<&GpuT>) -> Result<GpuT, OpError> {
+    fn experts(&mut self, il: usize, src: &dyn ExpertSource, x: &GpuT, r: Route<'_>, f: &ExpertFfn, _partial: Option<&GpuT>) -> Result<GpuT, OpError> {
         let (e, t_n) = (x.cols, x.rows);
         let union = r.union();
         let per = self.alloc(t_n * r.k, e)?;
@@ -588,7 +608,7 @@ impl Ops for GpuExec<'_> {
         for (ui, &ex) in union.iter().enumerate() {
             if held[ui] {
                 let (slot, lay) = pool.hit(&self.rec, il, ex as usize).ok_or(GpuError::Validation("slot vanished".into()))?;
-                self.run_expert(pool.buffer(slot), &lay, x, &per, ex, &r)?;
+                self.run_expert(pool.buffer(slot), &lay, x, &per, ex, &r, f)?;
             }
         }
         let mut err: Option<OpError> = None;
@@ -602,7 +622,7 @@ impl Ops for GpuExec<'_> {
                 err = Some(ExpertError::Invalid { layer: il, expert: ex as usize, why: "expert shape does not match n_embd".into() }.into());
                 return;
             }
-            let res = pool.ensure(&mut self.rec, il, ex as usize, blk, &|l, x| src.retention(l, x)).and_then(|slot| self.run_expert(pool.buffer(slot), &blk.layout, x, &per, ex, &r));
+            let res = pool.ensure(&mut self.rec, il, ex as usize, blk, &|l, x| src.retention(l, x)).and_then(|slot| self.run_expert(pool.buffer(slot), &blk.layout, x, &per, ex, &r, f));
             if let Err(er) = res {
                 err = Some(er.into());
             }

@@ -195,8 +195,8 @@ impl Kernels {
         let norm = Kernel::new(ctx, p, "rms_norm", &format!("{EXACT}\n{RMS_NORM}"), &[ReadWrite, Read, ReadWrite, Uniform], &["main", "inplace"]);
         let rope = Kernel::new(ctx, p, "rope", &format!("{EXACT}\n{ROPE}"), &[ReadWrite, Read, Uniform], &["main"]);
         let kv = Kernel::new(ctx, p, "kv_store", KV_STORE, &[Read, Read, ReadWrite, ReadWrite, Uniform], &["main"]);
-        let attn = Kernel::new(ctx, p, "attention", &format!("{EXACT}\n{ATTENTION}"), &[Read, Read, Read, ReadWrite, ReadWrite, Uniform], &["scores", "factors", "softmax_v"]);
-        let ew = Kernel::new(ctx, p, "elementwise", &format!("{EXACT}\n{ELEMENTWISE}"), &[Read, Read, ReadWrite, Read, Uniform], &["add", "swiglu", "gather", "scatter", "combine", "gate_add", "expf", "gate_add_exp", "mul_sigmoid", "mul_silu"]);
+        let attn = Kernel::new(ctx, p, "attention", &format!("{EXACT}\n{ATTENTION}"), &[Read, Read, Read, ReadWrite, ReadWrite, Uniform, Read], &["scores", "factors", "softmax_v"]);
+        let ew = Kernel::new(ctx, p, "elementwise", &format!("{EXACT}\n{ELEMENTWISE}"), &[Read, Read, ReadWrite, Read, Uniform], &["add", "swiglu", "swiglu_oai", "gather", "scatter", "combine", "gate_add", "expf", "gate_add_exp", "mul_sigmoid", "mul_silu"]);
         let matvec_layout = bind_layout(ctx, "matvec", &[Read, Read, ReadWrite, Uniform]);
         let mk = |l| ctx.device.create_buffer(&wgpu::BufferDescriptor { label: Some(l), size: 256, usage: wgpu::BufferUsages::STORAGE, mapped_at_creation: false });
         Self {
@@ -355,9 +355,11 @@ impl Kernels {
     /// Causal attention for `n_tok` query rows at positions `pos0..` over the layer's KV cache.
     /// `scores` needs `n_tok * n_head * (pos0 + n_tok)` f32 values.
     #[allow(clippy::too_many_arguments)]
-    pub fn attention(&self, rec: &mut Recorder<'_>, q: Buf, kc: Buf, vc: Buf, o: Buf, scores: Buf, n_head: usize, n_head_kv: usize, head_dim: usize, n_ctx: usize, layer: usize, pos0: usize, n_tok: usize, scale: f32) {
-        let prm = rec.push(&bytes_of(&[n_head as u32, n_head_kv as u32, head_dim as u32, n_ctx as u32, layer as u32, pos0 as u32, n_tok as u32, scale.to_bits(), 0, 0, 0, 0]));
-        let bg = self.bind(rec, &self.attn.layout, vec![entire(q), entire(kc), entire(vc), entire(o), entire(scores), rec.arena_binding(prm)]);
+    /// `window`: sliding window (0: none); `sinks`: one logit per head (attention sinks).
+    pub fn attention(&self, rec: &mut Recorder<'_>, q: Buf, kc: Buf, vc: Buf, o: Buf, scores: Buf, n_head: usize, n_head_kv: usize, head_dim: usize, n_ctx: usize, layer: usize, pos0: usize, n_tok: usize, scale: f32, window: usize, sinks: Option<Buf>) {
+        let words = [n_head as u32, n_head_kv as u32, head_dim as u32, n_ctx as u32, layer as u32, pos0 as u32, n_tok as u32, scale.to_bits(), 0, 0, 0, 0, window as u32, sinks.is_some() as u32, 0, 0];
+        let prm = rec.push(&bytes_of(&words));
+        let bg = self.bind(rec, &self.attn.layout, vec![entire(q), entire(kc), entire(vc), entire(o), entire(scores), rec.arena_binding(prm), entire(sinks.unwrap_or(&self.dummy))]);
         rec.dispatch(&self.attn.pipelines["scores"], &bg, groups_1d(n_tok * n_head * (pos0 + n_tok)));
         rec.dispatch(&self.attn.pipelines["factors"], &bg, groups_1d(n_tok * n_head));
         rec.dispatch(&self.attn.pipelines["softmax_v"], &bg, (n_tok as u32, n_head as u32, 1));
@@ -398,6 +400,11 @@ impl Kernels {
     /// `y[i] = silu(g[i]) * u[i]` for `n` values.
     pub fn swiglu(&self, rec: &mut Recorder<'_>, g: Buf, u: Buf, y: Buf, n: usize) {
         self.ew(rec, "swiglu", g, u, y, [n as u32, 1, 0, 0, 0, 0, 0, 0], &[], n);
+    }
+
+    /// `y[i] = swiglu_oai(g[i], u[i])` for `n` values (gpt-oss; [`crate::backend::cpu::ops::swiglu_oai`]).
+    pub fn swiglu_oai(&self, rec: &mut Recorder<'_>, g: Buf, u: Buf, y: Buf, n: usize, alpha: f32, limit: f32) {
+        self.ew(rec, "swiglu_oai", g, u, y, [n as u32, 1, 0, 0, 0, alpha.to_bits(), limit.to_bits(), 0], &[], n);
     }
 
     /// `y[r] = x[idx[r]]`, rows of `n`.
