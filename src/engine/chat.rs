@@ -1,5 +1,7 @@
 //! Chat templates: `tokenizer.chat_template` (Jinja) rendered with minijinja, as llama.cpp's
-//! `--jinja` mode and Hugging Face's `apply_chat_template` do.
+//! `--jinja` mode and Hugging Face's `apply_chat_template` do (transformers
+//! `utils/chat_template_utils.py`: `trim_blocks`, `lstrip_blocks`, `raise_exception`,
+//! `strftime_now`; checked against jinja2 by `tests/chat_templates.rs`).
 
 use minijinja::{context, Environment, Error, ErrorKind};
 use serde::{Deserialize, Serialize};
@@ -21,9 +23,21 @@ pub enum ChatError {
 /// Render `messages` with the model's template, ending with the assistant's turn opened.
 pub fn render(template: &str, messages: &[Message], bos: &str, eos: &str) -> Result<String, ChatError> {
     let mut env = Environment::new();
+    env.set_trim_blocks(true);
+    env.set_lstrip_blocks(true);
     minijinja_contrib::add_to_environment(&mut env);
     env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
     env.add_function("raise_exception", |msg: String| -> Result<String, Error> { Err(Error::new(ErrorKind::InvalidOperation, msg)) });
+    // Hugging Face: `datetime.now().strftime(format)`; here in UTC (native and in the browser).
+    env.add_function("strftime_now", |fmt: String| -> Result<String, Error> {
+        let secs = web_time::SystemTime::now().duration_since(web_time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
+        let t = chrono::DateTime::from_timestamp(secs, 0).ok_or_else(|| Error::new(ErrorKind::InvalidOperation, "clock out of range"))?;
+        let items: Vec<_> = chrono::format::StrftimeItems::new(&fmt).collect();
+        if items.iter().any(|i| matches!(i, chrono::format::Item::Error)) {
+            return Err(Error::new(ErrorKind::InvalidOperation, format!("strftime_now: bad format '{fmt}'")));
+        }
+        Ok(t.format_with_items(items.into_iter()).to_string())
+    });
     env.add_template("chat", template).map_err(|e| ChatError::Template(e.to_string()))?;
     let t = env.get_template("chat").map_err(|e| ChatError::Template(e.to_string()))?;
     t.render(context! { messages => messages, add_generation_prompt => true, bos_token => bos, eos_token => eos })
