@@ -97,7 +97,7 @@ case "$cmd" in
     need_browser
     build_web
     cargo build --release --bin les --example quant_probe
-    for m in smolmoe-32x2 rand-llama-moe rand-qwen35moe rand-qwen3next; do
+    for m in smolmoe-32x2 rand-llama-moe rand-qwen35moe rand-qwen3next rand-gpt-oss; do
       [ -f "models/$m.les" ] || ./target/release/les pack "models/$m.gguf" "models/$m.les"
     done
     (cd tests/e2e && npm test)
