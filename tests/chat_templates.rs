@@ -53,3 +53,27 @@ fn gpt_oss_stops_on_return_and_call_not_end() {
     assert!(tk.is_eog(ret) && tk.is_eog(call));
     assert!(!tk.is_eog(end));
 }
+
+/// `les run --chat` on gpt-oss: the harmony prompt (template given as llama.cpp's
+/// `--chat-template-file`) becomes single special tokens, the assistant's turn is opened, and a
+/// second turn keeps the first reply's final answer only.
+#[test]
+fn gpt_oss_chat_prompt_tokenizes_into_harmony_tokens() {
+    let src = FileSource::open(model("rand-gpt-oss.gguf")).unwrap();
+    let mut s = les::engine::Session::load(&src, les::model::ExpertMode::Resident, 64).unwrap();
+    assert!(s.chat_prompt(&msgs(&[("user", "hi")])).is_err(), "the fixture carries no template");
+    s.chat_template = Some(std::fs::read_to_string(root().join("tests/fixtures/templates/openai-gpt-oss-120b.jinja")).unwrap());
+    let reply = "<|channel|>analysis<|message|>Short answer.<|end|><|start|>assistant<|channel|>final<|message|>Paris.<|return|>";
+    // The reply goes back as generated (the JS chat API and OpenAI clients do): its final answer stays.
+    let p = s.chat_prompt(&msgs(&[("user", "Capital of France?"), ("assistant", reply), ("user", "And Italy?")])).unwrap();
+    assert!(p.ends_with("<|end|><|start|>user<|message|>And Italy?<|end|><|start|>assistant"), "{p}");
+    assert!(p.contains("<|start|>assistant<|channel|>final<|message|>Paris.<|end|>"), "{p}");
+    let toks = s.tokenize(&p);
+    let id = |t: &str| s.tokenizer.encode(t, false, true)[0];
+    let count = |t: &str| toks.iter().filter(|&&x| x == id(t)).count();
+    // <|start|>: system, developer? (no system message: none), user, assistant, user, assistant.
+    assert_eq!(count("<|start|>"), 5, "{p}");
+    assert_eq!(count("<|message|>"), 4);
+    assert_eq!(count("<|end|>"), 4);
+    assert_eq!(count("<|channel|>"), 1);
+}

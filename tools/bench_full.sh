@@ -4,7 +4,9 @@
 #
 #   tools/bench_full.sh [MODEL]      (default models/qwen35moe-35b-a3b-rand.gguf)
 #
-# Builds the model when missing (`tools/make_moe.py full`, about 2 minutes; never committed).
+# Builds the default model when missing (`tools/make_moe.py full`, about 2 minutes; never
+# committed). gpt-oss-20b's shapes (issue 19, 11.8 GB): `tools/make_moe.py full --arch gpt-oss-20b
+# --out models/gpt-oss-20b-rand.gguf`, then pass that file and its BUDGET.
 # Then, interleaved over $ROUNDS rounds (default 2), each run after evicting the file from the
 # page cache:
 #   LES        les run --memory-budget $BUDGET -n $N on --store disk --direct, phone-4GBps and

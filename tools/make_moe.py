@@ -292,6 +292,18 @@ HYBRID_SPECS = {
 # router and beta/alpha), random weights, SmolLM2's tokenizer padded to the 248320-token vocabulary.
 # About 20 GB; built on the fly by `make_moe.py full`, never committed. Types cycle by layer.
 FULL_SPECS = {
+    # gpt-oss-20b (issue 19's size check; ../shared/research/moe_archs.md §2.2-2.3): 24 layers of
+    # 2880, 64 query / 8 KV heads of 64, 32 MXFP4 experts (top-4) of width 2880 with biases,
+    # sliding window 128 on even layers, YaRN 32 over 4096, the o200k_harmony vocabulary's size
+    # (201088: SmolLM2's tokens, the harmony tokens, then padding); everything but the experts in
+    # Q8_0 (`llama-quantize MXFP4_MOE`'s choice). About 11.8 GB.
+    "gpt-oss-20b": dict(
+        arch="gpt-oss", pre="smollm", add_bos=False, seed=2001, logit_std=6.0, res_gain=1.0,
+        n_embd=2880, n_layer=24, n_head=64, n_head_kv=8, head_dim=64, n_expert=32, top_k=4, n_ff_exp=2880,
+        rope_base=150000.0, eps=1e-5, swa=128, yarn_factor=32.0, yarn_orig_ctx=4096,
+        embd_type=Q8, out_type=Q8, exp_type=T.MXFP4, vocab=201088, context_length=131072,
+        mix_types=[(Q8, Q8, Q8, Q8)],
+    ),
     "qwen35moe-35b-a3b": dict(
         arch="qwen35moe", pre="qwen2", add_bos=False, seed=3501, logit_std=6.0, res_gain=1.0,
         n_embd=2048, n_layer=40, interval=4, n_head=16, n_head_kv=2, head_dim=256, n_rot=64,
@@ -323,16 +335,19 @@ HARMONY_TOKENS = ["<|start|>", "<|message|>", "<|end|>", "<|return|>", "<|channe
 
 
 def build_gptoss(arch_key: str, src: str, out: str, seed: int | None = None):
-    sp = GPTOSS_SPECS[arch_key]
+    sp = GPTOSS_SPECS.get(arch_key) or FULL_SPECS[arch_key]
+    full = arch_key in FULL_SPECS
     arch = sp["arch"]
     seed = sp["seed"] if seed is None else seed
     r = gguf.GGUFReader(src)
     base = r.fields["tokenizer.ggml.tokens"].contents()
     n_vocab = len(base) + len(HARMONY_TOKENS)
+    pad = max(0, sp.get("vocab", 0) - n_vocab)
+    n_vocab += pad
     E, K, D, L = sp["n_expert"], sp["top_k"], sp["n_embd"], sp["n_layer"]
     H, HKV, HD, FF = sp["n_head"], sp["n_head_kv"], sp["head_dim"], sp["n_ff_exp"]
     sw = StreamWriter(out, arch)
-    write_general(sw, arch, arch_key, seed, D, L)
+    write_general(sw, arch, arch_key, seed, D, L, sp.get("context_length", 4096))
     u32 = lambda keys: [sw.u32(f"{arch}.{key}", v) for key, v in keys]  # noqa: E731
     u32([("feed_forward_length", FF), ("expert_feed_forward_length", FF), ("attention.head_count", H),
          ("attention.head_count_kv", HKV), ("attention.key_length", HD), ("attention.value_length", HD),
@@ -346,9 +361,9 @@ def build_gptoss(arch_key: str, src: str, out: str, seed: int | None = None):
         if not k.startswith("tokenizer.") or k == "tokenizer.chat_template":
             continue
         if k == "tokenizer.ggml.tokens":
-            sw.kv(k, base + HARMONY_TOKENS, gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.STRING)
+            sw.kv(k, base + HARMONY_TOKENS + [f"<|pad_{i}|>" for i in range(pad)], gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.STRING)
         elif k == "tokenizer.ggml.token_type":
-            sw.kv(k, f.contents() + [3] * len(HARMONY_TOKENS), gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.INT32)
+            sw.kv(k, f.contents() + [3] * len(HARMONY_TOKENS) + [5] * pad, gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.INT32)
         elif k == "tokenizer.ggml.pre":
             sw.s(k, sp["pre"])
         elif k == "tokenizer.ggml.add_bos_token":
@@ -357,7 +372,7 @@ def build_gptoss(arch_key: str, src: str, out: str, seed: int | None = None):
             sw.u32(k, len(base) + HARMONY_TOKENS.index("<|return|>"))
         else:
             copy_kv(sw, f)
-    rnd = random_tensors(sw, seed)
+    rnd = random_tensors(sw, seed, tile_above=(1 << 22) if full else 0)
     gain = sp["res_gain"]
     rnd("token_embd.weight", sp["embd_type"], (D, n_vocab), 1.0)
     for il in range(L):
@@ -860,7 +875,7 @@ def main():
     s.add_argument("--src", default="models/SmolLM2-135M-Instruct.Q4_1.gguf")
     s.add_argument("--out", required=True)
     s.add_argument("--seed", type=int, default=None)
-    s = sub.add_parser("full", help="a full-size random model (about 20 GB; not for CI)")
+    s = sub.add_parser("full", help="a full-size random model (12-21 GB; not for CI)")
     s.add_argument("--arch", default="qwen35moe-35b-a3b", choices=sorted(FULL_SPECS))
     s.add_argument("--src", default="models/SmolLM2-135M-Instruct.Q4_1.gguf")
     s.add_argument("--out", required=True)
@@ -877,6 +892,8 @@ def main():
                       a.router_logit_std)
     elif a.cmd == "random":
         build_random(a.arch, a.src, a.out, a.seed)
+    elif a.cmd == "full" and FULL_SPECS[a.arch]["arch"] == "gpt-oss":
+        build_gptoss(a.arch, a.src, a.out)
     elif a.cmd == "full":
         build_hybrid(a.arch, a.src, a.out)
     else:

@@ -264,6 +264,9 @@ struct RunArgs {
     /// Chat: read one user message per line from stdin, render with the model's chat template.
     #[arg(long)]
     chat: bool,
+    /// A Jinja chat template file used instead of the model's `tokenizer.chat_template`.
+    #[arg(long, requires = "chat")]
+    chat_template_file: Option<String>,
     /// Tokens to generate.
     #[arg(short = 'n', long, default_value_t = 128)]
     n_predict: usize,
@@ -641,6 +644,9 @@ fn cmd_run_inner(a: &RunArgs, sess: &mut Session, mut spec: Spec<'_>) -> Res {
     if a.chat {
         // Each turn re-renders the conversation; only what the cache lacks is run.
         sess.reuse_prefix = true;
+        if let Some(f) = &a.chat_template_file {
+            sess.chat_template = Some(std::fs::read_to_string(f).map_err(|e| format!("--chat-template-file {f}: {e}"))?);
+        }
         let mut history = Vec::new();
         for line in std::io::stdin().lock().lines() {
             let line = line?;
@@ -650,6 +656,9 @@ fn cmd_run_inner(a: &RunArgs, sess: &mut Session, mut spec: Spec<'_>) -> Res {
             history.push(Message { role: "user".into(), content: line });
             let p = sess.chat_prompt(&history)?;
             let reply = generate_one(sess, &p, a, &sampler, &mut spec)?;
+            // gpt-oss: the conversation keeps the final answer, not the harmony headers or the
+            // reasoning (its template refuses `<|channel|>` in a message).
+            let reply = les::engine::chat::split_harmony(&reply).map(|(_, content)| content).unwrap_or(reply);
             history.push(Message { role: "assistant".into(), content: reply });
             println!();
         }
@@ -768,6 +777,16 @@ fn inspect_gguf(path: &str, g: &GgufFile, full: bool) -> Res {
     }
     if let Ok(cfg) = cfg {
         writeln!(o, "\n== model\narch {} | n_embd {} | n_layer {} | n_head {} | n_head_kv {} | head_dim {} | n_rot {} | n_ff {} | n_vocab {} | rope {:?} base {}", cfg.arch.name(), cfg.n_embd, cfg.n_layer, cfg.n_head, cfg.n_head_kv, cfg.head_dim, cfg.n_rot, cfg.n_ff, cfg.n_vocab, cfg.rope, cfg.rope_base)?;
+        if cfg.n_swa > 0 {
+            let swa: Vec<String> = (0..cfg.n_layer).filter(|&il| cfg.is_swa(il)).map(|il| il.to_string()).collect();
+            writeln!(o, "sliding window {} on layers {} (RoPE base {} there); the others see every position", cfg.n_swa, swa.join(","), cfg.rope_base_swa)?;
+        }
+        if let Some(y) = cfg.yarn {
+            writeln!(o, "RoPE scaling: freq_scale {} (factor {}) | ext_factor {} | attn_factor {} | original context {} | beta {} / {}", y.freq_scale, 1.0 / y.freq_scale, y.ext_factor, y.attn_factor, y.n_ctx_orig, y.beta_fast, y.beta_slow)?;
+        }
+        if cfg.gating != les::model::config::Gating::Softmax || cfg.expert_act != les::backend::ops::ExpertAct::Silu {
+            writeln!(o, "router gating {:?} | expert activation {:?}", cfg.gating, cfg.expert_act)?;
+        }
         if let Some(s) = cfg.ssm {
             let pattern: String = (0..cfg.n_layer).map(|il| if cfg.is_recurrent(il) { 'L' } else { 'A' }).collect();
             let list = |rec: bool| (0..cfg.n_layer).filter(|&il| cfg.is_recurrent(il) == rec).map(|il| il.to_string()).collect::<Vec<_>>().join(",");

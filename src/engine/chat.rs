@@ -44,6 +44,33 @@ pub fn render(template: &str, messages: &[Message], bos: &str, eos: &str) -> Res
         .map_err(|e| ChatError::Template(e.to_string()))
 }
 
+/// A reply in OpenAI's harmony format (gpt-oss) split into its reasoning (`analysis` channel)
+/// and its content (`final`, and `commentary` without a recipient), as llama.cpp's
+/// `common/chat.cpp` GPT-OSS parser does. `None` when `text` has no `<|channel|>` header.
+///
+/// A reply is a sequence of messages `[<|start|>assistant]<|channel|>NAME[ to=…]<|message|>BODY`
+/// each ended by `<|end|>`, `<|return|>`, `<|call|>` or the end of the text.
+pub fn split_harmony(text: &str) -> Option<(String, String)> {
+    if !text.contains("<|channel|>") {
+        return None;
+    }
+    let (mut reasoning, mut content) = (String::new(), String::new());
+    for part in text.split("<|channel|>").skip(1) {
+        let Some((header, rest)) = part.split_once("<|message|>") else { continue };
+        let end = ["<|end|>", "<|return|>", "<|call|>", "<|start|>"].iter().filter_map(|t| rest.find(t)).min().unwrap_or(rest.len());
+        let body = &rest[..end];
+        if header.contains("to=") {
+            continue; // a tool call (a recipient): neither reasoning nor content
+        }
+        match header.split_whitespace().next().unwrap_or("") {
+            "analysis" => reasoning.push_str(body),
+            "final" | "commentary" => content.push_str(body),
+            _ => {}
+        }
+    }
+    Some((reasoning, content))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -54,6 +81,19 @@ mod tests {
         let t = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
         let s = render(t, &[Message { role: "user".into(), content: "Hi".into() }], "", "").unwrap();
         assert_eq!(s, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+    }
+
+    #[test]
+    fn harmony_replies_split_into_reasoning_and_content() {
+        // llama.cpp tests/test-chat.cpp's GPT-OSS cases.
+        let (r, c) = split_harmony("<|channel|>analysis<|message|>I'm\nthinking<|end|><|start|>assistant<|channel|>final<|message|>Hello, world!\nWhat's up?<|return|>").unwrap();
+        assert_eq!((r.as_str(), c.as_str()), ("I'm\nthinking", "Hello, world!\nWhat's up?"));
+        let (r, c) = split_harmony("<|channel|>commentary<|message|>Hello, world!\nWhat's up?").unwrap();
+        assert_eq!((r.as_str(), c.as_str()), ("", "Hello, world!\nWhat's up?"));
+        // A tool call (a recipient) is neither.
+        let (r, c) = split_harmony("<|channel|>analysis to=functions.f<|message|>{\"arg1\": 1}<|call|>").unwrap();
+        assert_eq!((r.as_str(), c.as_str()), ("", ""));
+        assert!(split_harmony("plain text").is_none());
     }
 
     #[test]

@@ -107,6 +107,9 @@ pub struct Session {
     /// next prompt (llama.cpp server's `cache_prompt`). Off by default: benchmarks and tests run
     /// the same prompt again and want it computed; chats, `les serve` and the JS chat API turn it on.
     pub reuse_prefix: bool,
+    /// A chat template used instead of the GGUF's `tokenizer.chat_template` (llama.cpp's
+    /// `--chat-template-file`).
+    pub chat_template: Option<String>,
     /// The tokens at positions `0..kv.len` of the cache (valid up to `kv.len`).
     cached: Vec<u32>,
 }
@@ -133,7 +136,7 @@ impl Session {
         let model = Model::load(src, &gguf, mode)?;
         let n_ctx = n_ctx.min(model.cfg.n_ctx_train.max(1));
         let kv = model.new_kv(n_ctx);
-        Ok(Self { model, tokenizer, kv, gguf, prefill_batch, gpu: None, reuse_prefix: false, cached: Vec::new() })
+        Ok(Self { model, tokenizer, kv, gguf, prefill_batch, gpu: None, reuse_prefix: false, chat_template: None, cached: Vec::new() })
     }
 
     /// Run on `kind`: `Cpu` keeps the CPU; `Wgpu` uploads the dense weights to the GPU (an error
@@ -293,10 +296,19 @@ impl Session {
 
     /// Prompt text for a single user message through the model's chat template.
     pub fn chat_prompt(&self, messages: &[chat::Message]) -> Result<String, EngineError> {
-        let t = self.gguf.get_str("tokenizer.chat_template").ok_or(chat::ChatError::NoTemplate)?;
+        let t = self.chat_template.as_deref().or_else(|| self.gguf.get_str("tokenizer.chat_template")).ok_or(chat::ChatError::NoTemplate)?;
         let piece = |id: Option<u32>| id.map(|i| self.tokenizer.token_text(i).to_string()).unwrap_or_default();
         let bos = piece(self.tokenizer.bos());
-        let text = chat::render(t, messages, &bos, &piece(self.tokenizer.eos()))?;
+        // A harmony reply sent back as it was generated (headers, reasoning) keeps its final
+        // answer only, as llama.cpp's parser hands it back (gpt-oss's template refuses the tags).
+        let clean: Vec<chat::Message> = messages
+            .iter()
+            .map(|m| match (m.role.as_str(), chat::split_harmony(&m.content)) {
+                ("assistant", Some((_, content))) => chat::Message { role: m.role.clone(), content },
+                _ => m.clone(),
+            })
+            .collect();
+        let text = chat::render(t, &clean, &bos, &piece(self.tokenizer.eos()))?;
         // Tokenizing adds BOS itself: a template's own leading BOS text would make it twice
         // (llama.cpp's common/chat.cpp strips it the same way).
         Ok(match text.strip_prefix(bos.as_str()) {

@@ -446,7 +446,13 @@ async fn submit(app: Arc<App>, prompt: Prompt, c: &Common, chat: bool) -> Respon
                 Msg::Error(e) => return e.into_response(),
                 Msg::Done(d) => {
                     let choice = if chat {
-                        json!({ "index": 0, "message": { "role": "assistant", "content": text }, "logprobs": null, "finish_reason": d.finish.as_str() })
+                        // gpt-oss (harmony): `content` is the final channel, `reasoning_content`
+                        // the analysis channel (llama.cpp's field).
+                        let msg = match les::engine::chat::split_harmony(&text) {
+                            Some((reasoning, content)) => json!({ "role": "assistant", "content": content, "reasoning_content": reasoning }),
+                            None => json!({ "role": "assistant", "content": text }),
+                        };
+                        json!({ "index": 0, "message": msg, "logprobs": null, "finish_reason": d.finish.as_str() })
                     } else {
                         json!({ "index": 0, "text": text, "logprobs": null, "finish_reason": d.finish.as_str() })
                     };
