@@ -206,10 +206,16 @@ pub fn open_streaming_sources(raw: Arc<dyn ByteSource>, expert_src: Arc<dyn Byte
     }
     // Routers as f32 for the cross-layer predictor.
     let routers = (0..c.n_layer).map(|il| tensor_f32(&g, &*dense_src, &format!("blk.{il}.ffn_gate_inp.weight"))).collect::<Result<Vec<_>, _>>()?;
-    let dense: u64 = g.tensors.iter().filter(|t| !t.name.contains("_exps.")).map(|t| t.size).sum::<u64>() + routers.iter().map(|r| r.len() as u64 * 4).sum::<u64>();
+    // Dense: every tensor but the stacked expert weights (gpt-oss's `_exps.bias` rows stay
+    // resident), plus the routers' f32 copies.
+    let dense: u64 = g.tensors.iter().filter(|t| !t.name.contains("_exps.weight")).map(|t| t.size).sum::<u64>() + routers.iter().map(|r| r.len() as u64 * 4).sum::<u64>();
     let n_ctx = opts.n_ctx.min(c.n_ctx_train.max(1));
     let kv = c.cache_bytes(n_ctx) as u64;
-    let scratch = scratch_bytes(&c, PREFILL_BATCH);
+    // The vocabulary on the host: each token string lives three times (the GGUF's parsed
+    // metadata, the tokenizer's list and its lookup table), each with 24-40 bytes of headers
+    // against ~16 bytes per entry in the file's metadata: about 6× the metadata's size (5.6 MB
+    // for a 201k-token vocabulary: 34 MB).
+    let scratch = scratch_bytes(&c, PREFILL_BATCH) + 6 * g.data_offset;
     let max_e = (0..store.n_layers()).map(|l| store.layout(l).bytes()).max().unwrap_or(0) as u64;
     let total_e: u64 = (0..store.n_layers()).map(|l| store.layout(l).bytes() as u64 * c.n_expert as u64).sum();
     let min_slots = c.n_expert_used + 1;
