@@ -271,11 +271,12 @@ impl Config {
             check("rope.dimension_count", n_rot, n_rot == head_dim, "must equal the head size (llama.cpp uses n_rot as the head size)")?;
         }
         let rope_base = g.get_f32(&k("rope.freq_base")).unwrap_or(10000.0);
-        let yarn = rope_scaling(g, &k, n_ctx_train_of(g, &k))?;
+        let n_ctx_train = opt("context_length").unwrap_or(2048);
+        let yarn = rope_scaling(g, &k, n_ctx_train)?;
         Ok(Config {
             arch,
             n_vocab,
-            n_ctx_train: n_ctx_train_of(g, &k),
+            n_ctx_train,
             n_embd,
             n_layer,
             n_head,
@@ -341,10 +342,6 @@ impl Config {
     pub fn recurrent_state_bytes(&self) -> usize {
         self.ssm.map_or(0, |s| (s.conv_state_len() + s.ssm_state_len()) * 4 * (self.n_layer - self.n_attn_layers()))
     }
-}
-
-fn n_ctx_train_of(g: &GgufFile, k: &dyn Fn(&str) -> String) -> usize {
-    g.get_u64(&k("context_length")).map(|v| v as usize).unwrap_or(2048)
 }
 
 /// RoPE scaling as llama.cpp sets it up (`llama-model.cpp` `load_hparams`, `llama-context.cpp`):

@@ -53,9 +53,9 @@ pub fn swiglu_ffn(gate: WeightRef<'_>, up: WeightRef<'_>, down: WeightRef<'_>, x
     expert_ffn(gate, up, down, x, mode, ExpertAct::Silu, None)
 }
 
-/// `x[t] += b` for every row of `x` (ggml `add` / `add_id` with one bias row).
-fn add_bias(x: &mut [f32], b: &[f32]) {
-    for r in x.chunks_mut(b.len().max(1)) {
+/// `x[t] += b` for every row (`cols` values) of `x` (ggml `add` / `add_id` with one bias row).
+fn add_bias(x: &mut [f32], cols: usize, b: &[f32]) {
+    for r in x.chunks_mut(cols.max(1)) {
         for (v, &bb) in r.iter_mut().zip(b) {
             *v += bb;
         }
@@ -77,8 +77,8 @@ pub fn expert_ffn(gate: WeightRef<'_>, up: WeightRef<'_>, down: WeightRef<'_>, x
         matmul(up, &mut a, &mut u);
     }
     if let Some([bg, bu, _]) = bias {
-        add_bias(&mut g, bg);
-        add_bias(&mut u, bu);
+        add_bias(&mut g, ff, bg);
+        add_bias(&mut u, ff, bu);
     }
     let mut h = vec![0f32; t_n * ff];
     match act {
@@ -89,7 +89,7 @@ pub fn expert_ffn(gate: WeightRef<'_>, up: WeightRef<'_>, down: WeightRef<'_>, x
     let mut a = Acts::with_mode(&h, ff, mode);
     matmul(down, &mut a, &mut y);
     if let Some([_, _, bd]) = bias {
-        add_bias(&mut y, bd);
+        add_bias(&mut y, down.rows, bd);
     }
     y
 }
@@ -132,12 +132,7 @@ impl Ops for CpuExec<'_> {
     }
 
     fn add_row(&mut self, x: &mut CpuT, b: Vector) -> Result<(), OpError> {
-        let b = self.w.vec(b);
-        for r in x.v.chunks_mut(x.cols) {
-            for (a, &bb) in r.iter_mut().zip(b) {
-                *a += bb;
-            }
-        }
+        add_bias(&mut x.v, x.cols, self.w.vec(b));
         Ok(())
     }
 
