@@ -85,7 +85,7 @@ fn load(path: &str, opts: &str) -> Result<LesEngine, String> {
                 None | Some("disk") => None,
                 Some(n) => Some(crate::store::throttle::DeviceProfile::by_name(n).ok_or_else(|| format!("unknown store profile '{n}'"))?),
             };
-            let so = StreamOptions { budget: parse_bytes(b).map_err(|e| e.to_string())?, n_ctx, direct: false, profile, cache: StreamConfig::default(), slots: None, gpu_pool: false };
+            let so = StreamOptions { budget: parse_bytes(b).map_err(|e| e.to_string())?, n_ctx, direct: false, profile, cache: StreamConfig::default(), slots: None, gpu_pool: false, dense: crate::engine::stream::DenseOptions::default() };
             let st = open_streaming(path, &so).map_err(|e| e.to_string())?;
             (st.session, Some(st.experts))
         }

@@ -83,7 +83,7 @@ fn mixed_bundle_round_trips_and_matches_requantized_gguf() {
 
     // The model streamed from the bundle (every expert slot available, and a small cache).
     for slots in [usize::MAX, 9] {
-        let so = StreamOptions { budget: 0, n_ctx: 256, direct: false, profile: None, cache: StreamConfig::default(), slots: Some(slots), gpu_pool: false };
+        let so = StreamOptions { budget: 0, n_ctx: 256, direct: false, profile: None, cache: StreamConfig::default(), slots: Some(slots), gpu_pool: false, dense: Default::default() };
         let mut streamed = open_streaming(bpath.to_str().unwrap(), &so).unwrap().session;
         let toks = reference.tokenize("The quick brown fox jumps over the lazy dog, then");
         reference.kv.clear();

@@ -200,7 +200,7 @@ fn streamed_speculative_equals_resident_plain_greedy() {
     }).collect();
     drop(r);
     // ~10% of the experts resident.
-    let opts = StreamOptions { budget: 0, n_ctx: 512, direct: false, profile: None, cache: StreamConfig { prefetch: true, io_threads: 3, ..Default::default() }, slots: Some(96), gpu_pool: false };
+    let opts = StreamOptions { budget: 0, n_ctx: 512, direct: false, profile: None, cache: StreamConfig { prefetch: true, io_threads: 3, ..Default::default() }, slots: Some(96), gpu_pool: false, dense: Default::default() };
     let mut st = open_streaming(path.to_str().unwrap(), &opts).unwrap();
     let mut d = draft_model("SmolLM2-135M-Instruct.Q4_1.gguf", &st.session);
     let ex = st.experts.clone();
@@ -388,7 +388,7 @@ fn draft_hidden_states_predict_the_verification_experts() {
     let toks = r.tokenize("The capital of France is");
     let want = plain_greedy(&mut r, &toks, 24);
     drop(r);
-    let opts = StreamOptions { budget: 0, n_ctx: 512, direct: false, profile: None, cache: StreamConfig { prefetch: true, io_threads: 3, ..Default::default() }, slots: Some(64), gpu_pool: false };
+    let opts = StreamOptions { budget: 0, n_ctx: 512, direct: false, profile: None, cache: StreamConfig { prefetch: true, io_threads: 3, ..Default::default() }, slots: Some(64), gpu_pool: false, dense: Default::default() };
     let mut st = open_streaming(path.to_str().unwrap(), &opts).unwrap();
     let mut d = draft_model(name, &st.session);
     let (got, sp) = spec_greedy(&mut st.session, &mut d, 4, &toks, 24);

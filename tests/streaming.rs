@@ -70,6 +70,7 @@ fn lossless(model_file: &str, fractions: &[f64], policies: &[Policy], n: usize, 
                         cache: StreamConfig { policy, prefetch, depth: 2, io_threads: 3, ..Default::default() },
                         slots: Some(slots),
                         gpu_pool: false,
+                        dense: Default::default(),
                     };
                     let mut st = open_streaming(store.to_str().unwrap(), &opts).unwrap();
                     for (i, (p, cont)) in seqs.iter().enumerate() {
@@ -150,6 +151,7 @@ fn lossless_chunked_prefetch_on_a_slow_device() {
             cache: StreamConfig { policy, prefetch: true, depth: 2, extra: 2, io_threads: 3, prefetch_chunk: 4096, residual_stage: true, refine: true, ..Default::default() },
             slots: Some(c.n_layer * c.n_expert * 3 / 10),
             gpu_pool: false,
+            dense: Default::default(),
         };
         let mut st = open_streaming(path.to_str().unwrap(), &opts).unwrap();
         for (i, (p, cont)) in seqs.iter().enumerate() {
@@ -233,7 +235,7 @@ fn bundle_checksum_mismatch_is_an_error_not_a_wrong_token() {
     }
     let _ = blk;
     std::fs::write(&bad, &bytes).unwrap();
-    let opts = StreamOptions { budget: 0, n_ctx: 256, direct: false, profile: None, cache: StreamConfig::default(), slots: Some(4), gpu_pool: false };
+    let opts = StreamOptions { budget: 0, n_ctx: 256, direct: false, profile: None, cache: StreamConfig::default(), slots: Some(4), gpu_pool: false, dense: Default::default() };
     let mut st = open_streaming(bad.to_str().unwrap(), &opts).unwrap();
     let toks = st.session.tokenize("Hello");
     let r = logits_seq(&mut st.session, &toks, &[]);
@@ -247,7 +249,66 @@ fn bundle_checksum_mismatch_is_an_error_not_a_wrong_token() {
 #[test]
 fn budget_below_minimum_is_refused_with_the_minimum() {
     let path = model("rand-llama-moe.gguf");
-    let opts = StreamOptions { budget: 1 << 20, n_ctx: 256, direct: false, profile: None, cache: StreamConfig::default(), slots: None, gpu_pool: false };
+    let opts = StreamOptions { budget: 1 << 20, n_ctx: 256, direct: false, profile: None, cache: StreamConfig::default(), slots: None, gpu_pool: false, dense: Default::default() };
     let e = open_streaming(path.to_str().unwrap(), &opts).err().expect("1 MiB cannot hold the dense weights");
     assert!(e.to_string().contains("minimum"), "{e}");
+}
+
+/// Below the dense weights the plan reads matrices from storage at each use (an untied
+/// `token_embd` row by row, then the largest: the output matrix, attention, dense FFNs) through
+/// the read-ahead, in small pieces here; logits equal the resident run's bits, from the GGUF and
+/// the bundle. At the minimum the refusal names, the model runs; the GPU backend refuses it.
+#[test]
+fn dense_weights_read_from_storage_are_lossless() {
+    use les::engine::stream::{BudgetError, DenseOptions, OpenError};
+    for (file, bundle) in [("rand-gpt-oss.gguf", true), ("rand-qwen35moe.gguf", false), ("rand-qwen2moe.gguf", false)] {
+        let path = model(file);
+        let (seqs, want) = reference(&path, &["The capital of France is", "def fibonacci(n):"], 6);
+        let dense = DenseOptions { stream: true, piece: 8 << 10, window: 32 << 10 };
+        let opts = |budget: u64| StreamOptions {
+            budget,
+            n_ctx: 256,
+            direct: false,
+            profile: None,
+            cache: StreamConfig { prefetch: true, io_threads: 2, ..Default::default() },
+            slots: None,
+            gpu_pool: false,
+            dense,
+        };
+        let stores = [Some(path.clone()), bundle.then(|| pack(&path))];
+        for store in stores.iter().flatten() {
+            let resident_min = open_streaming(store.to_str().unwrap(), &opts(u64::MAX / 2)).unwrap().plan.minimum;
+            let least = match open_streaming(store.to_str().unwrap(), &opts(1 << 20)) {
+                Err(OpenError::Budget(BudgetError::TooSmall { minimum, .. })) => minimum,
+                Err(e) => panic!("{file}: {e}"),
+                Ok(_) => panic!("{file}: 1 MiB cannot hold the KV cache and scratch"),
+            };
+            assert!(least < resident_min, "{file}: streaming dense weights lowers the minimum ({least} vs {resident_min})");
+            for budget in [resident_min - 1, least] {
+                let mut st = open_streaming(store.to_str().unwrap(), &opts(budget)).unwrap();
+                assert!(st.plan.dense_streamed > 0 && st.plan.dense + st.plan.kv + st.plan.scratch <= budget, "{file}: {:?}", st.plan);
+                assert_eq!(st.session.model.weights.streamed_bytes(), st.plan.dense_streamed, "{file}: the loader streams what the plan counted");
+                for (i, (p, cont)) in seqs.iter().enumerate() {
+                    let got = logits_seq(&mut st.session, p, cont).unwrap();
+                    for (r, (a, b)) in got.iter().zip(&want[i]).enumerate() {
+                        assert!(a == b, "{file}: logits differ (prompt {i}, row {r}) with {} dense bytes read from {}", st.plan.dense_streamed, store.display());
+                    }
+                }
+                let ra = st.session.model.weights.read_ahead().expect("a read-ahead");
+                // Just below the resident minimum an untied token_embd goes first (rows only,
+                // no cycle); at the least budget every candidate streams.
+                assert!(ra.n_pieces() > 0 || budget != least, "{file}: at the minimum matrices are read whole");
+                if ra.n_pieces() > 0 {
+                    let s = ra.stats();
+                    eprintln!("{file} at {budget}: {} B streamed, {s:?}", st.plan.dense_streamed);
+                    assert!(s.gets > 0 && s.misses < s.gets, "{file}: the read-ahead read ahead: {s:?}");
+                    assert!(s.peak_bytes <= (32 << 10) + (8 << 10) * 2, "{file}: window kept: {s:?}");
+                }
+                let line = st.session.set_backend(les::backend::BackendKind::Auto, &Default::default()).unwrap();
+                assert!(line.contains("cpu"), "{line}");
+                let e = st.session.set_backend(les::backend::BackendKind::Wgpu, &Default::default()).unwrap_err().to_string();
+                assert!(e.contains("storage") || e.contains("no GPU adapter"), "{e}");
+            }
+        }
+    }
 }

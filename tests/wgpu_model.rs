@@ -171,6 +171,7 @@ fn gpu_lossless(model_file: &str, n: usize) {
             cache: StreamConfig { policy: Policy::Lru, prefetch: true, depth: 2, io_threads: 3, ..Default::default() },
             slots: Some(slots),
             gpu_pool: true,
+            dense: Default::default(),
         };
         let mut st = open_streaming(path.to_str().unwrap(), &opts).unwrap();
         // The budget's slots split as `les run --backend wgpu` splits them: a small CPU staging

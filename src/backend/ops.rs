@@ -17,7 +17,9 @@
 //! Shapes: a tensor is `rows × cols` f32 values, row-major; a row is one token.
 //! `docs/ops.md` lists the ops per backend (checked by `tests/ops.rs`).
 
-use super::cpu::matmul::Weight;
+use super::cpu::matmul::{Weight, WeightRef};
+use crate::store::ahead::ReadAhead;
+use crate::store::StoreError;
 use super::cpu::ops::RopeKind;
 use crate::expert::{ExpertError, ExpertSource};
 use std::ops::Range;
@@ -30,6 +32,9 @@ pub enum OpError {
     Expert(#[from] ExpertError),
     #[error(transparent)]
     Quant(#[from] crate::quant::QuantError),
+    /// A streamed dense matrix could not be read.
+    #[error(transparent)]
+    Store(#[from] StoreError),
     /// A recurrent op ran on a layer whose state is missing or of another shape (a bug).
     #[error("layer {0} has no recurrent state of the shape this op needs")]
     NoState(usize),
@@ -49,22 +54,93 @@ pub struct Mat(u32);
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Vector(u32);
 
+/// A matrix read from storage at each use instead of held (a memory budget below the dense
+/// weights): rows `[k × rows_per, (k + 1) × rows_per)` are piece `first + k` of the table's
+/// [`ReadAhead`] cycle; `offset` is where its first row starts in the read-ahead's source (row
+/// lookups read from there directly).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StreamedMat {
+    pub first: usize,
+    pub n: usize,
+    pub rows_per: usize,
+    pub offset: u64,
+}
+
 /// A model's dense tensors as loaded: matrices in their GGML block formats and f32 vectors.
 /// Architecture files hold handles into it; the CPU backend reads it in place, the wgpu backend
-/// uploads it once, entry by entry, without knowing what any entry is.
+/// uploads it once, entry by entry, without knowing what any entry is. A streamed matrix
+/// ([`StreamedMat`]) has no bytes here: the CPU backend takes its pieces from the read-ahead.
 #[derive(Default)]
 pub struct Weights {
     mats: Vec<Weight>,
     vecs: Vec<Vec<f32>>,
     /// Matrices only the host reads (token embeddings looked up row by row): not uploaded.
     host: Vec<bool>,
+    streamed: Vec<Option<StreamedMat>>,
+    ahead: Option<ReadAhead>,
 }
 
 impl Weights {
     pub fn add_mat(&mut self, w: Weight) -> Mat {
         self.mats.push(w);
         self.host.push(false);
+        self.streamed.push(None);
         Mat(self.mats.len() as u32 - 1)
+    }
+    /// A matrix of `ty`, `cols` × `rows` read from storage at each use (`s`; its pieces are
+    /// numbered by the caller, who then sets the read-ahead with [`Self::set_read_ahead`]).
+    pub fn add_streamed(&mut self, ty: crate::quant::GgmlType, cols: usize, rows: usize, s: StreamedMat) -> Mat {
+        let m = self.add_mat(Weight { ty, cols, rows, data: Vec::new() });
+        self.streamed[m.0 as usize] = Some(s);
+        m
+    }
+    pub fn set_streamed(&mut self, m: Mat, s: StreamedMat) {
+        self.streamed[m.0 as usize] = Some(s);
+    }
+    pub fn set_read_ahead(&mut self, ra: ReadAhead) {
+        self.ahead = Some(ra);
+    }
+    pub fn read_ahead(&self) -> Option<&ReadAhead> {
+        self.ahead.as_ref()
+    }
+    pub fn streamed(&self, m: Mat) -> Option<StreamedMat> {
+        self.streamed.get(m.0 as usize).copied().flatten()
+    }
+    /// Some matrix is read from storage at each use (only the CPU backend runs such a model).
+    pub fn has_streamed(&self) -> bool {
+        self.streamed.iter().any(|s| s.is_some())
+    }
+    /// Bytes of the streamed matrices (not held in memory).
+    pub fn streamed_bytes(&self) -> u64 {
+        self.mats.iter().zip(&self.streamed).filter(|(_, s)| s.is_some()).map(|(w, _)| w.ty.row_bytes(w.cols as u64).unwrap_or(0) * w.rows as u64).sum()
+    }
+    /// Row `r` of matrix `m` as f32 (embedding lookup; a streamed matrix's row is read from storage).
+    pub fn row_f32(&self, m: Mat, r: usize, out: &mut [f32]) -> Result<(), OpError> {
+        let w = self.mat(m);
+        match (self.streamed(m), &self.ahead) {
+            (Some(s), Some(ra)) => {
+                let rb = w.ty.row_bytes(w.cols as u64).unwrap_or(0) as usize;
+                let bytes = ra.source().read_vec(s.offset + (r * rb) as u64, rb)?;
+                Ok(crate::quant::dequantize_row(w.ty, &bytes, out)?)
+            }
+            _ => Ok(w.row_f32(r, out)?),
+        }
+    }
+    /// Call `f(first_row, piece)` for each piece of matrix `m` in row order: the whole matrix
+    /// once when it is held, else each piece as the read-ahead hands it over.
+    pub fn for_pieces(&self, m: Mat, mut f: impl FnMut(usize, WeightRef<'_>)) -> Result<(), OpError> {
+        let w = self.mat(m);
+        let (Some(s), Some(ra)) = (self.streamed(m), &self.ahead) else {
+            f(0, w.as_ref());
+            return Ok(());
+        };
+        for k in 0..s.n {
+            let row0 = k * s.rows_per;
+            let rows = s.rows_per.min(w.rows - row0);
+            let data = ra.get(s.first + k)?;
+            f(row0, WeightRef { ty: w.ty, cols: w.cols, rows, data: &data });
+        }
+        Ok(())
     }
     pub fn add_vec(&mut self, v: Vec<f32>) -> Vector {
         self.vecs.push(v);

@@ -248,6 +248,7 @@ impl StreamArgs {
             },
             slots: None,
             gpu_pool: false,
+            dense: les::engine::stream::DenseOptions::default(),
         })
     }
 }
@@ -541,9 +542,14 @@ fn open_session(m: &ModelArgs, s: &StreamArgs, reserve: u64) -> Result<(Session,
     let (cpu_slots, gpu_slots) = (st.experts.config().slots, st.plan.gpu_slots);
     let all = cpu_slots + gpu_slots;
     eprintln!(
-        "les: budget {:.0} MiB = dense {:.1} MiB + KV {:.1} MiB + scratch {:.1} MiB + {} expert slots{} ({:.1} MiB, {:.1}% of {:.1} MiB of experts); store {} {}",
+        "les: budget {:.0} MiB = dense {:.1} MiB{} + KV {:.1} MiB + scratch {:.1} MiB + {} expert slots{} ({:.1} MiB, {:.1}% of {:.1} MiB of experts); store {} {}",
         st.plan.budget as f64 / 1048576.0,
         st.plan.dense as f64 / 1048576.0,
+        if st.plan.dense_streamed > 0 {
+            format!(" (of which {:.1} MiB read-ahead window; {:.1} MiB more read from storage at each use)", st.plan.dense_window as f64 / 1048576.0, st.plan.dense_streamed as f64 / 1048576.0)
+        } else {
+            String::new()
+        },
         st.plan.kv as f64 / 1048576.0,
         st.plan.scratch as f64 / 1048576.0,
         all,

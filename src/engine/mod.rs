@@ -131,9 +131,14 @@ impl Session {
     }
 
     pub fn load_with_batch(src: &dyn ByteSource, mode: ExpertMode, n_ctx: usize, prefill_batch: usize) -> Result<Self, EngineError> {
+        Self::load_streaming_dense(src, mode, n_ctx, prefill_batch, None)
+    }
+
+    /// [`Session::load_with_batch`], the matrices `dense` names read from storage at each use.
+    pub fn load_streaming_dense(src: &dyn ByteSource, mode: ExpertMode, n_ctx: usize, prefill_batch: usize, dense: Option<&crate::model::DenseStreaming>) -> Result<Self, EngineError> {
         let gguf = GgufFile::read(src)?;
         let tokenizer = Tokenizer::from_gguf(&gguf)?;
-        let model = Model::load(src, &gguf, mode)?;
+        let model = Model::load_with(src, &gguf, mode, dense)?;
         let n_ctx = n_ctx.min(model.cfg.n_ctx_train.max(1));
         let kv = model.new_kv(n_ctx);
         Ok(Self { model, tokenizer, kv, gguf, prefill_batch, gpu: None, reuse_prefix: false, chat_template: None, cached: Vec::new() })
@@ -152,6 +157,10 @@ impl Session {
                 return Ok("backend: cpu".into());
             }
             BackendKind::Wgpu => GpuContext::new()?,
+            BackendKind::Auto if self.model.weights.has_streamed() => {
+                self.use_cpu();
+                return Ok("backend: cpu (auto: dense weights are read from storage, which only the CPU backend does)".into());
+            }
             BackendKind::Auto => match GpuContext::probe() {
                 Ok(info) if GpuContext::auto_takes(&info) => GpuContext::new()?,
                 Ok(info) => {

@@ -8,7 +8,7 @@ use crate::expert::store::{ExpertStore, GgufExpertStore};
 use crate::expert::stream::{StreamConfig, StreamingExperts};
 use crate::expert::GgufExpertTensors;
 use crate::gguf::GgufFile;
-use crate::model::{Config, ExpertMode};
+use crate::model::{Config, DenseStreaming, ExpertMode};
 use crate::quant;
 #[cfg(not(target_arch = "wasm32"))]
 use crate::store::throttle::{DeviceProfile, Throttled};
@@ -51,6 +51,10 @@ pub struct BudgetPlan {
     /// Smallest budget this model runs in with these settings.
     pub minimum: u64,
     pub total_expert_bytes: u64,
+    /// Dense bytes read from storage at each use instead of held (not in `dense`), and the
+    /// read-ahead window holding the next of them (in `dense`); 0 when every dense weight is held.
+    pub dense_streamed: u64,
+    pub dense_window: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -97,7 +101,7 @@ pub fn plan_budget(budget: u64, dense: u64, kv: u64, scratch: u64, expert_bytes_
         });
     }
     let slots = ((budget - fixed) / expert_bytes_max.max(1)) as usize;
-    Ok(BudgetPlan { budget, dense, kv, scratch, expert_bytes_max, slots, gpu_slots: 0, minimum, total_expert_bytes })
+    Ok(BudgetPlan { budget, dense, kv, scratch, expert_bytes_max, slots, gpu_slots: 0, minimum, total_expert_bytes, dense_streamed: 0, dense_window: 0 })
 }
 
 /// Options for [`open_streaming`].
@@ -119,6 +123,79 @@ pub struct StreamOptions {
     /// split into a small CPU staging cache (the scheduler's reads and prefetches land there) and
     /// the GPU pool (`BudgetPlan::gpu_slots`, the rest), so both together stay within the budget.
     pub gpu_pool: bool,
+    /// When the budget cannot hold the dense weights: which may be read from storage instead.
+    pub dense: DenseOptions,
+}
+
+/// Dense weights read from storage when the budget cannot hold them (CPU backend; see
+/// [`plan_dense_streaming`]).
+#[derive(Clone, Copy, Debug)]
+pub struct DenseOptions {
+    /// Allowed at all (native default; the wgpu backend needs its dense weights resident).
+    pub stream: bool,
+    /// Largest piece a streamed matrix is read in (bytes).
+    pub piece: usize,
+    /// Read-ahead window: streamed bytes held at most (the current piece and the next ones);
+    /// at most a quarter of the bytes streamed each token.
+    pub window: usize,
+}
+
+impl Default for DenseOptions {
+    fn default() -> Self {
+        Self { stream: cfg!(not(target_arch = "wasm32")), piece: 16 << 20, window: 64 << 20 }
+    }
+}
+
+/// Dense matrices that can be read from storage at each use, in the order they are given up:
+/// an untied `token_embd` first (only its rows are read, one per token), then the largest.
+/// Only matrices the architectures load whole qualify (the hybrids' fused `attn_q` is split at
+/// load, so it stays); routers stay (the lookahead predictor reads them every layer).
+pub fn streamable_dense(g: &GgufFile, c: &Config) -> Vec<(String, u64)> {
+    let tied = g.tensor("output.weight").is_none();
+    let mut out: Vec<(String, u64)> = Vec::new();
+    let mut rest: Vec<(String, u64)> = Vec::new();
+    for t in &g.tensors {
+        let n = t.name.as_str();
+        let layer_mat = n.starts_with("blk.")
+            && n.ends_with(".weight")
+            && t.dims.iter().filter(|&&d| d > 1).count() == 2
+            && ["attn_k.", "attn_v.", "attn_output.", "attn_qkv.", "attn_gate.", "ssm_out.", "ffn_gate.", "ffn_up.", "ffn_down.", "ffn_gate_shexp.", "ffn_up_shexp.", "ffn_down_shexp."]
+                .iter()
+                .chain(if c.ssm.is_none() { &["attn_q."][..] } else { &[][..] })
+                .any(|k| n.contains(&format!(".{k}")));
+        if n == "token_embd.weight" && !tied {
+            out.push((n.into(), t.size));
+        } else if n == "output.weight" || (n == "token_embd.weight" && tied) || layer_mat {
+            rest.push((n.into(), t.size));
+        }
+    }
+    rest.sort_by(|a, b| b.1.cmp(&a.1));
+    out.extend(rest);
+    out
+}
+
+/// Which dense matrices to read from storage so that `budget` holds the rest, the KV cache,
+/// scratch and `room` bytes of experts (the caller asks for two layers' routed experts: one
+/// computing, one prefetched); as few as possible, since each streamed byte is read again every
+/// token (but `token_embd`'s rows, one per token). When every candidate streamed still leaves
+/// less than `room`, `min_room` (the minimum expert slots) is enough. Returns the names, their
+/// bytes and the window (0 when only rows are read), or `None` when nothing fits.
+pub fn plan_dense_streaming(cands: &[(String, u64)], budget: u64, dense: u64, kv: u64, scratch: u64, room: u64, min_room: u64, o: &DenseOptions) -> Option<(std::collections::HashSet<String>, u64, u64)> {
+    let untied = cands.iter().any(|c| c.0 == "output.weight");
+    let mut names = std::collections::HashSet::new();
+    let (mut streamed, mut cycle, mut window) = (0u64, 0u64, 0u64);
+    for (n, size) in cands {
+        if dense - streamed + window + kv + scratch + room <= budget {
+            break;
+        }
+        if !(untied && n == "token_embd.weight") {
+            cycle += size;
+            window = (cycle / 4).min(o.window as u64);
+        }
+        names.insert(n.clone());
+        streamed += size;
+    }
+    (!names.is_empty() && dense - streamed + window + kv + scratch + min_room <= budget).then_some((names, streamed, window))
 }
 
 impl StreamOptions {
@@ -126,7 +203,7 @@ impl StreamOptions {
     /// model's own size).
     #[cfg(not(target_arch = "wasm32"))]
     pub fn every_expert(n_ctx: usize) -> Self {
-        Self { budget: 0, n_ctx, direct: false, profile: None, cache: StreamConfig::default(), slots: Some(usize::MAX), gpu_pool: false }
+        Self { budget: 0, n_ctx, direct: false, profile: None, cache: StreamConfig::default(), slots: Some(usize::MAX), gpu_pool: false, dense: DenseOptions::default() }
     }
 }
 
@@ -183,10 +260,11 @@ pub fn open_streaming(path: &str, opts: &StreamOptions) -> Result<Streaming, Ope
 /// model (GGUF or bundle), `expert_src` the same bytes as experts are read (possibly throttled),
 /// `dense_plain` the same bytes for the one-time dense load. `name` is used in errors.
 pub fn open_streaming_sources(raw: Arc<dyn ByteSource>, expert_src: Arc<dyn ByteSource>, dense_plain: Arc<dyn ByteSource>, path: &str, opts: &StreamOptions) -> Result<Streaming, OpenError> {
-    let (dense_src, store, store_kind): (Arc<dyn ByteSource>, Arc<dyn ExpertStore>, &'static str) = if is_bundle(&*raw) {
+    // Dense matrices the budget cannot hold are read through `expert_src` (the modelled device).
+    let (dense_src, dense_stream_src, store, store_kind): (Arc<dyn ByteSource>, Arc<dyn ByteSource>, Arc<dyn ExpertStore>, &'static str) = if is_bundle(&*raw) {
         let b = Bundle::open(expert_src.clone())?;
         let dense: Arc<dyn ByteSource> = Arc::new(Bundle::open(dense_plain)?.dense_source());
-        (dense, Arc::new(b.expert_store()), "bundle")
+        (dense, Arc::new(b.dense_source()), Arc::new(b.expert_store()), "bundle")
     } else {
         let g = GgufFile::read(&*dense_plain).map_err(EngineError::from)?;
         let c = Config::from_gguf(&g).map_err(|e| EngineError::Model(e.into()))?;
@@ -197,7 +275,7 @@ pub fn open_streaming_sources(raw: Arc<dyn ByteSource>, expert_src: Arc<dyn Byte
             .map(|il| GgufExpertTensors::find(&g, il, c.n_embd, c.n_expert))
             .collect::<Result<Vec<_>, _>>()
             .map_err(EngineError::from)?;
-        (dense_plain.clone(), Arc::new(GgufExpertStore::new(expert_src.clone(), tensors, c.n_expert)), "gguf")
+        (dense_plain.clone(), expert_src.clone(), Arc::new(GgufExpertStore::new(expert_src.clone(), tensors, c.n_expert)), "gguf")
     };
     let g = GgufFile::read(&*dense_src).map_err(EngineError::from)?;
     let c = Config::from_gguf(&g).map_err(|e| EngineError::Model(e.into()))?;
@@ -219,12 +297,34 @@ pub fn open_streaming_sources(raw: Arc<dyn ByteSource>, expert_src: Arc<dyn Byte
     let max_e = (0..store.n_layers()).map(|l| store.layout(l).bytes()).max().unwrap_or(0) as u64;
     let total_e: u64 = (0..store.n_layers()).map(|l| store.layout(l).bytes() as u64 * c.n_expert as u64).sum();
     let min_slots = c.n_expert_used + 1;
+    let mut dense_streaming = None;
     let plan = match opts.slots {
         Some(n) => {
             let n = n.min(c.n_expert * c.n_layer);
-            BudgetPlan { budget: dense + kv + scratch + n as u64 * max_e, dense, kv, scratch, expert_bytes_max: max_e, slots: n, gpu_slots: 0, minimum: dense + kv + scratch + min_slots as u64 * max_e, total_expert_bytes: total_e }
+            BudgetPlan { budget: dense + kv + scratch + n as u64 * max_e, dense, kv, scratch, expert_bytes_max: max_e, slots: n, gpu_slots: 0, minimum: dense + kv + scratch + min_slots as u64 * max_e, total_expert_bytes: total_e, dense_streamed: 0, dense_window: 0 }
         }
-        None => plan_budget(opts.budget, dense, kv, scratch, max_e, total_e, min_slots)?,
+        None => match plan_budget(opts.budget, dense, kv, scratch, max_e, total_e, min_slots) {
+            Ok(p) => p,
+            Err(e) => {
+                // Below the dense weights: read some of them from storage (CPU backend).
+                let (room, min_room) = (2 * min_slots as u64 * max_e, min_slots as u64 * max_e);
+                if !opts.dense.stream || opts.gpu_pool {
+                    return Err(e.into());
+                }
+                let cands = streamable_dense(&g, &c);
+                let Some((names, streamed, window)) = plan_dense_streaming(&cands, opts.budget, dense, kv, scratch, room, min_room, &opts.dense) else {
+                    // Name the minimum with every candidate streamed.
+                    let untied = cands.iter().any(|c| c.0 == "output.weight");
+                    let cycle: u64 = cands.iter().filter(|c| !(untied && c.0 == "token_embd.weight")).map(|c| c.1).sum();
+                    let least = dense - cands.iter().map(|c| c.1).sum::<u64>() + (cycle / 4).min(opts.dense.window as u64);
+                    return Err(plan_budget(opts.budget, least, kv, scratch, max_e, total_e, min_slots).err().map(OpenError::from).unwrap_or(e.into()));
+                };
+                let mut p = plan_budget(opts.budget, dense - streamed + window, kv, scratch, max_e, total_e, min_slots)?;
+                (p.dense_streamed, p.dense_window) = (streamed, window);
+                dense_streaming = Some(DenseStreaming { names, src: dense_stream_src.clone(), window: window as usize, piece: opts.dense.piece });
+                p
+            }
+        },
     };
     let mut plan = plan;
     let mut cfg = opts.cache.clone();
@@ -245,7 +345,7 @@ pub fn open_streaming_sources(raw: Arc<dyn ByteSource>, expert_src: Arc<dyn Byte
         })
         .collect::<Result<Vec<_>, _>>()?;
     let experts = Arc::new(StreamingExperts::new(store, routers, c.n_expert, c.n_expert_used, cfg).with_ffn_norms(norms).with_router_biases(router_b));
-    let session = Session::load_with_batch(&*dense_src, ExpertMode::External(experts.clone()), n_ctx, PREFILL_BATCH)?;
+    let session = Session::load_streaming_dense(&*dense_src, ExpertMode::External(experts.clone()), n_ctx, PREFILL_BATCH, dense_streaming.as_ref())?;
     Ok(Streaming { session, experts, plan, store_kind })
 }
 

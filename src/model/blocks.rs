@@ -173,13 +173,13 @@ impl<'a, B: Ops> Fwd<'a, B> {
     /// Token embeddings (`get_rows` of `token_embd`, on the host).
     pub async fn embed(&mut self, tokens: &[u32]) -> Result<B::T, ModelError> {
         let w = self.m.weights.mat(self.m.tok_embd);
-        let e = w.cols;
+        let (e, n_vocab) = (w.cols, w.rows);
         let mut x = vec![0f32; tokens.len() * e];
         for (t, &tok) in tokens.iter().enumerate() {
-            if tok as usize >= w.rows {
+            if tok as usize >= n_vocab {
                 return Err(ModelError::BadToken(tok));
             }
-            w.row_f32(tok as usize, &mut x[t * e..(t + 1) * e])?;
+            self.m.weights.row_f32(self.m.tok_embd, tok as usize, &mut x[t * e..(t + 1) * e])?;
         }
         let x = self.b.input(x, e)?;
         self.dump("embd", 0, &x).await?;

@@ -71,6 +71,7 @@ impl From<OpError> for ModelError {
             OpError::Gpu(g) => ModelError::Gpu(g),
             OpError::Expert(x) => ModelError::Expert(x),
             OpError::Quant(q) => ModelError::Quant(q),
+            OpError::Store(s) => ModelError::Store(s),
             OpError::NotReady | OpError::NoState(_) => ModelError::Internal(e.to_string()),
             OpError::Unsupported { .. } => ModelError::Unsupported(e.to_string()),
         }
@@ -86,16 +87,87 @@ pub enum Logits {
     All,
 }
 
+/// Dense matrices read from storage at each use instead of held in memory, for a memory budget
+/// below the dense weights (chosen by `engine::stream`). Only matrices loaded whole
+/// ([`Loader::mat`]) are streamed; the CPU backend runs them (the wgpu backend refuses).
+#[derive(Clone)]
+pub struct DenseStreaming {
+    /// GGUF tensor names to stream.
+    pub names: std::collections::HashSet<String>,
+    /// The bytes to read them from (the same offsets as the GGUF being loaded; a throttled
+    /// source models a device's storage).
+    pub src: Arc<dyn ByteSource>,
+    /// Read-ahead window (bytes held at most) and the largest piece a matrix is split into.
+    pub window: usize,
+    pub piece: usize,
+}
+
 /// Reads a GGUF's tensors into a [`Weights`] table, checking shapes (llama.cpp's `create_tensor`).
 pub struct Loader<'a> {
     src: &'a dyn ByteSource,
     pub g: &'a GgufFile,
     pub w: Weights,
+    stream: Option<&'a DenseStreaming>,
+    /// Streamed matrices in load order: (position in the forward's use order, matrix, pieces).
+    cycle: Vec<(usize, Mat, Vec<(u64, usize)>)>,
 }
 
 impl<'a> Loader<'a> {
     pub fn new(src: &'a dyn ByteSource, g: &'a GgufFile) -> Self {
-        Self { src, g, w: Weights::default() }
+        Self { src, g, w: Weights::default(), stream: None, cycle: Vec::new() }
+    }
+
+    /// Stream the matrices `s` names (see [`DenseStreaming`]).
+    pub fn with_streaming(mut self, s: Option<&'a DenseStreaming>) -> Self {
+        self.stream = s;
+        self
+    }
+
+    /// Register `name` ([cols, rows]) as streamed. Its pieces join the read-ahead cycle in the
+    /// order a forward uses them (layer by layer, the output matrix last), except an untied
+    /// `token_embd`, which is only ever looked up row by row.
+    fn streamed_mat(&mut self, s: &DenseStreaming, name: &str, shape: [usize; 2]) -> Result<Mat, ModelError> {
+        let t = self.g.req_tensor(name)?;
+        let mut dims: Vec<u64> = t.dims.clone();
+        while dims.len() > 2 && dims.last() == Some(&1) {
+            dims.pop();
+        }
+        if dims.len() != 2 || dims[0] as usize != shape[0] || dims[1] as usize != shape[1] {
+            return Err(ModelError::Shape { name: name.into(), got: t.dims.clone(), want: shape.iter().map(|&x| x as u64).collect() });
+        }
+        let [cols, rows] = shape;
+        let rb = t.ty.row_bytes(cols as u64).unwrap_or(0) as usize;
+        if rb == 0 || (rb * rows) as u64 != t.size {
+            return Err(ModelError::Shape { name: name.into(), got: t.dims.clone(), want: shape.iter().map(|&x| x as u64).collect() });
+        }
+        let rows_per = (s.piece / rb).clamp(1, rows.max(1));
+        let pieces: Vec<(u64, usize)> = (0..rows).step_by(rows_per).map(|r0| (t.offset + (r0 * rb) as u64, rb * rows_per.min(rows - r0))).collect();
+        let m = self.w.add_streamed(t.ty, cols, rows, ops::StreamedMat { first: 0, n: pieces.len(), rows_per, offset: t.offset });
+        let untied_embd = name == "token_embd.weight" && self.has("output.weight");
+        if !untied_embd {
+            let rank = name.strip_prefix("blk.").and_then(|r| r.split('.').next()).and_then(|l| l.parse::<usize>().ok()).unwrap_or(usize::MAX);
+            self.cycle.push((rank, m, pieces));
+        }
+        Ok(m)
+    }
+
+    /// The loaded weights, with the streamed matrices' read-ahead set up.
+    pub fn finish(mut self) -> Result<Weights, ModelError> {
+        let Some(s) = self.stream else { return Ok(self.w) };
+        if !self.w.has_streamed() {
+            return Ok(self.w);
+        }
+        self.cycle.sort_by_key(|c| c.0); // stable: load order within a layer is use order
+        let mut pieces = Vec::new();
+        for (_, m, p) in &self.cycle {
+            let mut sm = self.w.streamed(*m).ok_or_else(|| ModelError::Internal("streamed matrix without its entry".into()))?;
+            sm.first = pieces.len();
+            pieces.extend_from_slice(p);
+            self.w.set_streamed(*m, sm);
+        }
+        let ra = crate::store::ahead::ReadAhead::new(s.src.clone(), pieces, s.window, cfg!(not(target_arch = "wasm32")))?;
+        self.w.set_read_ahead(ra);
+        Ok(self.w)
     }
 
     pub fn has(&self, name: &str) -> bool {
@@ -118,6 +190,9 @@ impl<'a> Loader<'a> {
 
     /// A matrix of `shape` = [cols, rows] (GGUF dimension order).
     pub fn mat(&mut self, name: &str, shape: [usize; 2]) -> Result<Mat, ModelError> {
+        if let Some(s) = self.stream.filter(|s| s.names.contains(name)) {
+            return self.streamed_mat(s, name, shape);
+        }
         let w = self.weight(name, &shape)?;
         Ok(self.w.add_mat(w))
     }
@@ -209,9 +284,14 @@ pub enum ExpertMode {
 impl Model {
     /// Load dense weights from `src` (and experts as `mode` says).
     pub fn load(src: &dyn ByteSource, g: &GgufFile, mode: ExpertMode) -> Result<Self, ModelError> {
+        Self::load_with(src, g, mode, None)
+    }
+
+    /// [`Model::load`], reading the matrices `dense` names from storage at each use.
+    pub fn load_with(src: &dyn ByteSource, g: &GgufFile, mode: ExpertMode, dense: Option<&DenseStreaming>) -> Result<Self, ModelError> {
         let cfg = Config::from_gguf(g)?;
         let (e, v) = (cfg.n_embd, cfg.n_vocab);
-        let mut ld = Loader::new(src, g);
+        let mut ld = Loader::new(src, g).with_streaming(dense);
         let tok_embd = ld.mat("token_embd.weight", [e, v])?;
         let output_norm = ld.vec("output_norm.weight", e)?;
         let output = if ld.has("output.weight") { ld.mat("output.weight", [e, v])? } else { tok_embd };
@@ -239,8 +319,9 @@ impl Model {
             (true, ExpertMode::Resident) => Some(Arc::new(ResidentExperts::load(src, &expert_tensors, cfg.n_expert)?)),
             (true, ExpertMode::External(s)) => Some(s),
         };
-        let dense_bytes = g.tensors.iter().filter(|t| !t.name.contains("_exps.weight")).map(|t| t.size as usize).sum();
-        Ok(Self { cfg, weights: ld.w, tok_embd, output_norm, output, layers, experts, expert_tensors, dense_bytes, capture: None })
+        let weights = ld.finish()?;
+        let dense_bytes = g.tensors.iter().filter(|t| !t.name.contains("_exps.weight")).map(|t| t.size as usize).sum::<usize>().saturating_sub(weights.streamed_bytes() as usize);
+        Ok(Self { cfg, weights, tok_embd, output_norm, output, layers, experts, expert_tensors, dense_bytes, capture: None })
     }
 
     /// The per-sequence cache: keys and values of the attention layers, recurrent states of the

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 #[cfg(not(target_arch = "wasm32"))]
 mod file;
+pub mod ahead;
 pub mod throttle;
 #[cfg(not(target_arch = "wasm32"))]
 pub use file::FileSource;

@@ -242,6 +242,7 @@ impl Engine {
                 cache: StreamConfig { io_threads: 0, prefetch: eo.prefetch, policy, depth: eo.lookahead.max(1), ..Default::default() },
                 slots: if budget_bytes > 0.0 { eo.expert_slots } else { Some(usize::MAX) },
                 gpu_pool: eo.gpu_pool && budget_bytes > 0.0,
+                dense: Default::default(),
             };
             match open_streaming_sources(src.clone(), src.clone(), src.clone(), &name, &opts) {
                 Ok(s) => Some((s.session, Some(s.experts), Some(s.plan))),

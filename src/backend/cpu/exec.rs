@@ -123,10 +123,24 @@ impl Ops for CpuExec<'_> {
         let mut a = Acts::with_mode(&x.v, x.cols, self.dense_mode());
         let mut out = Vec::with_capacity(ws.len());
         for &m in ws {
-            let w = self.w.mat(m);
-            let mut y = vec![0f32; x.rows() * w.rows];
-            matmul(w.as_ref(), &mut a, &mut y);
-            out.push(CpuT { v: y, cols: w.rows });
+            let rows = self.w.mat(m).rows;
+            let mut y = vec![0f32; x.rows() * rows];
+            if self.w.streamed(m).is_none() {
+                matmul(self.w.mat(m).as_ref(), &mut a, &mut y);
+            } else {
+                // Piece by piece as storage hands them over: each output row is its own dot
+                // product, so the bits are the whole matrix's.
+                let mut part = Vec::new();
+                self.w.for_pieces(m, |row0, p| {
+                    part.clear();
+                    part.resize(x.rows() * p.rows, 0f32);
+                    matmul(p, &mut a, &mut part);
+                    for (yr, pr) in y.chunks_mut(rows).zip(part.chunks(p.rows)) {
+                        yr[row0..row0 + p.rows].copy_from_slice(pr);
+                    }
+                })?;
+            }
+            out.push(CpuT { v: y, cols: rows });
         }
         Ok(out)
     }

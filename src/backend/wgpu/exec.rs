@@ -129,6 +129,9 @@ impl GpuBackend {
     /// Upload `w`'s device matrices and vectors, make a KV cache of `s.n_ctx` positions and, for
     /// a MoE model, an expert slot pool fed by `experts`.
     pub fn new(ctx: Arc<GpuContext>, w: &Weights, s: GpuShapes, experts: Option<&Arc<dyn ExpertSource>>, opts: &GpuOptions) -> Result<Self, GpuError> {
+        if w.has_streamed() {
+            return Err(GpuError::StreamedDense(w.streamed_bytes() >> 20));
+        }
         let g = &*ctx;
         let mut k = Kernels::new(g);
         match opts.exact {

@@ -35,6 +35,8 @@ pub enum GpuError {
     Unsupported(&'static str),
     #[error("GPU readback failed: {0}")]
     Map(String),
+    #[error("the wgpu backend needs every dense weight in memory, and this model reads {0} MiB of them from storage at each use (raise --memory-budget, or run with --backend cpu)")]
+    StreamedDense(u64),
 }
 
 /// An adapter, its device and queue, and what they allow.
