@@ -608,6 +608,15 @@ fn cmd_run(a: RunArgs) -> Res {
             100.0 * st.recall(1),
             100.0 * st.io_busy_fraction(ex.config().io_threads)
         );
+        if let Some(ra) = sess.model.weights.read_ahead() {
+            let d = ra.stats();
+            eprintln!(
+                "les: dense weights read from storage: {:.2} MB read/token | pieces read ahead {:.1}% (waited for {:.1}%)",
+                d.bytes_read as f64 / st.tokens.max(1) as f64 / 1e6,
+                100.0 * (d.gets - d.misses) as f64 / d.gets.max(1) as f64,
+                100.0 * d.waits as f64 / d.gets.max(1) as f64
+            );
+        }
         if let (Some(r), Some(p)) = (st.refine_recall(), st.refine_precision()) {
             eprintln!("les: refined l+1 predictions (from layer l's partial output): recall {:.1}%, precision {:.1}%", 100.0 * r, 100.0 * p);
         }

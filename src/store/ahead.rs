@@ -47,6 +47,34 @@ struct State {
     gen: u64,
     stop: bool,
     stats: AheadStats,
+    /// Buffers of pieces let go, kept for the next reads while held + spare bytes fit the
+    /// window (fresh buffers would be fresh pages to fault in, or heap the allocator keeps).
+    spare: Vec<Vec<u8>>,
+}
+
+impl State {
+    /// Let go of a held piece's bytes: keep its buffer as a spare when the window has room.
+    fn release(&mut self, d: Arc<Vec<u8>>, window: usize) {
+        if let Ok(v) = Arc::try_unwrap(d) {
+            let spare: usize = self.spare.iter().map(|b| b.capacity()).sum();
+            if self.bytes + spare + v.capacity() <= window {
+                self.spare.push(v);
+            }
+        }
+    }
+
+    /// A buffer of `len` bytes, a spare one when there is one.
+    fn buffer(&mut self, len: usize) -> Vec<u8> {
+        let mut v = match self.spare.iter().position(|b| b.capacity() >= len) {
+            Some(i) => self.spare.swap_remove(i),
+            None => {
+                self.spare.clear(); // give the room back: held + spare bytes stay within the window
+                Vec::new()
+            }
+        };
+        v.resize(len, 0);
+        v
+    }
 }
 
 struct Inner {
@@ -80,7 +108,7 @@ impl ReadAhead {
             background,
             pieces,
             window,
-            st: Mutex::new(State { held: VecDeque::new(), head: 0, bytes: 0, gen: 0, stop: false, stats: AheadStats::default() }),
+            st: Mutex::new(State { held: VecDeque::new(), head: 0, bytes: 0, gen: 0, stop: false, stats: AheadStats::default(), spare: Vec::new() }),
             cv: Condvar::new(),
         });
         #[cfg(not(target_arch = "wasm32"))]
@@ -127,6 +155,9 @@ impl ReadAhead {
                 for _ in 0..pos {
                     let s = st.held.pop_front().expect("position within held");
                     st.bytes -= inner.pieces[s.idx].1;
+                    if let Some(Some(d)) = s.data {
+                        st.release(d, inner.window);
+                    }
                 }
                 st.head = i;
                 inner.cv.notify_all();
@@ -149,8 +180,12 @@ impl ReadAhead {
                     st = inner.cv.wait(st).unwrap_or_else(|e| e.into_inner());
                     continue;
                 }
-                st.held.clear();
                 st.bytes -= dropped;
+                for s in std::mem::take(&mut st.held) {
+                    if let Some(Some(d)) = s.data {
+                        st.release(d, inner.window);
+                    }
+                }
                 st.head = i;
                 inner.cv.notify_all();
                 if !waited {
@@ -167,14 +202,19 @@ impl ReadAhead {
         st.gen += 1;
         let dropped: usize = st.held.iter().filter(|s| s.data.is_some()).map(|s| inner.pieces[s.idx].1).sum();
         st.bytes -= dropped; // a slot being read keeps its bytes until its reader lets go
-        st.held.clear();
+        for s in std::mem::take(&mut st.held) {
+            if let Some(Some(d)) = s.data {
+                st.release(d, inner.window);
+            }
+        }
         st.head = i;
         st.held.push_back(Slot { idx: i, data: None });
         st.bytes += len;
         st.stats.peak_bytes = st.stats.peak_bytes.max(st.bytes as u64);
         let gen = st.gen;
+        let mut buf = st.buffer(len);
         drop(st);
-        let r = inner.src.read_vec(off, len);
+        let r = inner.src.read_at(off, &mut buf).map(|_| buf);
         let mut st = inner.lock();
         st.stats.bytes_read += len as u64;
         let out = r.map(Arc::new);
@@ -214,9 +254,10 @@ impl Inner {
             st.bytes += size;
             st.stats.peak_bytes = st.stats.peak_bytes.max(st.bytes as u64);
             let gen = st.gen;
-            drop(st);
             let (off, len) = self.pieces[next];
-            let r = self.src.read_vec(off, len);
+            let mut buf = st.buffer(len);
+            drop(st);
+            let r = self.src.read_at(off, &mut buf).map(|_| buf);
             st = self.lock();
             st.stats.bytes_read += len as u64;
             if st.gen == gen {
