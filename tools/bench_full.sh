@@ -63,8 +63,12 @@ r, store, log, tf = sys.argv[1:]
 s = open(log).read()
 g = lambda p: (re.search(p, s) or [None, "?"])[1]
 rss = int(open(tf).read().split()[-1]) / 1024
+mb = g(r"experts: .*?([0-9.]+) MB read/token")
+dense = re.search(r"dense weights read from storage: ([0-9.]+) MB read/token", s)
+if dense and mb != "?":  # dense matrices the budget cannot hold, read each token too
+    mb = f"{float(mb) + float(dense[1]):.0f} ({mb} experts + {dense[1]} dense)"
 cells = [g(r"decode \d+ tokens, ([0-9.]+) tokens/s"), g(r"prompt \d+ tokens, ([0-9.]+) tokens/s"),
-         g(r"hit rate ([0-9.]+%)"), g(r"([0-9.]+) MB read/token"), g(r"stall ([0-9.]+) ms/token")]
+         g(r"hit rate ([0-9.]+%)"), mb, g(r"stall ([0-9.]+) ms/token")]
 print(f"| {r} | LES | {store} | " + " | ".join(cells) + f" | {rss:.0f} |")
 PY
 }
