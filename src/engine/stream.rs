@@ -169,7 +169,7 @@ pub fn streamable_dense(g: &GgufFile, c: &Config) -> Vec<(String, u64)> {
             rest.push((n.into(), t.size));
         }
     }
-    rest.sort_by(|a, b| b.1.cmp(&a.1));
+    rest.sort_by_key(|r| std::cmp::Reverse(r.1));
     out.extend(rest);
     out
 }
@@ -180,7 +180,7 @@ pub fn streamable_dense(g: &GgufFile, c: &Config) -> Vec<(String, u64)> {
 /// token (but `token_embd`'s rows, one per token). When every candidate streamed still leaves
 /// less than `room`, `min_room` (the minimum expert slots) is enough. Returns the names, their
 /// bytes and the window (0 when only rows are read), or `None` when nothing fits.
-pub fn plan_dense_streaming(cands: &[(String, u64)], budget: u64, dense: u64, kv: u64, scratch: u64, room: u64, min_room: u64, o: &DenseOptions) -> Option<(std::collections::HashSet<String>, u64, u64)> {
+pub fn plan_dense_streaming(cands: &[(String, u64)], budget: u64, dense: u64, kv: u64, scratch: u64, (room, min_room): (u64, u64), o: &DenseOptions) -> Option<(std::collections::HashSet<String>, u64, u64)> {
     let untied = cands.iter().any(|c| c.0 == "output.weight");
     let mut names = std::collections::HashSet::new();
     let (mut streamed, mut cycle, mut window) = (0u64, 0u64, 0u64);
@@ -243,6 +243,7 @@ pub fn tensor_f32(g: &GgufFile, src: &dyn ByteSource, name: &str) -> Result<Vec<
 /// pieces, O_DIRECT bounce buffers) come from the heap and stay mapped once freed: with
 /// gpt-oss-20b's shapes at 1 GiB that held ~125 MiB beyond the budget. A fixed 1 MiB threshold
 /// keeps every large block an mmap of its own, unmapped on free (`mallopt(3)`, `M_MMAP_THRESHOLD`).
+#[cfg(not(target_arch = "wasm32"))]
 fn return_large_frees_to_the_os() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only changes allocator parameters; it is safe to call at any time.
@@ -326,7 +327,7 @@ pub fn open_streaming_sources(raw: Arc<dyn ByteSource>, expert_src: Arc<dyn Byte
                     return Err(e.into());
                 }
                 let cands = streamable_dense(&g, &c);
-                let Some((names, streamed, window)) = plan_dense_streaming(&cands, opts.budget, dense, kv, scratch, room, min_room, &opts.dense) else {
+                let Some((names, streamed, window)) = plan_dense_streaming(&cands, opts.budget, dense, kv, scratch, (room, min_room), &opts.dense) else {
                     // Name the minimum with every candidate streamed.
                     let untied = cands.iter().any(|c| c.0 == "output.weight");
                     let cycle: u64 = cands.iter().filter(|c| !(untied && c.0 == "token_embd.weight")).map(|c| c.1).sum();

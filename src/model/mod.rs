@@ -102,6 +102,9 @@ pub struct DenseStreaming {
     pub piece: usize,
 }
 
+/// A byte range of the model file: (offset, length).
+type Piece = (u64, usize);
+
 /// Reads a GGUF's tensors into a [`Weights`] table, checking shapes (llama.cpp's `create_tensor`).
 pub struct Loader<'a> {
     src: &'a dyn ByteSource,
@@ -109,7 +112,7 @@ pub struct Loader<'a> {
     pub w: Weights,
     stream: Option<&'a DenseStreaming>,
     /// Streamed matrices in load order: (position in the forward's use order, matrix, pieces).
-    cycle: Vec<(usize, Mat, Vec<(u64, usize)>)>,
+    cycle: Vec<(usize, Mat, Vec<Piece>)>,
 }
 
 impl<'a> Loader<'a> {
