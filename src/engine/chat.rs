@@ -71,6 +71,138 @@ pub fn split_harmony(text: &str) -> Option<(String, String)> {
     Some((reasoning, content))
 }
 
+/// The harmony tokens that end a message body ([`split_harmony`]'s, plus the next header).
+const HARMONY_ENDS: [&str; 5] = ["<|end|>", "<|return|>", "<|call|>", "<|start|>", "<|channel|>"];
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum HarmonyState {
+    /// Nothing decided yet: the reply may start with `<|channel|>`.
+    Start,
+    /// Not a harmony reply: everything is content.
+    Plain,
+    /// Between messages: waiting for `<|channel|>`.
+    Between,
+    /// In a header, waiting for `<|message|>`.
+    Header,
+    /// In a message body: reasoning (`true`) or content (`false`); `None`: a tool call, dropped.
+    Body(Option<bool>),
+}
+
+/// [`split_harmony`] on text that arrives in pieces (streamed responses): [`Self::push`] returns
+/// the reasoning and content that became certain, holding back a possible token's first bytes.
+/// A reply that does not start with `<|channel|>` is passed through as content. The pieces of a
+/// reply that starts with a header add up to `split_harmony` of the whole.
+#[derive(Clone, Debug)]
+pub struct HarmonyStream {
+    state: HarmonyState,
+    buf: String,
+    header: String,
+}
+
+impl Default for HarmonyStream {
+    fn default() -> Self {
+        Self { state: HarmonyState::Start, buf: String::new(), header: String::new() }
+    }
+}
+
+impl HarmonyStream {
+    /// Take `text`; returns (reasoning, content) now certain.
+    pub fn push(&mut self, text: &str) -> (String, String) {
+        self.buf.push_str(text);
+        let (mut r, mut c) = (String::new(), String::new());
+        loop {
+            match self.state {
+                HarmonyState::Start => {
+                    if let Some(rest) = self.buf.strip_prefix("<|channel|>") {
+                        self.buf = rest.to_string();
+                        self.state = HarmonyState::Header;
+                    } else if "<|channel|>".starts_with(self.buf.as_str()) {
+                        return (r, c);
+                    } else {
+                        self.state = HarmonyState::Plain;
+                    }
+                }
+                HarmonyState::Plain => {
+                    c.push_str(&std::mem::take(&mut self.buf));
+                    return (r, c);
+                }
+                HarmonyState::Between => match self.buf.find("<|channel|>") {
+                    Some(i) => {
+                        self.buf.drain(..i + "<|channel|>".len());
+                        self.state = HarmonyState::Header;
+                    }
+                    None => {
+                        let keep = partial_suffix(&self.buf, &["<|channel|>"]);
+                        self.buf.drain(..self.buf.len() - keep);
+                        return (r, c);
+                    }
+                },
+                HarmonyState::Header => match self.buf.find("<|message|>") {
+                    Some(i) => {
+                        self.header = self.buf[..i].to_string();
+                        self.buf.drain(..i + "<|message|>".len());
+                        let kind = if self.header.contains("to=") {
+                            None
+                        } else {
+                            match self.header.split_whitespace().next().unwrap_or("") {
+                                "analysis" => Some(true),
+                                "final" | "commentary" => Some(false),
+                                _ => None,
+                            }
+                        };
+                        self.state = HarmonyState::Body(kind);
+                    }
+                    None => return (r, c),
+                },
+                HarmonyState::Body(kind) => {
+                    let end = HARMONY_ENDS.iter().filter_map(|t| self.buf.find(t).map(|i| (i, *t))).min();
+                    let (take, next) = match end {
+                        Some((i, t)) => (i, Some((i + t.len(), t))),
+                        None => (self.buf.len() - partial_suffix(&self.buf, &HARMONY_ENDS), None),
+                    };
+                    match kind {
+                        Some(true) => r.push_str(&self.buf[..take]),
+                        Some(false) => c.push_str(&self.buf[..take]),
+                        None => {}
+                    }
+                    match next {
+                        Some((n, t)) => {
+                            self.buf.drain(..n);
+                            self.state = if t == "<|channel|>" { HarmonyState::Header } else { HarmonyState::Between };
+                        }
+                        None => {
+                            self.buf.drain(..take);
+                            return (r, c);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The end of the reply: what was held back (a body runs to the end of the text).
+    pub fn finish(&mut self) -> (String, String) {
+        let rest = std::mem::take(&mut self.buf);
+        match self.state {
+            HarmonyState::Start if !rest.is_empty() => (String::new(), rest),
+            HarmonyState::Plain | HarmonyState::Body(Some(false)) => (String::new(), rest),
+            HarmonyState::Body(Some(true)) => (rest, String::new()),
+            _ => (String::new(), String::new()),
+        }
+    }
+}
+
+/// Bytes at the end of `s` that could begin one of `tokens` (held back until the next piece).
+fn partial_suffix(s: &str, tokens: &[&str]) -> usize {
+    let Some(i) = s.rfind('<') else { return 0 };
+    let tail = &s[i..];
+    if tokens.iter().any(|t| t.len() > tail.len() && t.starts_with(tail)) {
+        s.len() - i
+    } else {
+        0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -94,6 +226,47 @@ mod tests {
         let (r, c) = split_harmony("<|channel|>analysis to=functions.f<|message|>{\"arg1\": 1}<|call|>").unwrap();
         assert_eq!((r.as_str(), c.as_str()), ("", ""));
         assert!(split_harmony("plain text").is_none());
+    }
+
+    /// Streamed in pieces cut at every place (two and three pieces), the reply adds up to
+    /// `split_harmony` of the whole (itself checked on llama.cpp's cases above).
+    #[test]
+    fn harmony_streamed_in_pieces_adds_up_to_the_whole() {
+        let replies = [
+            "<|channel|>analysis<|message|>I'm\nthinking<|end|><|start|>assistant<|channel|>final<|message|>Hello, world!\nWhat's up?<|return|>",
+            "<|channel|>commentary<|message|>Hello, world!\nWhat's up?",
+            "<|channel|>analysis to=functions.f<|message|>{\"arg1\": 1}<|call|>",
+            "<|channel|>analysis<|message|>a < b, <| not a token<|end|><|start|>assistant<|channel|>final<|message|>x <|",
+            "<|channel|>analysis<|message|>cut off mid-thought",
+        ];
+        let run = |cuts: &[usize], text: &str| {
+            let mut h = HarmonyStream::default();
+            let (mut r, mut c) = (String::new(), String::new());
+            let mut at = 0;
+            for &k in cuts.iter().chain([&text.len()]) {
+                let (a, b) = h.push(&text[at..k]);
+                r += &a;
+                c += &b;
+                at = k;
+            }
+            let (a, b) = h.finish();
+            (r + &a, c + &b)
+        };
+        for text in replies {
+            let want = split_harmony(text).unwrap();
+            let cuts: Vec<usize> = (0..=text.len()).filter(|&i| text.is_char_boundary(i)).collect();
+            for &i in &cuts {
+                assert_eq!(run(&[i], text), want, "{text:?} cut at {i}");
+                for &j in cuts.iter().filter(|&&j| j >= i).step_by(3) {
+                    assert_eq!(run(&[i, j], text), want, "{text:?} cut at {i}, {j}");
+                }
+            }
+        }
+        // Not harmony: passed through as it comes.
+        let mut h = HarmonyStream::default();
+        assert_eq!(h.push("<|ch"), (String::new(), String::new()));
+        assert_eq!(h.push("at"), (String::new(), "<|chat".to_string()));
+        assert_eq!(h.push(" <|end|>"), (String::new(), " <|end|>".to_string()));
     }
 
     #[test]

@@ -470,11 +470,29 @@ async fn submit(app: Arc<App>, prompt: Prompt, c: &Common, chat: bool) -> Respon
         if chat {
             emit(Event::default().data(head(json!({ "index": 0, "delta": { "role": "assistant", "content": "" }, "logprobs": null, "finish_reason": null })).to_string())).await;
         }
+        // gpt-oss (harmony): the analysis channel streams as `reasoning_content` deltas, the
+        // final one as `content` (llama.cpp's server does the same).
+        let mut harmony = les::engine::chat::HarmonyStream::default();
+        let delta = |(r, c): (String, String)| {
+            let mut out = Vec::new();
+            if !r.is_empty() {
+                out.push(json!({ "index": 0, "delta": { "reasoning_content": r }, "logprobs": null, "finish_reason": null }));
+            }
+            if !c.is_empty() {
+                out.push(json!({ "index": 0, "delta": { "content": c }, "logprobs": null, "finish_reason": null }));
+            }
+            out
+        };
         while let Some(m) = rx.recv().await {
             match m {
                 Msg::Started => {}
+                Msg::Text(t) if chat => {
+                    for choice in delta(harmony.push(&t)) {
+                        emit(Event::default().data(head(choice).to_string())).await;
+                    }
+                }
                 Msg::Text(t) => {
-                    let choice = if chat { json!({ "index": 0, "delta": { "content": t }, "logprobs": null, "finish_reason": null }) } else { json!({ "index": 0, "text": t, "logprobs": null, "finish_reason": null }) };
+                    let choice = json!({ "index": 0, "text": t, "logprobs": null, "finish_reason": null });
                     emit(Event::default().data(head(choice).to_string())).await;
                 }
                 Msg::Error(e) => {
@@ -482,6 +500,11 @@ async fn submit(app: Arc<App>, prompt: Prompt, c: &Common, chat: bool) -> Respon
                     break;
                 }
                 Msg::Done(d) => {
+                    if chat {
+                        for choice in delta(harmony.finish()) {
+                            emit(Event::default().data(head(choice).to_string())).await;
+                        }
+                    }
                     let choice = if chat { json!({ "index": 0, "delta": {}, "logprobs": null, "finish_reason": d.finish.as_str() }) } else { json!({ "index": 0, "text": "", "logprobs": null, "finish_reason": d.finish.as_str() }) };
                     let mut last = head(choice);
                     last["les"] = les_stats(&d);
