@@ -98,20 +98,29 @@ async function run() {
       reply = { role: 'assistant', content: '' };
       stream = (async function* () {
         const it = await engine.chat.completions.create({ messages: state.messages, stream: true, ...opts });
-        for await (const c of it) if (c.choices[0].delta.content) yield c.choices[0].delta.content;
+        // gpt-oss's reasoning (the harmony analysis channel) is shown apart from its answer.
+        for await (const c of it) {
+          const d = c.choices[0].delta;
+          if (d.reasoning_content) yield [true, d.reasoning_content];
+          if (d.content) yield [false, d.content];
+        }
       })();
     } else {
       out.innerHTML = '';
       p.textContent = $('prompt').value;
-      stream = engine.generate($('prompt').value, opts);
+      stream = (async function* () {
+        for await (const chunk of engine.generate($('prompt').value, opts)) yield [false, chunk];
+      })();
     }
     out.append(p);
+    const think = document.createElement('span');
+    think.className = 'reasoning';
     const gen = document.createElement('span');
-    out.append(gen);
+    out.append(think, gen);
     status('Generating…');
     const timer = setInterval(refreshStats, 500);
     try {
-      for await (const chunk of stream) gen.textContent += chunk;
+      for await (const [reasoning, chunk] of stream) (reasoning ? think : gen).textContent += chunk;
     } finally {
       clearInterval(timer);
     }

@@ -41,6 +41,31 @@ pub fn thread_pool_ready() {
 }
 
 /// Threads the CPU kernels run on (1 in the plain build).
+/// A streamed harmony (gpt-oss) reply split into reasoning and content as it arrives
+/// ([`chat::HarmonyStream`]; other replies pass through as content). `push` and `finish` return
+/// `[reasoning, content]`.
+#[wasm_bindgen]
+#[derive(Default)]
+pub struct HarmonySplit {
+    inner: chat::HarmonyStream,
+}
+
+#[wasm_bindgen]
+impl HarmonySplit {
+    #[wasm_bindgen(constructor)]
+    pub fn new() -> Self {
+        Self::default()
+    }
+    pub fn push(&mut self, text: &str) -> Vec<String> {
+        let (r, c) = self.inner.push(text);
+        vec![r, c]
+    }
+    pub fn finish(&mut self) -> Vec<String> {
+        let (r, c) = self.inner.finish();
+        vec![r, c]
+    }
+}
+
 #[wasm_bindgen(js_name = cpuThreads)]
 pub fn cpu_threads() -> u32 {
     crate::backend::cpu::par::n_threads() as u32

@@ -170,7 +170,7 @@ test('IndexedDB storage (where OPFS is missing): same tokens, and a reload reads
   }
 });
 
-test('JS API: abort stops a generation; chat streaming and non-streaming agree; stats; cache management', async () => {
+test('JS API: abort stops a generation; chat streaming and non-streaming agree; harmony replies split; stats; cache management', async () => {
   const ctx = await launch();
   try {
     const page = await ctx.newPage();
@@ -192,8 +192,14 @@ test('JS API: abort stops a generation; chat streaming and non-streaming agree; 
       }
       const whole = await e.chat.completions.create({ messages, max_tokens: 12, temperature: 0 });
       const stats = await e.stats();
-      return { aborted: aborted.aborted, n: aborted.tokens.length, streamed, whole, finish: last.choices[0].finish_reason, usage: last.usage, stats };
+      // A harmony (gpt-oss) reply in pieces cut inside its tokens, split as chat replies are
+      // (llama.cpp tests/test-chat.cpp's GPT-OSS case).
+      const pieces = ['<|chan', 'nel|>analysis<|mess', "age|>I'm\nthink", 'ing<|en', "d|><|start|>assistant<|channel|>final<|message|>Hello, world!\nWhat's up?<|ret", 'urn|>'];
+      const parts = await e._rpc.call('debugHarmony', { pieces });
+      const harmony = [parts.map((p) => p[0]).join(''), parts.map((p) => p[1]).join('')];
+      return { aborted: aborted.aborted, n: aborted.tokens.length, streamed, whole, finish: last.choices[0].finish_reason, usage: last.usage, stats, harmony };
     });
+    assert.deepEqual(out.harmony, ["I'm\nthinking", "Hello, world!\nWhat's up?"]);
     assert.equal(out.aborted, true);
     assert.ok(out.n >= 3 && out.n < 10, `stopped after ${out.n} tokens`);
     assert.equal(out.whole.object, 'chat.completion');

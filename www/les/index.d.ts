@@ -196,7 +196,8 @@ export interface ChatCompletion {
   object: 'chat.completion';
   created: number;
   model: string;
-  choices: { index: number; message: ChatMessage; finish_reason: 'stop' | 'length' | 'abort' }[];
+  /** gpt-oss (harmony): `content` is the final channel, `reasoning_content` the analysis channel. */
+  choices: { index: number; message: ChatMessage & { reasoning_content?: string }; finish_reason: 'stop' | 'length' | 'abort' }[];
   usage?: Usage;
 }
 
@@ -205,7 +206,7 @@ export interface ChatCompletionChunk {
   object: 'chat.completion.chunk';
   created: number;
   model: string;
-  choices: { index: number; delta: { content?: string }; finish_reason: 'stop' | 'length' | 'abort' | null }[];
+  choices: { index: number; delta: { content?: string; reasoning_content?: string }; finish_reason: 'stop' | 'length' | 'abort' | null }[];
   usage?: Usage;
 }
 

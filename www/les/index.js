@@ -58,6 +58,14 @@ export class Engine {
   /** Async iterator of text chunks. `options`: max_tokens, temperature, top_k, top_p, min_p,
    *  repeat_penalty, seed, ignore_eos. The final result (tokens, stats) is in `engine.lastResult`. */
   async *generate(prompt, options = {}) {
+    for await (const m of this._tokens(prompt, options, false)) {
+      if (m.text) yield m.text;
+    }
+  }
+
+  // The worker's token events of one generation (`split`: with the reply's `reasoning` and
+  // `content`, split as harmony for gpt-oss).
+  async *_tokens(prompt, options, split) {
     const queue = [];
     let wake = null;
     let result = null;
@@ -65,32 +73,26 @@ export class Engine {
     let id = 0;
     const listener = (m) => {
       if (m.event === 'token' && m.id === id) {
-        queue.push(m.text);
+        queue.push(m);
         wake?.();
       }
     };
     this._rpc.listeners.add(listener);
     id = this._rpc.next; // the id the next call gets
-    const done = this._rpc.call('generate', { prompt, options }).then(
+    const done = this._rpc.call('generate', { prompt, options, split }).then(
       (r) => { result = r; wake?.(); },
       (e) => { failure = e; wake?.(); },
     );
     try {
       for (;;) {
-        while (queue.length) {
-          const t = queue.shift();
-          if (t) yield t;
-        }
+        while (queue.length) yield queue.shift();
         if (failure) throw failure;
         if (result) break;
         await new Promise((r) => (wake = r));
         wake = null;
       }
       await done;
-      while (queue.length) {
-        const t = queue.shift();
-        if (t) yield t;
-      }
+      while (queue.length) yield queue.shift();
       this._lastResult = result;
     } finally {
       this._rpc.listeners.delete(listener);
@@ -116,22 +118,31 @@ export class Engine {
     const created = Math.floor(Date.now() / 1000);
     const id = `chatcmpl-les-${created}-${Math.random().toString(36).slice(2, 8)}`;
     const model = this.info.name ?? 'les';
+    // gpt-oss (harmony): the analysis channel is `reasoning_content`, the final one `content`
+    // (as llama.cpp's server and `les serve` answer).
     if (stream) {
       const self = this;
       return (async function* () {
-        for await (const text of self.generate(prompt, options)) {
-          yield { id, object: 'chat.completion.chunk', created, model, choices: [{ index: 0, delta: { content: text }, finish_reason: null }] };
+        for await (const m of self._tokens(prompt, options, true)) {
+          const chunk = (delta) => ({ id, object: 'chat.completion.chunk', created, model, choices: [{ index: 0, delta, finish_reason: null }] });
+          if (m.reasoning) yield chunk({ reasoning_content: m.reasoning });
+          if (m.content) yield chunk({ content: m.content });
         }
         const r = self.lastResult;
         yield { id, object: 'chat.completion.chunk', created, model, choices: [{ index: 0, delta: {}, finish_reason: r?.finishReason ?? 'stop' }], usage: usageOf(r) };
       })();
     }
     let content = '';
-    for await (const t of this.generate(prompt, options)) content += t;
+    let reasoning = '';
+    for await (const m of this._tokens(prompt, options, true)) {
+      content += m.content ?? '';
+      reasoning += m.reasoning ?? '';
+    }
     const r = this.lastResult;
+    const message = reasoning ? { role: 'assistant', content, reasoning_content: reasoning } : { role: 'assistant', content };
     return {
       id, object: 'chat.completion', created, model,
-      choices: [{ index: 0, message: { role: 'assistant', content }, finish_reason: r?.finishReason ?? 'stop' }],
+      choices: [{ index: 0, message, finish_reason: r?.finishReason ?? 'stop' }],
       usage: usageOf(r),
     };
   }

@@ -128,11 +128,14 @@ async function load({ model: src, memoryBudgetMB = 0, backend = 'auto', nCtx = 2
   return { info: JSON.parse(engine.info()), backend: backendLine, gpuError, loadMs, storage: model.stats, complete: model.complete(), threads };
 }
 
-async function generate({ id, prompt, options }) {
+// `split`: a chat reply; each token event also carries `reasoning` and `content`, the reply
+// split as harmony (gpt-oss) when it is harmony (HarmonySplit; otherwise content = text).
+async function generate({ id, prompt, options, split = false }) {
   if (!engine) throw new Error('no model loaded');
   if (generating) throw new Error('a generation is already running');
   generating = true;
   aborted = false;
+  const hs = split ? new (await ready).HarmonySplit() : null;
   try {
     const nPrompt = engine.begin(prompt, JSON.stringify(options ?? {}));
     let text = '';
@@ -147,13 +150,19 @@ async function generate({ id, prompt, options }) {
       }
       if (r.token >= 0) tokens.push(r.token);
       text += r.text;
-      post({ event: 'token', id, token: r.token, text: r.text });
+      const [reasoning, content] = hs ? hs.push(r.text) : [];
+      post({ event: 'token', id, token: r.token, text: r.text, reasoning, content });
       if (r.done) break;
       await yieldToEvents();
+    }
+    if (hs) {
+      const [reasoning, content] = hs.finish();
+      if (reasoning || content) post({ event: 'token', id, token: -1, text: '', reasoning, content });
     }
     const stats = JSON.parse(engine.stats());
     return { text, tokens, promptTokens: nPrompt, promptReused: stats.prompt_reused ?? 0, finishReason: aborted ? 'abort' : stats.finish_reason ?? 'stop', aborted, stats, reads: reads ? { mode: reads.mode, ...reads.stats } : null, threads };
   } finally {
+    hs?.free();
     generating = false;
   }
 }
@@ -171,6 +180,14 @@ const ops = {
     return { complete: model?.complete() ?? false, storage: model?.stats, http: model?.http ? { requests: model.http.requests, bytes: model.http.bytes } : null };
   },
   chatPrompt: async ({ messages }) => engine.chatPrompt(JSON.stringify(messages)),
+  // Tests: a reply given in pieces through HarmonySplit, as generate splits a chat reply.
+  debugHarmony: async ({ pieces }) => {
+    const hs = new (await (ready ??= loadWasm(true, 1))).HarmonySplit();
+    const out = pieces.map((p) => hs.push(p));
+    out.push(hs.finish());
+    hs.free();
+    return out;
+  },
   resetChat: async () => {
     if (!engine) throw new Error('no model loaded');
     if (generating) throw new Error('a generation is running');
