@@ -538,7 +538,15 @@ fn open_session(m: &ModelArgs, s: &StreamArgs, reserve: u64) -> Result<(Session,
     }
     let budget = les::engine::stream::parse_bytes(b)?;
     let budget = budget.checked_sub(reserve).ok_or_else(|| format!("--memory-budget {b} is smaller than the {:.1} MiB reserved beside the model", reserve as f64 / 1048576.0))?;
-    let st = les::engine::stream::open_streaming(&m.model, &m.stream_options(s, budget)?)?;
+    let opts = m.stream_options(s, budget)?;
+    let st = match les::engine::stream::open_streaming(&m.model, &opts) {
+        // `auto` found a GPU, but the budget cannot hold the dense weights the GPU needs: the CPU
+        // backend can read some of them from storage.
+        Err(les::engine::stream::OpenError::Budget(_)) if opts.gpu_pool && m.backend == les::backend::BackendKind::Auto => {
+            les::engine::stream::open_streaming(&m.model, &les::engine::stream::StreamOptions { gpu_pool: false, ..opts })?
+        }
+        r => r?,
+    };
     let (cpu_slots, gpu_slots) = (st.experts.config().slots, st.plan.gpu_slots);
     let all = cpu_slots + gpu_slots;
     eprintln!(
@@ -546,7 +554,7 @@ fn open_session(m: &ModelArgs, s: &StreamArgs, reserve: u64) -> Result<(Session,
         st.plan.budget as f64 / 1048576.0,
         st.plan.dense as f64 / 1048576.0,
         if st.plan.dense_streamed > 0 {
-            format!(" (of which {:.1} MiB read-ahead window; {:.1} MiB more read from storage at each use)", st.plan.dense_window as f64 / 1048576.0, st.plan.dense_streamed as f64 / 1048576.0)
+            format!(" (of which {:.1} MiB read-ahead; {:.1} MiB more read from storage at each use)", st.plan.dense_window as f64 / 1048576.0, st.plan.dense_streamed as f64 / 1048576.0)
         } else {
             String::new()
         },

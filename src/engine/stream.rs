@@ -51,8 +51,8 @@ pub struct BudgetPlan {
     /// Smallest budget this model runs in with these settings.
     pub minimum: u64,
     pub total_expert_bytes: u64,
-    /// Dense bytes read from storage at each use instead of held (not in `dense`), and the
-    /// read-ahead window holding the next of them (in `dense`); 0 when every dense weight is held.
+    /// Dense bytes read from storage at each use instead of held (not in `dense`), and what the
+    /// read-ahead holding the next of them may take (in `dense`); 0 when every dense weight is held.
     pub dense_streamed: u64,
     pub dense_window: u64,
 }
@@ -158,6 +158,7 @@ pub fn streamable_dense(g: &GgufFile, c: &Config) -> Vec<(String, u64)> {
         let n = t.name.as_str();
         let layer_mat = n.starts_with("blk.")
             && n.ends_with(".weight")
+            && !n.contains("_exps")
             && t.dims.iter().filter(|&&d| d > 1).count() == 2
             && ["attn_k.", "attn_v.", "attn_output.", "attn_qkv.", "attn_gate.", "ssm_out.", "ffn_gate.", "ffn_up.", "ffn_down.", "ffn_gate_shexp.", "ffn_up_shexp.", "ffn_down_shexp."]
                 .iter()
@@ -174,28 +175,69 @@ pub fn streamable_dense(g: &GgufFile, c: &Config) -> Vec<(String, u64)> {
     out
 }
 
+/// Dense matrices read from storage at each use ([`plan_dense_streaming`]).
+#[derive(Clone, Debug, Default)]
+pub struct DensePlan {
+    pub names: std::collections::HashSet<String>,
+    /// Their bytes (not held).
+    pub streamed: u64,
+    /// Read-ahead window (0 when only an untied `token_embd`'s rows are read) and piece size (at
+    /// most half the window, so the reader can work on the next piece while one is in use).
+    pub window: u64,
+    pub piece: u64,
+}
+
+impl DensePlan {
+    /// The first `take` of `cands` ([`streamable_dense`]): the window is a quarter of the bytes
+    /// read in the forward's cycle, at most `o.window`.
+    pub fn first(cands: &[(String, u64)], take: usize, o: &DenseOptions) -> Self {
+        let untied = cands.iter().any(|c| c.0 == "output.weight");
+        let mut p = DensePlan::default();
+        let mut cycle = 0u64;
+        for (n, size) in cands.iter().take(take) {
+            if !(untied && n == "token_embd.weight") {
+                cycle += size;
+            }
+            p.names.insert(n.clone());
+            p.streamed += size;
+        }
+        p.window = (cycle / 4).min(o.window as u64);
+        p.piece = (p.window / 2).min(o.piece as u64).max(1);
+        p
+    }
+
+    /// Memory the read-ahead may hold: the window, plus one piece being read while a miss reads
+    /// another.
+    pub fn held(&self) -> u64 {
+        if self.window == 0 {
+            0
+        } else {
+            self.window + self.piece
+        }
+    }
+
+    /// Dense bytes held with this plan, out of `dense`.
+    pub fn resident(&self, dense: u64) -> u64 {
+        dense.saturating_sub(self.streamed) + self.held()
+    }
+}
+
 /// Which dense matrices to read from storage so that `budget` holds the rest, the KV cache,
-/// scratch and `room` bytes of experts (the caller asks for two layers' routed experts: one
+/// scratch and `room.0` bytes of experts (the caller asks for two layers' routed experts: one
 /// computing, one prefetched); as few as possible, since each streamed byte is read again every
 /// token (but `token_embd`'s rows, one per token). When every candidate streamed still leaves
-/// less than `room`, `min_room` (the minimum expert slots) is enough. Returns the names, their
-/// bytes and the window (0 when only rows are read), or `None` when nothing fits.
-pub fn plan_dense_streaming(cands: &[(String, u64)], budget: u64, dense: u64, kv: u64, scratch: u64, (room, min_room): (u64, u64), o: &DenseOptions) -> Option<(std::collections::HashSet<String>, u64, u64)> {
-    let untied = cands.iter().any(|c| c.0 == "output.weight");
-    let mut names = std::collections::HashSet::new();
-    let (mut streamed, mut cycle, mut window) = (0u64, 0u64, 0u64);
-    for (n, size) in cands {
-        if dense - streamed + window + kv + scratch + room <= budget {
-            break;
+/// less than `room.0`, `room.1` (the minimum expert slots) is enough. `None` when nothing fits.
+pub fn plan_dense_streaming(cands: &[(String, u64)], budget: u64, dense: u64, kv: u64, scratch: u64, room: (u64, u64), o: &DenseOptions) -> Option<DensePlan> {
+    let fits = |p: &DensePlan, room: u64| p.resident(dense) + kv + scratch + room <= budget;
+    let mut last = None;
+    for take in 1..=cands.len() {
+        let p = DensePlan::first(cands, take, o);
+        if fits(&p, room.0) {
+            return Some(p);
         }
-        if !(untied && n == "token_embd.weight") {
-            cycle += size;
-            window = (cycle / 4).min(o.window as u64);
-        }
-        names.insert(n.clone());
-        streamed += size;
+        last = Some(p);
     }
-    (!names.is_empty() && dense - streamed + window + kv + scratch + min_room <= budget).then_some((names, streamed, window))
+    last.filter(|p| fits(p, room.1))
 }
 
 impl StreamOptions {
@@ -243,7 +285,8 @@ pub fn tensor_f32(g: &GgufFile, src: &dyn ByteSource, name: &str) -> Result<Vec<
 /// pieces, O_DIRECT bounce buffers) come from the heap and stay mapped once freed: with
 /// gpt-oss-20b's shapes at 1 GiB that held ~125 MiB beyond the budget. A fixed 1 MiB threshold
 /// keeps every large block an mmap of its own, unmapped on free (`mallopt(3)`, `M_MMAP_THRESHOLD`).
-#[cfg(not(target_arch = "wasm32"))]
+/// Called when dense weights are streamed (it changes the process's allocator: an embedding
+/// host sees it too).
 fn return_large_frees_to_the_os() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only changes allocator parameters; it is safe to call at any time.
@@ -255,7 +298,6 @@ fn return_large_frees_to_the_os() {
 /// Open `path` (a GGUF or a `.les` bundle) for streaming under `opts.budget`.
 #[cfg(not(target_arch = "wasm32"))]
 pub fn open_streaming(path: &str, opts: &StreamOptions) -> Result<Streaming, OpenError> {
-    return_large_frees_to_the_os();
     let file = if opts.direct { FileSource::open_direct(path)? } else { FileSource::open(path)? };
     if opts.profile.is_some() && !opts.direct {
         // The profile alone must set the timing: its reads come from the page cache.
@@ -327,16 +369,15 @@ pub fn open_streaming_sources(raw: Arc<dyn ByteSource>, expert_src: Arc<dyn Byte
                     return Err(e.into());
                 }
                 let cands = streamable_dense(&g, &c);
-                let Some((names, streamed, window)) = plan_dense_streaming(&cands, opts.budget, dense, kv, scratch, (room, min_room), &opts.dense) else {
+                let Some(d) = plan_dense_streaming(&cands, opts.budget, dense, kv, scratch, (room, min_room), &opts.dense) else {
                     // Name the minimum with every candidate streamed.
-                    let untied = cands.iter().any(|c| c.0 == "output.weight");
-                    let cycle: u64 = cands.iter().filter(|c| !(untied && c.0 == "token_embd.weight")).map(|c| c.1).sum();
-                    let least = dense - cands.iter().map(|c| c.1).sum::<u64>() + (cycle / 4).min(opts.dense.window as u64);
+                    let least = DensePlan::first(&cands, cands.len(), &opts.dense).resident(dense);
                     return Err(plan_budget(opts.budget, least, kv, scratch, max_e, total_e, min_slots).err().map(OpenError::from).unwrap_or(e.into()));
                 };
-                let mut p = plan_budget(opts.budget, dense - streamed + window, kv, scratch, max_e, total_e, min_slots)?;
-                (p.dense_streamed, p.dense_window) = (streamed, window);
-                dense_streaming = Some(DenseStreaming { names, src: dense_stream_src.clone(), window: window as usize, piece: opts.dense.piece });
+                return_large_frees_to_the_os();
+                let mut p = plan_budget(opts.budget, d.resident(dense), kv, scratch, max_e, total_e, min_slots)?;
+                (p.dense_streamed, p.dense_window) = (d.streamed, d.held());
+                dense_streaming = Some(DenseStreaming { names: d.names, src: dense_stream_src.clone(), window: d.window as usize, piece: d.piece as usize });
                 p
             }
         },

@@ -46,6 +46,8 @@ struct State {
     /// Bumped when a miss clears `held` (a background read of an older generation is dropped).
     gen: u64,
     stop: bool,
+    /// The reader thread ended (a panic in a source): callers read every piece themselves.
+    dead: bool,
     stats: AheadStats,
     /// Buffers of pieces let go, kept for the next reads while held + spare bytes fit the
     /// window (fresh buffers would be fresh pages to fault in, or heap the allocator keeps).
@@ -63,21 +65,31 @@ impl State {
         }
     }
 
-    /// A buffer of `len` bytes, a spare one when there is one.
+    /// A spare buffer for a piece of `len` bytes, the closest fit (empty when none is large
+    /// enough: the spares are dropped, so held + spare bytes stay within the window). Size it
+    /// with [`fit`] outside the lock.
     fn buffer(&mut self, len: usize) -> Vec<u8> {
-        let mut v = match self.spare.iter().position(|b| b.capacity() >= len) {
+        match self.spare.iter().enumerate().filter(|(_, b)| b.capacity() >= len).min_by_key(|(_, b)| b.capacity()).map(|(i, _)| i) {
             Some(i) => self.spare.swap_remove(i),
             None => {
-                self.spare.clear(); // give the room back: held + spare bytes stay within the window
+                self.spare.clear();
                 Vec::new()
             }
-        };
-        v.resize(len, 0);
-        v
+        }
     }
 }
 
+/// `v` holding exactly `len` bytes: a larger spare gives its tail back (its pages must not stay
+/// resident beyond the piece's length, which is what the window counts).
+fn fit(mut v: Vec<u8>, len: usize) -> Vec<u8> {
+    v.resize(len, 0);
+    v.shrink_to(len);
+    v
+}
+
 struct Inner {
+    /// Held by `get` throughout: one caller at a time (the bookkeeping assumes it).
+    caller: Mutex<()>,
     src: Arc<dyn ByteSource>,
     /// A reader thread runs (else every piece is read by `get`).
     background: bool,
@@ -104,11 +116,12 @@ impl ReadAhead {
         }
         let background = background && cfg!(not(target_arch = "wasm32")) && !pieces.is_empty();
         let inner = Arc::new(Inner {
+            caller: Mutex::new(()),
             src,
             background,
             pieces,
             window,
-            st: Mutex::new(State { held: VecDeque::new(), head: 0, bytes: 0, gen: 0, stop: false, stats: AheadStats::default(), spare: Vec::new() }),
+            st: Mutex::new(State { held: VecDeque::new(), head: 0, bytes: 0, gen: 0, stop: false, dead: false, stats: AheadStats::default(), spare: Vec::new() }),
             cv: Condvar::new(),
         });
         #[cfg(not(target_arch = "wasm32"))]
@@ -147,6 +160,7 @@ impl ReadAhead {
         let Some(&(off, len)) = inner.pieces.get(i) else {
             return Err(StoreError::OutOfRange { offset: i as u64, len: 0, size: inner.pieces.len() as u64 });
         };
+        let _one = inner.caller.lock().unwrap_or_else(|e| e.into_inner());
         let mut st = inner.lock();
         st.stats.gets += 1;
         let mut waited = false;
@@ -164,6 +178,7 @@ impl ReadAhead {
                 match &st.held[0].data {
                     Some(Some(d)) => return Ok(d.clone()),
                     Some(None) => break, // the background read failed: retry here
+                    None if st.dead => break,
                     None => {
                         if !waited {
                             st.stats.waits += 1;
@@ -172,10 +187,10 @@ impl ReadAhead {
                         st = inner.cv.wait(st).unwrap_or_else(|e| e.into_inner());
                     }
                 }
-            } else if inner.background && i == (st.head + st.held.len()) % inner.pieces.len() {
+            } else if inner.background && !st.dead && i == (st.head + st.held.len()) % inner.pieces.len() {
                 // The reader's next piece: let go of what is held (all before `i`) and wait.
                 let dropped: usize = st.held.iter().filter(|s| s.data.is_some()).map(|s| inner.pieces[s.idx].1).sum();
-                if dropped < st.held.iter().map(|s| inner.pieces[s.idx].1).sum::<usize>() {
+                if dropped < st.held.iter().map(|s| inner.pieces[s.idx].1).sum::<usize>() && !st.dead {
                     // A piece before `i` is still being read; wait for it to land first.
                     st = inner.cv.wait(st).unwrap_or_else(|e| e.into_inner());
                     continue;
@@ -212,8 +227,10 @@ impl ReadAhead {
         st.bytes += len;
         st.stats.peak_bytes = st.stats.peak_bytes.max(st.bytes as u64);
         let gen = st.gen;
-        let mut buf = st.buffer(len);
+        let buf = st.buffer(len);
+        inner.cv.notify_all(); // room was made: the reader may go on with the next pieces
         drop(st);
+        let mut buf = fit(buf, len);
         let r = inner.src.read_at(off, &mut buf).map(|_| buf);
         let mut st = inner.lock();
         st.stats.bytes_read += len as u64;
@@ -238,6 +255,15 @@ impl Inner {
     /// The reader thread: read the cycle's next piece whenever the window has room for it.
     #[cfg(not(target_arch = "wasm32"))]
     fn run(&self) {
+        /// Tells the callers when the reader ends, however it ends (a panicking source).
+        struct Dead<'a>(&'a Inner);
+        impl Drop for Dead<'_> {
+            fn drop(&mut self) {
+                self.0.lock().dead = true;
+                self.0.cv.notify_all();
+            }
+        }
+        let _dead = Dead(self);
         let n = self.pieces.len();
         let mut st = self.lock();
         loop {
@@ -255,8 +281,9 @@ impl Inner {
             st.stats.peak_bytes = st.stats.peak_bytes.max(st.bytes as u64);
             let gen = st.gen;
             let (off, len) = self.pieces[next];
-            let mut buf = st.buffer(len);
+            let buf = st.buffer(len);
             drop(st);
+            let mut buf = fit(buf, len);
             let r = self.src.read_at(off, &mut buf).map(|_| buf);
             st = self.lock();
             st.stats.bytes_read += len as u64;
@@ -312,6 +339,51 @@ mod tests {
             assert!(s.peak_bytes <= 1000 + 400, "peak {}", s.peak_bytes);
             if !background {
                 assert_eq!(s.misses, s.gets - 1, "without a reader every piece but a repeated one is read by get");
+            }
+        }
+    }
+
+    /// Two threads taking pieces at once each get the right bytes (callers are serialised).
+    #[test]
+    fn concurrent_callers_get_the_right_bytes() {
+        let src = source(20_000);
+        let pieces: Vec<(u64, usize)> = (0..40).map(|i| (i * 480, 333 + i as usize)).collect();
+        let ra = ReadAhead::new(src.clone(), pieces.clone(), 1500, true).unwrap();
+        std::thread::scope(|s| {
+            for t in 0..2 {
+                let (ra, src, pieces) = (&ra, &src, &pieces);
+                s.spawn(move || {
+                    for k in 0..400 {
+                        let i = (k * (t + 1)) % pieces.len();
+                        let (o, l) = pieces[i];
+                        assert_eq!(&ra.get(i).unwrap()[..], &src.read_vec(o, l).unwrap()[..]);
+                    }
+                });
+            }
+        });
+        assert!(ra.stats().peak_bytes <= 1500 + 400);
+    }
+
+    /// A source that panics on the reader thread: callers read the pieces themselves.
+    #[test]
+    fn a_reader_that_dies_leaves_the_callers_reading() {
+        struct PanicsOnReader(Arc<dyn ByteSource>);
+        impl ByteSource for PanicsOnReader {
+            fn len(&self) -> u64 {
+                self.0.len()
+            }
+            fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
+                if std::thread::current().name() == Some("les-read-ahead") {
+                    panic!("injected: a source bug on the reader thread");
+                }
+                self.0.read_at(offset, buf)
+            }
+        }
+        let src = source(4000);
+        let ra = ReadAhead::new(Arc::new(PanicsOnReader(src.clone())), vec![(0, 500), (500, 500), (1000, 500)], 2000, true).unwrap();
+        for _ in 0..2 {
+            for (i, o) in [0u64, 500, 1000].into_iter().enumerate() {
+                assert_eq!(&ra.get(i).unwrap()[..], &src.read_vec(o, 500).unwrap()[..]);
             }
         }
     }

@@ -40,7 +40,6 @@ pub fn thread_pool_ready() {
     crate::backend::cpu::par::set_pool_ready();
 }
 
-/// Threads the CPU kernels run on (1 in the plain build).
 /// A streamed harmony (gpt-oss) reply split into reasoning and content as it arrives
 /// ([`chat::HarmonyStream`]; other replies pass through as content). `push` and `finish` return
 /// `[reasoning, content]`.
@@ -66,6 +65,7 @@ impl HarmonySplit {
     }
 }
 
+/// Threads the CPU kernels run on (1 in the plain build).
 #[wasm_bindgen(js_name = cpuThreads)]
 pub fn cpu_threads() -> u32 {
     crate::backend::cpu::par::n_threads() as u32
