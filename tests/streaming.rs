@@ -41,7 +41,13 @@ fn reference(path: &std::path::Path, prompts: &[&str], n: usize) -> (Vec<(Vec<u3
 }
 
 fn pack(model: &std::path::Path) -> std::path::PathBuf {
-    let out = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{}.les", model.file_stem().unwrap().to_string_lossy()));
+    pack_as(model, "")
+}
+
+/// [`pack`] to a file of its own (`tag`): tests run in parallel, and one test rewriting a bundle
+/// another is reading gives the reader short reads.
+fn pack_as(model: &std::path::Path, tag: &str) -> std::path::PathBuf {
+    let out = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{}{tag}.les", model.file_stem().unwrap().to_string_lossy()));
     let src = FileSource::open(model).unwrap();
     let mut f = std::fs::File::create(&out).unwrap();
     les::expert::bundle::pack(&src, &mut f, &mut |_, _| {}).unwrap();
@@ -223,7 +229,7 @@ fn faults_give_errors_or_retries_never_wrong_tokens() {
 #[test]
 fn bundle_checksum_mismatch_is_an_error_not_a_wrong_token() {
     let path = model("rand-llama-moe.gguf");
-    let b = pack(&path);
+    let b = pack_as(&path, "-checksum");
     let bad = b.with_extension("bad.les");
     let mut bytes = std::fs::read(&b).unwrap();
     // Corrupt one byte in the middle of the expert section of the first layer.
@@ -275,7 +281,7 @@ fn dense_weights_read_from_storage_are_lossless() {
             gpu_pool: false,
             dense,
         };
-        let stores = [Some(path.clone()), bundle.then(|| pack(&path))];
+        let stores = [Some(path.clone()), bundle.then(|| pack_as(&path, "-dense"))];
         for store in stores.iter().flatten() {
             let resident_min = open_streaming(store.to_str().unwrap(), &opts(u64::MAX / 2)).unwrap().plan.minimum;
             let least = match open_streaming(store.to_str().unwrap(), &opts(1 << 20)) {
