@@ -199,6 +199,11 @@ struct StreamArgs {
     /// computed, its partial output re-predicts layer l+1; recall 69% vs 56% on SmolMoE-32x2).
     #[arg(long)]
     no_refine: bool,
+    /// Prefetch on every token. By default the scheduler measures, while decoding, whether
+    /// prefetching makes tokens faster (epochs of 8 tokens with it on and off) and turns it off
+    /// while it does not (`src/expert/governor.rs`).
+    #[arg(long)]
+    prefetch_always: bool,
     /// Prefetch reads in flight at once (prefetches run only while no demand read is waiting).
     #[arg(long, default_value_t = 1)]
     prefetch_inflight: usize,
@@ -242,6 +247,7 @@ impl StreamArgs {
                 max_prefetch_inflight: self.prefetch_inflight.max(1),
                 residual_stage: self.two_stage,
                 refine: !self.no_refine,
+                adaptive: !self.prefetch_always,
                 prefetch_chunk: les::engine::stream::parse_bytes(&self.prefetch_chunk).map_err(|e| format!("--prefetch-chunk: {e}"))? as usize,
                 trace: self.trace.is_some(),
                 ..Default::default()
@@ -623,6 +629,17 @@ fn cmd_run(a: RunArgs) -> Res {
                 d.bytes_read as f64 / st.tokens.max(1) as f64 / 1e6,
                 100.0 * (d.gets - d.misses) as f64 / d.gets.max(1) as f64,
                 100.0 * d.waits as f64 / d.gets.max(1) as f64
+            );
+        }
+        if let (Some(share), Some(g)) = (st.prefetch_on_share(), &st.governor) {
+            let ms = |v: Option<f64>| v.map(|x| format!("{x:.1}")).unwrap_or_else(|| "-".into());
+            eprintln!(
+                "les: prefetch governor: on for {:.0}% of measured tokens, now {} | last epochs {} ms/token on, {} off | {} switches",
+                100.0 * share,
+                if ex.prefetching() { "on" } else { "off" },
+                ms(g.last_on_ms),
+                ms(g.last_off_ms),
+                g.switches
             );
         }
         if let (Some(r), Some(p)) = (st.refine_recall(), st.refine_precision()) {

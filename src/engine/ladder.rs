@@ -37,6 +37,8 @@ pub struct Rung {
     pub mb_per_accepted_token: Option<f64>,
     /// Recall of the refined layer l+1 predictions (from layer l's partial output), when made.
     pub refine_recall: Option<f64>,
+    /// Share of decode tokens the prefetch governor ran with prefetching on (None: no governor).
+    pub prefetch_on: Option<f64>,
 }
 
 /// The speculative rung's draft source.
@@ -73,7 +75,7 @@ pub struct LadderReport {
 impl LadderReport {
     pub fn table(&self) -> String {
         let mut s = format!(
-            "ladder: {} | store {} | budget {:.0} MiB | {} expert slots ({:.1}% of experts)\n{:<20} {:>9} {:>9} {:>8} {:>9} {:>10} {:>10} {:>8}\n",
+            "ladder: {} | store {} | budget {:.0} MiB | {} expert slots ({:.1}% of experts)\n{:<20} {:>9} {:>9} {:>8} {:>9} {:>10} {:>10} {:>8} {:>8}\n",
             self.model,
             self.store,
             self.budget as f64 / 1048576.0,
@@ -86,11 +88,12 @@ impl LadderReport {
             "recall %",
             "MB/token",
             "stall ms",
-            "I/O %"
+            "I/O %",
+            "pf on %"
         );
         for r in &self.rungs {
             s += &format!(
-                "{:<20} {:>9.2} {:>9.2} {:>8.1} {:>9.1} {:>10.2} {:>10.2} {:>8.0}\n",
+                "{:<20} {:>9.2} {:>9.2} {:>8.1} {:>9.1} {:>10.2} {:>10.2} {:>8.0} {:>8}\n",
                 r.name,
                 r.tokens_per_s,
                 r.ratio_to_on_demand,
@@ -98,7 +101,8 @@ impl LadderReport {
                 100.0 * r.recall_d1,
                 r.mb_read_per_token,
                 r.stall_ms_per_token,
-                100.0 * r.io_busy
+                100.0 * r.io_busy,
+                r.prefetch_on.map(|p| format!("{:.0}", 100.0 * p)).unwrap_or_else(|| "-".into())
             );
         }
         let refined: Vec<String> = self.rungs.iter().filter_map(|r| r.refine_recall.map(|x| format!("{} {:.1}%", r.name, 100.0 * x))).collect();
@@ -143,6 +147,7 @@ fn streamed_rung(name: &str, t: usize, ms: f64, s: &crate::expert::stream::Strea
         experts_per_token: Some(loads as f64 / t.max(1) as f64),
         mb_per_accepted_token: Some(bytes as f64 / 1e6 / t.max(1) as f64),
         refine_recall: s.refine_recall(),
+        prefetch_on: s.prefetch_on_share(),
         ..Default::default()
     }
 }

@@ -228,5 +228,6 @@ impl ExpertSource for ResidentExperts {
 
 pub mod store;
 pub mod stream;
+pub mod governor;
 pub mod io;
 pub mod bundle;

@@ -16,10 +16,12 @@
 //! The model combines expert outputs in rank order, so all of this changes only *when* bytes
 //! arrive, never the logits.
 
+use super::governor::{Arm, Governor, GovernorConfig, GovernorStats};
 use super::io::{AsyncIo, AsyncReader, Inline, ReadExecutor, Threads};
 use super::store::ExpertStore;
 use super::{ExpertBlock, ExpertError, ExpertLayout, ExpertSource};
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 use web_time::Instant;
 
@@ -95,11 +97,14 @@ pub struct StreamConfig {
     pub pinned: Vec<(usize, usize)>,
     /// Record a Chrome trace-event timeline.
     pub trace: bool,
+    /// With `prefetch`: measure while decoding whether prefetching makes tokens faster and turn
+    /// it off while it does not ([`super::governor`]). Off: prefetch always.
+    pub adaptive: bool,
 }
 
 impl Default for StreamConfig {
     fn default() -> Self {
-        Self { slots: 64, policy: Policy::NextUse, prefetch: true, depth: 2, extra: 0, temporal: true, io_threads: 4, max_prefetch_inflight: 1, prefetch_chunk: 1 << 20, residual_stage: false, refine: true, draft_depth: 4, pinned: vec![], trace: false }
+        Self { slots: 64, policy: Policy::NextUse, prefetch: true, depth: 2, extra: 0, temporal: true, io_threads: 4, max_prefetch_inflight: 1, prefetch_chunk: 1 << 20, residual_stage: false, refine: true, draft_depth: 4, pinned: vec![], trace: false, adaptive: true }
     }
 }
 
@@ -182,6 +187,11 @@ pub struct StreamStats {
     pub io_busy_ms: f64,
     pub wall_ms: f64,
     pub layers: Vec<LayerStats>,
+    /// Tokens of the forwards the prefetch governor measured with prefetching on / off.
+    pub prefetch_on_tokens: u64,
+    pub prefetch_off_tokens: u64,
+    /// The governor since the source was made (None: prefetching off, or always on).
+    pub governor: Option<GovernorStats>,
 }
 
 impl StreamStats {
@@ -228,6 +238,11 @@ impl StreamStats {
     pub fn io_busy_fraction(&self, workers: usize) -> f64 {
         if self.wall_ms <= 0.0 { 0.0 } else { self.io_busy_ms / (self.wall_ms * workers.max(1) as f64) }
     }
+    /// Share of the measured tokens that ran with prefetching on (None: no governor).
+    pub fn prefetch_on_share(&self) -> Option<f64> {
+        let n = self.prefetch_on_tokens + self.prefetch_off_tokens;
+        (self.governor.is_some() && n > 0).then(|| self.prefetch_on_tokens as f64 / n as f64)
+    }
 }
 
 /// A Chrome trace event (`chrome://tracing`, Perfetto).
@@ -268,6 +283,15 @@ pub(crate) struct Inner {
     /// Every routed (layer, expert) in order (for oracle bounds).
     route_log: Vec<(u32, u32)>,
     shutdown: bool,
+    /// Prefetching on or off ([`StreamConfig::adaptive`]).
+    gov: Option<Governor>,
+    /// The forward being measured: its start (ms since `t0`), tokens, and whether it counts
+    /// (decode or speculative verification, not a prompt).
+    fwd: Option<(f64, usize, bool)>,
+    /// When the last `with_experts` call returned (ms since `t0`).
+    fwd_end: f64,
+    /// The next forward verifies a draft (set by `on_draft_hidden`).
+    verifying: bool,
 }
 
 /// The policy: its state, the slot buffers and the store, shared with the executor's threads.
@@ -281,6 +305,8 @@ pub(crate) struct Shared {
     store: Arc<dyn ExpertStore>,
     cfg: StreamConfig,
     t0: Instant,
+    /// Prefetching runs now: `cfg.prefetch`, and the governor's arm when adaptive.
+    pf_on: AtomicBool,
 }
 
 /// [`ExpertSource`] backed by a slot cache over an [`ExpertStore`], with lookahead prefetch.
@@ -344,8 +370,13 @@ impl StreamingExperts {
             trace: Vec::new(),
             route_log: Vec::new(),
             shutdown: false,
+            gov: (cfg.prefetch && cfg.adaptive).then(|| Governor::new(GovernorConfig::default())),
+            fwd: None,
+            fwd_end: 0.0,
+            verifying: false,
         };
-        let sh = Arc::new(Shared { inner: Mutex::new(inner), io_cv: Condvar::new(), done_cv: Condvar::new(), bufs, store, cfg: cfg.clone(), t0: Instant::now() });
+        let pf_on = AtomicBool::new(cfg.prefetch);
+        let sh = Arc::new(Shared { inner: Mutex::new(inner), io_cv: Condvar::new(), done_cv: Condvar::new(), bufs, store, cfg: cfg.clone(), t0: Instant::now(), pf_on });
         // `io_threads == 0` (always on wasm32, which has no threads): no workers; the thread
         // that needs an expert reads it itself (the browser installs its own executor).
         let n_workers = if cfg!(target_arch = "wasm32") { 0 } else { cfg.io_threads };
@@ -404,7 +435,38 @@ impl StreamingExperts {
         let g = self.sh.inner.lock().unwrap();
         let mut s = g.stats.clone();
         s.wall_ms = self.sh.t0.elapsed().as_secs_f64() * 1000.0;
+        s.governor = g.gov.as_ref().map(|v| v.stats());
         s
+    }
+
+    /// Whether lookahead prefetching runs now (configured on, and the governor's choice).
+    pub fn prefetching(&self) -> bool {
+        self.sh.pf_on.load(Ordering::Relaxed)
+    }
+
+    /// A forward's first MoE layer: close the measurement of the one before (from its first
+    /// layer to its last `with_experts` return) and hand it to the governor.
+    fn start_forward(&self, g: &mut Inner, n_tok: usize) {
+        let now = self.sh.t0.elapsed().as_secs_f64() * 1000.0;
+        if let (Some((start, n, true)), Some(gov)) = (g.fwd, g.gov.as_mut()) {
+            if g.fwd_end > start {
+                let arm = gov.arm();
+                let next = gov.record(g.fwd_end - start, n as u32);
+                match arm {
+                    Arm::On => g.stats.prefetch_on_tokens += n as u64,
+                    Arm::Off => g.stats.prefetch_off_tokens += n as u64,
+                }
+                if next != arm {
+                    self.sh.pf_on.store(next == Arm::On, Ordering::Relaxed);
+                    if next == Arm::Off {
+                        // Queued prefetches not started yet would still cost their reads.
+                        g.drop_queued(|r, slot| r.done == 0 && slot.pins == 0);
+                    }
+                }
+            }
+        }
+        let counts = n_tok == 1 || std::mem::take(&mut g.verifying);
+        g.fwd = Some((now, n_tok, counts));
     }
 
     /// Reset counters (not the cache contents).
@@ -1047,6 +1109,7 @@ impl ExpertSource for StreamingExperts {
         let sh = &self.sh;
         if layer == 0 {
             let mut g = sh.inner.lock().unwrap();
+            self.start_forward(&mut g, n_tok);
             g.stats.tokens += n_tok as u64;
             // Decay frequencies once per step.
             for v in g.freq.values_mut() {
@@ -1057,7 +1120,7 @@ impl ExpertSource for StreamingExperts {
         // pinned (in `with_experts`), so a prefetch can never evict them.
         let mut hs = self.hidden.lock().unwrap();
         hs.clear();
-        if sh.cfg.prefetch && n_tok == 1 {
+        if self.prefetching() && n_tok == 1 {
             hs.extend_from_slice(h);
         }
     }
@@ -1071,19 +1134,20 @@ impl ExpertSource for StreamingExperts {
     }
 
     fn on_residual(&self, layer: usize, x: &[f32], n_tok: usize) {
-        if self.sh.cfg.prefetch && self.sh.cfg.residual_stage && n_tok == 1 && layer < self.routers.len() {
+        if self.prefetching() && self.sh.cfg.residual_stage && n_tok == 1 && layer < self.routers.len() {
             self.prefetch_from_residual(layer, x, false);
         }
     }
 
     fn on_partial(&self, layer: usize, x: &[f32]) {
-        if self.sh.cfg.prefetch && self.sh.cfg.refine && layer + 1 < self.routers.len() {
+        if self.prefetching() && self.sh.cfg.refine && layer + 1 < self.routers.len() {
             self.prefetch_from_residual(layer, x, true);
         }
     }
 
     fn on_draft_hidden(&self, rows: &[Vec<f32>]) {
-        if !self.sh.cfg.prefetch || self.sh.cfg.draft_depth == 0 {
+        self.sh.inner.lock().unwrap().verifying = true;
+        if !self.prefetching() || self.sh.cfg.draft_depth == 0 {
             return;
         }
         // Each row through layer l's own norm and router: the union of its top-k per layer.
@@ -1302,6 +1366,7 @@ impl ExpertSource for StreamingExperts {
             }
             unpin(s);
         }
+        sh.inner.lock().unwrap().fwd_end = sh.t0.elapsed().as_secs_f64() * 1000.0;
         Ok(())
     }
 }
@@ -1604,5 +1669,67 @@ mod tests {
         let s: Vec<(u32, u32)> = [7, 0, 1, 2, 0, 3, 0, 4, 2, 3, 0, 3, 2].iter().map(|&e| (0, e)).collect();
         assert_eq!(belady_misses(&s, 3), 7);
         assert_eq!(belady_misses(&s, 100), 6);
+    }
+
+    /// Decode `tokens` one-token forwards through the two layers of a [`unit_router_store`]:
+    /// token t routes layer 0 to `route(t).0` and layer 1 to `route(t).1`, layer 0's FFN input
+    /// points at `route(t).2` (what the predictor will guess for layer 1), and `compute_ms`
+    /// passes between the layers.
+    fn decode(ex: &StreamingExperts, tokens: std::ops::Range<usize>, route: impl Fn(usize) -> (u32, u32, usize), compute_ms: u64) {
+        for t in tokens {
+            let (e0, e1, guess) = route(t);
+            let mut h = [0.0f32; 4];
+            h[guess] = 1.0;
+            ex.on_hidden(0, &h, 1);
+            ex.with_experts(0, &[e0], &mut |_, _| {}).unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(compute_ms));
+            ex.on_hidden(1, &[1.0, 0.0, 0.0, 0.0], 1);
+            ex.with_experts(1, &[e1], &mut |_, _| {}).unwrap();
+        }
+    }
+
+    /// Prefetches that only evict what the next token needs make tokens slower: after the
+    /// warm-up (4 epochs of 8 tokens) the governor turns prefetching off, and no prefetch is
+    /// read while it stays off.
+    #[test]
+    fn governor_turns_off_prefetches_that_cost() {
+        // Two slots; every token routes (0, 0) then (1, 1); layer 0's input predicts (1, 2),
+        // which can only be loaded by evicting (1, 1). Off: both stay resident, no reads.
+        let (store, router, n_expert) = unit_router_store(4 << 10, 2, 3);
+        let cfg = StreamConfig { slots: 2, prefetch: true, depth: 1, temporal: false, io_threads: 2, refine: false, policy: Policy::Lru, ..Default::default() };
+        let ex = StreamingExperts::new(store, vec![router; 2], n_expert, 1, cfg);
+        assert!(ex.prefetching());
+        decode(&ex, 0..33, |_| (0, 1, 2), 0);
+        assert!(!ex.prefetching(), "{:?}", ex.stats().governor);
+        let s = ex.stats();
+        let g = s.governor.clone().unwrap();
+        assert!(g.last_on_ms.unwrap() > g.last_off_ms.unwrap(), "{g:?}");
+        assert_eq!((s.prefetch_on_tokens, s.prefetch_off_tokens), (16, 16));
+        // The next 4 epochs run without prefetching: nothing is read.
+        decode(&ex, 33..56, |_| (0, 1, 2), 0);
+        let s2 = ex.stats();
+        assert_eq!((s2.prefetch_loads, s2.bytes_read), (s.prefetch_loads, s.bytes_read), "{s2:?}");
+        // With prefetching, the evicted (1, 1) was read again on demand.
+        assert!(s.demand_loads > 2, "{s:?}");
+    }
+
+    /// Prefetches that hide reads behind compute make tokens faster: the governor keeps them.
+    #[test]
+    fn governor_keeps_prefetches_that_pay() {
+        // Two slots; token t routes (0, t mod 4) then (1, t+1 mod 4), and layer 0's input
+        // predicts layer 1 right: with prefetching, layer 1's read (3 × 3 ms) runs during the
+        // 12 ms of compute between the layers; without, it stalls.
+        let (store, router, n_expert) = unit_router_store(4 << 10, 2, 3);
+        let cfg = StreamConfig { slots: 2, prefetch: true, depth: 1, temporal: false, io_threads: 2, refine: false, policy: Policy::Lru, ..Default::default() };
+        let ex = StreamingExperts::new(store, vec![router; 2], n_expert, 1, cfg);
+        let route = |t: usize| ((t % 4) as u32, ((t + 1) % 4) as u32, (t + 1) % 4);
+        decode(&ex, 0..33, route, 12);
+        let s = ex.stats();
+        let g = s.governor.clone().unwrap();
+        assert!(ex.prefetching(), "{g:?}");
+        assert!(g.last_on_ms.unwrap() < g.last_off_ms.unwrap(), "{g:?}");
+        decode(&ex, 33..56, route, 12);
+        assert!(ex.stats().prefetch_loads > s.prefetch_loads);
+        assert!(ex.prefetching());
     }
 }

@@ -188,6 +188,8 @@ struct Inner {
 struct EngineOptions {
     /// Lookahead prefetching (on by default).
     prefetch: bool,
+    /// Prefetch on every token (off by default: the governor measures whether prefetching pays).
+    prefetch_always: bool,
     /// Split the budget's expert slots into a small CPU staging cache and a GPU pool (the page
     /// is about to call `useWebGpu`), as natively with `--backend wgpu`.
     gpu_pool: bool,
@@ -207,7 +209,7 @@ struct EngineOptions {
 
 impl Default for EngineOptions {
     fn default() -> Self {
-        Self { prefetch: true, gpu_pool: false, io_lanes: 1, expert_slots: None, policy: None, lookahead: 1, verified_at_rest: false }
+        Self { prefetch: true, prefetch_always: false, gpu_pool: false, io_lanes: 1, expert_slots: None, policy: None, lookahead: 1, verified_at_rest: false }
     }
 }
 
@@ -264,7 +266,7 @@ impl Engine {
                 budget: budget_bytes as u64,
                 n_ctx,
                 direct: false,
-                cache: StreamConfig { io_threads: 0, prefetch: eo.prefetch, policy, depth: eo.lookahead.max(1), ..Default::default() },
+                cache: StreamConfig { io_threads: 0, prefetch: eo.prefetch, adaptive: !eo.prefetch_always, policy, depth: eo.lookahead.max(1), ..Default::default() },
                 slots: if budget_bytes > 0.0 { eo.expert_slots } else { Some(usize::MAX) },
                 gpu_pool: eo.gpu_pool && budget_bytes > 0.0,
                 dense: Default::default(),

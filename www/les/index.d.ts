@@ -33,6 +33,12 @@ export interface CreateEngineOptions {
    * layer on WebGPU, between tokens on the CPU).
    */
   prefetch?: boolean;
+  /**
+   * Prefetch on every token (default false: the engine measures, in epochs of 8 tokens with
+   * prefetching on and off, whether it makes tokens faster, and turns it off while it does not;
+   * `stats().stream.governor` says what it chose).
+   */
+  prefetchAlways?: boolean;
   /** Asynchronous prefetch reads in flight at once (default 1, as `les run --prefetch-inflight`). */
   ioLanes?: number;
   /** Eviction policy of the expert cache (default 'next-use', as `les run --policy`). */

@@ -184,7 +184,7 @@ function usageOf(r) {
  * Load a model in a new worker.
  * @param {object} o  { model: URL string | File | FileSystemFileHandle, memoryBudgetMB (0 = all
  *   resident), backend: 'auto' | 'webgpu' | 'cpu', nCtx, backing: 'auto' | 'opfs' | 'indexeddb',
- *   prefetch (default true), ioLanes, expertSlots, gpuExpertSlots, threads, policy, lookahead,
+ *   prefetch (default true), prefetchAlways (default false), ioLanes, expertSlots, gpuExpertSlots, threads, policy, lookahead,
  *   store, onProgress({phase, loaded, total}), workerUrl }
  */
 export async function createEngine({ onProgress, workerUrl, ...opts }) {

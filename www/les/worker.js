@@ -62,7 +62,7 @@ function yieldToEvents() {
   });
 }
 
-async function load({ model: src, memoryBudgetMB = 0, backend = 'auto', nCtx = 2048, backing = 'auto', gpuExpertSlots = null, prefetch = true, ioLanes = 1, expertSlots = null, policy = null, lookahead = 1, store = null, threads: nThreads = null, debugFailReads = 0 }) {
+async function load({ model: src, memoryBudgetMB = 0, backend = 'auto', nCtx = 2048, backing = 'auto', gpuExpertSlots = null, prefetch = true, prefetchAlways = false, ioLanes = 1, expertSlots = null, policy = null, lookahead = 1, store = null, threads: nThreads = null, debugFailReads = 0 }) {
   const wantGpu = backend === 'webgpu' || (backend === 'auto' && !!navigator.gpu);
   const { Engine, crc32, deviceProfile } = await (ready ??= loadWasm(!wantGpu, nThreads));
   const onProgress = (p) => post({ event: 'progress', ...p });
@@ -95,7 +95,7 @@ async function load({ model: src, memoryBudgetMB = 0, backend = 'auto', nCtx = 2
     }
     // The GPU run keeps its experts in GPU slots: the budget is split into a small CPU staging
     // cache and the GPU pool, as natively.
-    const opts = JSON.stringify({ prefetch, gpu_pool: gpuPool, io_lanes: ioLanes, expert_slots: expertSlots ?? undefined, policy: policy ?? undefined, lookahead, verified_at_rest: model instanceof CachedModel });
+    const opts = JSON.stringify({ prefetch, prefetch_always: prefetchAlways, gpu_pool: gpuPool, io_lanes: ioLanes, expert_slots: expertSlots ?? undefined, policy: policy ?? undefined, lookahead, verified_at_rest: model instanceof CachedModel });
     return new Engine((off, len) => model.readSync(off, len), (off, len) => model.hint(off, len), model.size, memoryBudgetMB * 1048576, nCtx, String(src.name ?? src), opts, reads ?? undefined);
   };
   try {
