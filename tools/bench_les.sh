@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # LES benchmarks recorded in BENCHMARKS.md. Run on a quiet machine; every figure in one run.
 #   tools/bench_les.sh decode    LES vs llama.cpp decode on SmolLM2-135M (2 threads, same session)
-#   tools/bench_les.sh ladder    the streaming ladder for SmolMoE-32x2 / 64x4 at 400 MiB
+#   tools/bench_les.sh ladder    the streaming ladder for SmolMoE-32x2 / 64x4 at 400 MiB, ROUNDS rounds
+#                                with the prefetch governor and with --prefetch-always (median ratios)
 #   tools/bench_les.sh pptg      `les bench pp-tg` and llama-bench (pp512, tg128) interleaved, REPS
 #                                rounds (median), at 1 and 2 threads, on SmolLM2 and resident
 #                                SmolMoE-32x2 / 64x4 (tools/build_models.sh all); BASE=older les binary
@@ -34,13 +35,25 @@ if [ "$what" = pptg ] || [ "$what" = all ]; then
   done
 fi
 if [ "$what" = ladder ] || [ "$what" = all ]; then
+  # ROUNDS rounds; each runs the ladder with the prefetch governor (default) and with
+  # --prefetch-always, one after the other; tools/ladder_summary.py gives the median ratios.
+  # RESIDENT=1 adds the resident rung (the oracle bound) to every run.
+  rm -f target/ladder-*.json
   for m in ${MODELS:-smolmoe-32x2 smolmoe-64x4}; do
     for store in ${STORES:-phone-4GBps phone-1.5GBps disk}; do
       extra=""
       [ "$store" = disk ] && extra="--direct"
-      echo "== ladder $m 400MiB $store"
-      $LES bench ladder --model models/$m.gguf --memory-budget 400MiB --store $store $extra -t 2 \
-        -n ${N:-24} --n-prompts ${NP:-4} --stats-json target/ladder-$m-$store.json
+      [ "${RESIDENT:-0}" = 1 ] || extra="$extra --no-resident"
+      for r in $(seq 1 ${ROUNDS:-1}); do
+        for mode in governed always; do
+          flag=""
+          [ $mode = always ] && flag="--prefetch-always"
+          echo "== ladder $m 400MiB $store $mode round $r"
+          $LES bench ladder --model models/$m.gguf --memory-budget 400MiB --store $store $extra $flag -t ${THREADS:-2} \
+            -n ${N:-24} --n-prompts ${NP:-4} --stats-json target/ladder-$m-$store-$mode-$r.json
+        done
+      done
     done
   done
+  python3 tools/ladder_summary.py target/ladder-*.json
 fi

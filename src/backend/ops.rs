@@ -60,6 +60,8 @@ pub struct Vector(u32);
 /// lookups read from there directly).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StreamedMat {
+    /// Numbered when the cycle is complete (`Loader::finish`); an untied `token_embd` is looked
+    /// up row by row and is not in the cycle.
     pub first: usize,
     pub n: usize,
     pub rows_per: usize,

@@ -10,7 +10,7 @@
 
 use super::sampling::SamplerConfig;
 use super::speculative::{self, Draft, DraftModel, PromptLookup, SpecOptions};
-use super::stream::{open_streaming, StreamOptions};
+use super::stream::{open_streaming, open_streaming_in_memory, StreamOptions};
 use super::Session;
 use crate::expert::stream::{belady_misses, Policy, StreamingExperts};
 use crate::model::ExpertMode;
@@ -192,8 +192,9 @@ fn evict(path: &str) {
 /// Moves a session to a compute backend (see [`run`]).
 pub type Backend<'a> = dyn Fn(&mut Session, Option<usize>) -> Result<(), Box<dyn std::error::Error>> + 'a;
 
-/// Run the ladder. Decode time only (prefill excluded); every streamed rung starts cold (the file
-/// is evicted from the page cache first).
+/// Run the ladder. Decode time only (prefill excluded); every streamed rung starts cold: the file
+/// is evicted from the page cache first, and a device profile reads from a fresh copy of the file
+/// in memory ([`open_streaming_in_memory`]: the profile alone sets read times).
 /// `backend` moves each rung's session to the compute backend (given the GPU pool's slots under
 /// the budget, `None` for the resident rung); the CPU's is a no-op.
 pub fn run(model: &str, bundle: &str, opts: &StreamOptions, prompts: &[String], n: usize, resident: bool, spec: &SpecRung, backend: &Backend<'_>) -> Result<LadderReport, Box<dyn std::error::Error>> {
@@ -226,7 +227,7 @@ pub fn run(model: &str, bundle: &str, opts: &StreamOptions, prompts: &[String], 
         o.cache.prefetch = prefetch;
         o.cache.policy = policy;
         evict(path);
-        let mut st = open_streaming(path, &o)?;
+        let mut st = open_streaming_in_memory(path, &o)?;
         backend(&mut st.session, Some(st.plan.gpu_slots))?;
         if name == "on-demand" {
             // The header's cache size: the original model's (a mixed bundle's experts are smaller).
@@ -279,7 +280,7 @@ pub fn run(model: &str, bundle: &str, opts: &StreamOptions, prompts: &[String], 
         };
         let gamma = spec.draft_max.unwrap_or(if spec.draft_model.is_some() { speculative::DRAFT_MODEL_DRAFT_MAX } else { speculative::LOOKUP_DRAFT_MAX });
         evict(spec_bundle);
-        let mut st = open_streaming(spec_bundle, &o)?;
+        let mut st = open_streaming_in_memory(spec_bundle, &o)?;
         backend(&mut st.session, Some(st.plan.gpu_slots))?;
         rep.spec_note += &format!(", {} expert slots, on {spec_bundle}", st.experts.config().slots);
         st.experts.reset_stats();

@@ -130,14 +130,7 @@ impl<'a> Loader<'a> {
     /// order a forward uses them (layer by layer, the output matrix last), except an untied
     /// `token_embd`, which is only ever looked up row by row.
     fn streamed_mat(&mut self, s: &DenseStreaming, name: &str, shape: [usize; 2]) -> Result<Mat, ModelError> {
-        let t = self.g.req_tensor(name)?;
-        let mut dims: Vec<u64> = t.dims.clone();
-        while dims.len() > 2 && dims.last() == Some(&1) {
-            dims.pop();
-        }
-        if dims.len() != 2 || dims[0] as usize != shape[0] || dims[1] as usize != shape[1] {
-            return Err(ModelError::Shape { name: name.into(), got: t.dims.clone(), want: shape.iter().map(|&x| x as u64).collect() });
-        }
+        let t = self.tensor(name, &shape)?;
         let [cols, rows] = shape;
         let rb = t.ty.row_bytes(cols as u64).unwrap_or(0) as usize;
         if rb == 0 || (rb * rows) as u64 != t.size {
@@ -145,6 +138,7 @@ impl<'a> Loader<'a> {
         }
         let rows_per = (s.piece / rb).clamp(1, rows.max(1));
         let pieces: Vec<(u64, usize)> = (0..rows).step_by(rows_per).map(|r0| (t.offset + (r0 * rb) as u64, rb * rows_per.min(rows - r0))).collect();
+        // `first` is numbered by `finish`, once the cycle's order is known.
         let m = self.w.add_streamed(t.ty, cols, rows, ops::StreamedMat { first: 0, n: pieces.len(), rows_per, offset: t.offset });
         let untied_embd = name == "token_embd.weight" && self.has("output.weight");
         if !untied_embd {
@@ -177,7 +171,8 @@ impl<'a> Loader<'a> {
         self.g.tensor(name).is_some()
     }
 
-    fn weight(&self, name: &str, want: &[usize]) -> Result<Weight, ModelError> {
+    /// Tensor `name`, checked to have the dimensions `want` (GGUF order; trailing 1s ignored).
+    fn tensor(&self, name: &str, want: &[usize]) -> Result<&'a crate::gguf::TensorInfo, ModelError> {
         let t = self.g.req_tensor(name)?;
         let mut dims: Vec<u64> = t.dims.clone();
         while dims.len() > want.len() && dims.last() == Some(&1) {
@@ -186,6 +181,11 @@ impl<'a> Loader<'a> {
         if dims.len() != want.len() || dims.iter().zip(want).any(|(&a, &b)| a as usize != b) {
             return Err(ModelError::Shape { name: name.into(), got: t.dims.clone(), want: want.iter().map(|&x| x as u64).collect() });
         }
+        Ok(t)
+    }
+
+    fn weight(&self, name: &str, want: &[usize]) -> Result<Weight, ModelError> {
+        let t = self.tensor(name, want)?;
         let data = self.src.read_vec(t.offset, t.size as usize)?;
         let rows = if want.len() > 1 { want[1] } else { 1 };
         Ok(Weight { ty: t.ty, cols: want[0], rows, data })
