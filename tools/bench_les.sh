@@ -38,8 +38,8 @@ if [ "$what" = ladder ] || [ "$what" = all ]; then
   # ROUNDS rounds; each runs the ladder with the prefetch governor (default) and with
   # --prefetch-always, one after the other; tools/ladder_summary.py gives the median ratios.
   # RESIDENT=1 adds the resident rung (the oracle bound) to every run.
-  rm -f target/ladder-*.json
   for m in ${MODELS:-smolmoe-32x2 smolmoe-64x4}; do
+    rm -f target/ladder-$m-*.json
     for store in ${STORES:-phone-4GBps phone-1.5GBps disk}; do
       extra=""
       [ "$store" = disk ] && extra="--direct"
