@@ -10,12 +10,30 @@
 
 use super::sampling::SamplerConfig;
 use super::speculative::{self, Draft, DraftModel, PromptLookup, SpecOptions};
-use super::stream::{open_streaming, open_streaming_in_memory, StreamOptions};
+use super::stream::{open_streaming, open_streaming_from_memory, StreamOptions, Streaming};
 use super::Session;
 use crate::expert::stream::{belady_misses, Policy, StreamingExperts};
 use crate::model::ExpertMode;
-use crate::store::FileSource;
+use crate::store::{ByteSource, FileSource, MemSource};
+use std::sync::Arc;
 use std::time::Instant;
+
+/// A rung opened and decoding (see [`run`]).
+struct Live {
+    name: String,
+    st: Streaming,
+    io_threads: usize,
+    /// The speculative rung: its draft and γ.
+    draft: Option<(Box<dyn Draft>, usize)>,
+    t: usize,
+    ms: f64,
+    /// Wall time of this rung's turns.
+    active_ms: f64,
+    loads: u64,
+    bytes: u64,
+    drafted: u64,
+    accepted: u64,
+}
 
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct Rung {
@@ -133,7 +151,8 @@ impl LadderReport {
 
 /// A streamed rung's figures: `t` output tokens in `ms`, `loads` experts and `bytes` read while
 /// decoding, cache statistics `s`.
-fn streamed_rung(name: &str, t: usize, ms: f64, s: &crate::expert::stream::StreamStats, io_threads: usize, loads: u64, bytes: u64) -> Rung {
+/// `active_ms`: the rung's own wall time (its prompts, prefill included), for the I/O share.
+fn streamed_rung(name: &str, t: usize, ms: f64, s: &crate::expert::stream::StreamStats, io_threads: usize, loads: u64, bytes: u64, active_ms: f64) -> Rung {
     Rung {
         name: name.into(),
         tokens_per_s: t as f64 / (ms / 1000.0),
@@ -142,7 +161,7 @@ fn streamed_rung(name: &str, t: usize, ms: f64, s: &crate::expert::stream::Strea
         precision_d1: s.precision(1),
         mb_read_per_token: s.bytes_per_token() / 1e6,
         stall_ms_per_token: s.stall_ms_per_token(),
-        io_busy: s.io_busy_fraction(io_threads),
+        io_busy: if active_ms > 0.0 { s.io_busy_ms / (active_ms * io_threads.max(1) as f64) } else { 0.0 },
         tokens: t,
         experts_per_token: Some(loads as f64 / t.max(1) as f64),
         mb_per_accepted_token: Some(bytes as f64 / 1e6 / t.max(1) as f64),
@@ -192,9 +211,11 @@ fn evict(path: &str) {
 /// Moves a session to a compute backend (see [`run`]).
 pub type Backend<'a> = dyn Fn(&mut Session, Option<usize>) -> Result<(), Box<dyn std::error::Error>> + 'a;
 
-/// Run the ladder. Decode time only (prefill excluded); every streamed rung starts cold: the file
-/// is evicted from the page cache first, and a device profile reads from a fresh copy of the file
-/// in memory ([`open_streaming_in_memory`]: the profile alone sets read times).
+/// Run the ladder. Decode time only (prefill excluded). Every streamed rung starts cold (its own
+/// empty cache; the file evicted from the page cache) and the rungs take turns prompt by prompt
+/// (the rung that goes first rotates), so their times interleave. A device profile reads from a
+/// copy of each file in memory ([`open_streaming_from_memory`]: the profile alone sets read
+/// times); on the plain `disk` store the rungs share the page cache.
 /// `backend` moves each rung's session to the compute backend (given the GPU pool's slots under
 /// the budget, `None` for the resident rung); the CPU's is a no-op.
 pub fn run(model: &str, bundle: &str, opts: &StreamOptions, prompts: &[String], n: usize, resident: bool, spec: &SpecRung, backend: &Backend<'_>) -> Result<LadderReport, Box<dyn std::error::Error>> {
@@ -213,55 +234,57 @@ pub fn run(model: &str, bundle: &str, opts: &StreamOptions, prompts: &[String], 
     // (name, prefetch, file, eviction policy). Each rung adds one thing to the one before.
     let policy = opts.cache.policy;
     let evict_name = format!("+ {} eviction", policy.name());
-    let mut rungs: Vec<(&str, bool, &str, Policy)> = vec![("on-demand", false, model, Policy::Lru), ("+ lookahead", true, model, Policy::Lru)];
+    let mut rungs: Vec<(String, bool, &str, Policy)> = vec![("on-demand".into(), false, model, Policy::Lru), ("+ lookahead".into(), true, model, Policy::Lru)];
     if policy != Policy::Lru {
-        rungs.push((&evict_name, true, model, policy));
+        rungs.push((evict_name, true, model, policy));
     }
-    rungs.push(("+ bundle", true, bundle, policy));
+    rungs.push(("+ bundle".into(), true, bundle, policy));
     if let Some(mb) = &spec.mixed_bundle {
-        rungs.push(("+ mixed precision", true, mb, policy));
+        rungs.push(("+ mixed precision".into(), true, mb, policy));
     }
     let spec_bundle = spec.mixed_bundle.as_deref().unwrap_or(bundle);
+    // A device profile reads from one copy of each file in memory, shared by the rungs.
+    let in_memory = opts.profile.is_some() && !opts.direct;
+    let mut copies: std::collections::HashMap<String, Arc<dyn ByteSource>> = Default::default();
+    let mut open = |path: &str, o: &StreamOptions| -> Result<Streaming, Box<dyn std::error::Error>> {
+        evict(path);
+        if !in_memory {
+            return Ok(open_streaming(path, o)?);
+        }
+        let mem = match copies.get(path) {
+            Some(m) => m.clone(),
+            None => {
+                let f = FileSource::open(path)?;
+                let m: Arc<dyn ByteSource> = Arc::new(MemSource::new(f.read_vec(0, f.len() as usize)?));
+                copies.insert(path.to_string(), m.clone());
+                m
+            }
+        };
+        Ok(open_streaming_from_memory(mem, path, o)?)
+    };
+    // Every rung is opened first (each cold: its own empty cache); then the prompts run one at a
+    // time through every rung, the first rung rotating, so the rungs' times interleave within
+    // seconds and a slow spell of a shared machine falls on all of them.
+    let mut live: Vec<Live> = Vec::new();
     for (name, prefetch, path, policy) in rungs {
         let mut o = opts.clone();
         o.cache.prefetch = prefetch;
         o.cache.policy = policy;
-        evict(path);
-        let mut st = open_streaming_in_memory(path, &o)?;
-        backend(&mut st.session, Some(st.plan.gpu_slots))?;
+        let st = open(path, &o)?;
         if name == "on-demand" {
             // The header's cache size: the original model's (a mixed bundle's experts are smaller).
             rep.slots = st.experts.config().slots;
             expert_bytes_max = st.plan.expert_bytes_max;
             rep.slot_fraction = (rep.slots as u64 * st.plan.expert_bytes_max) as f64 / st.plan.total_expert_bytes.max(1) as f64;
         }
-        st.experts.reset_stats();
-        let (t, ms, loads, bytes) = decode_all(&mut st.session, prompts, n, Some(&st.experts))?;
-        let s = st.experts.stats();
-        if name == "on-demand" {
-            route = st.experts.take_route_log();
-            rep.per_layer = s.layers.iter().enumerate().map(|(i, l)| {
-                let tot = (l.hits + l.late + l.misses).max(1) as f64;
-                (i, l.hits as f64 / tot, l.stall_ms, 0.0)
-            }).collect();
-        }
-        if name == "+ lookahead" {
-            for (i, l) in s.layers.iter().enumerate() {
-                if let Some(pl) = rep.per_layer.get_mut(i) {
-                    let r = l.pred_routed.first().copied().unwrap_or(0).max(1) as f64;
-                    pl.3 = l.pred_tp.first().copied().unwrap_or(0) as f64 / r;
-                }
-            }
-        }
-        rep.rungs.push(streamed_rung(name, t, ms, &s, o.cache.io_threads, loads, bytes));
-        drop(st);
+        live.push(Live { name, st, io_threads: o.cache.io_threads, draft: None, t: 0, ms: 0.0, active_ms: 0.0, loads: 0, bytes: 0, drafted: 0, accepted: 0 });
     }
     // + speculative: the bundle rung's settings, decoding through speculative verification. A
     // draft model's weights and KV cache come out of the same budget (fewer expert slots).
     {
         let mut o = opts.clone();
         o.cache.prefetch = true;
-        let mut draft: Box<dyn Draft> = match &spec.draft_model {
+        let draft: Box<dyn Draft> = match &spec.draft_model {
             Some(p) => {
                 // The target's tokenizer and context size, from the GGUF's metadata.
                 let g = crate::gguf::GgufFile::read(&FileSource::open(model)?)?;
@@ -279,31 +302,65 @@ pub fn run(model: &str, bundle: &str, opts: &StreamOptions, prompts: &[String], 
             }
         };
         let gamma = spec.draft_max.unwrap_or(if spec.draft_model.is_some() { speculative::DRAFT_MODEL_DRAFT_MAX } else { speculative::LOOKUP_DRAFT_MAX });
-        evict(spec_bundle);
-        let mut st = open_streaming_in_memory(spec_bundle, &o)?;
-        backend(&mut st.session, Some(st.plan.gpu_slots))?;
+        let st = open(spec_bundle, &o)?;
         rep.spec_note += &format!(", {} expert slots, on {spec_bundle}", st.experts.config().slots);
-        st.experts.reset_stats();
-        let ex = st.experts.clone();
-        let probe = move || io_counts(&ex);
-        let so = SpecOptions { draft_max: gamma, io: Some(&probe), verify_first: false };
-        let (mut t, mut ms, mut drafted, mut accepted, mut loads, mut bytes) = (0usize, 0.0, 0u64, 0u64, 0u64, 0u64);
-        for p in prompts {
-            let toks = st.session.tokenize(p);
-            let (_, g, sp) = speculative::generate(&mut st.session, Some(&mut *draft), &so, &toks, n, &SamplerConfig::greedy(), true, &mut |_, _| true)?;
-            t += g.gen_tokens;
-            ms += g.gen_ms;
-            drafted += sp.drafted;
-            accepted += sp.accepted;
-            loads += sp.expert_loads.unwrap_or(0);
-            bytes += sp.bytes_read.unwrap_or(0);
+        live.push(Live { name: "+ speculative".into(), st, io_threads: o.cache.io_threads, draft: Some((draft, gamma)), t: 0, ms: 0.0, active_ms: 0.0, loads: 0, bytes: 0, drafted: 0, accepted: 0 });
+    }
+    for l in &mut live {
+        backend(&mut l.st.session, Some(l.st.plan.gpu_slots))?;
+        l.st.experts.reset_stats();
+    }
+    let nr = live.len();
+    for (i, p) in prompts.iter().enumerate() {
+        for k in 0..nr {
+            let l = &mut live[(i + k) % nr];
+            let turn = Instant::now();
+            match &mut l.draft {
+                None => {
+                    let (t, ms, loads, bytes) = decode_all(&mut l.st.session, std::slice::from_ref(p), n, Some(&l.st.experts))?;
+                    (l.t, l.ms, l.loads, l.bytes) = (l.t + t, l.ms + ms, l.loads + loads, l.bytes + bytes);
+                }
+                Some((draft, gamma)) => {
+                    let ex = l.st.experts.clone();
+                    let probe = move || io_counts(&ex);
+                    let so = SpecOptions { draft_max: *gamma, io: Some(&probe), verify_first: false };
+                    let toks = l.st.session.tokenize(p);
+                    let (_, g, sp) = speculative::generate(&mut l.st.session, Some(&mut **draft), &so, &toks, n, &SamplerConfig::greedy(), true, &mut |_, _| true)?;
+                    l.t += g.gen_tokens;
+                    l.ms += g.gen_ms;
+                    l.drafted += sp.drafted;
+                    l.accepted += sp.accepted;
+                    l.loads += sp.expert_loads.unwrap_or(0);
+                    l.bytes += sp.bytes_read.unwrap_or(0);
+                }
+            }
+            l.active_ms += turn.elapsed().as_secs_f64() * 1000.0;
         }
-        let s = st.experts.stats();
-        if let (Some(rc), Some(pr)) = (s.draft_recall(), s.draft_precision()) {
-            rep.spec_note += &format!("; verification experts predicted from the draft's hidden states: recall {:.1}%, precision {:.1}%", 100.0 * rc, 100.0 * pr);
+    }
+    for l in live {
+        let s = l.st.experts.stats();
+        if l.name == "on-demand" {
+            route = l.st.experts.take_route_log();
+            rep.per_layer = s.layers.iter().enumerate().map(|(i, x)| {
+                let tot = (x.hits + x.late + x.misses).max(1) as f64;
+                (i, x.hits as f64 / tot, x.stall_ms, 0.0)
+            }).collect();
         }
-        let mut r = streamed_rung("+ speculative", t, ms, &s, o.cache.io_threads, loads, bytes);
-        r.acceptance_rate = Some(accepted as f64 / drafted.max(1) as f64);
+        if l.name == "+ lookahead" {
+            for (i, x) in s.layers.iter().enumerate() {
+                if let Some(pl) = rep.per_layer.get_mut(i) {
+                    let r = x.pred_routed.first().copied().unwrap_or(0).max(1) as f64;
+                    pl.3 = x.pred_tp.first().copied().unwrap_or(0) as f64 / r;
+                }
+            }
+        }
+        let mut r = streamed_rung(&l.name, l.t, l.ms, &s, l.io_threads, l.loads, l.bytes, l.active_ms);
+        if l.draft.is_some() {
+            if let (Some(rc), Some(pr)) = (s.draft_recall(), s.draft_precision()) {
+                rep.spec_note += &format!("; verification experts predicted from the draft's hidden states: recall {:.1}%, precision {:.1}%", 100.0 * rc, 100.0 * pr);
+            }
+            r.acceptance_rate = Some(l.accepted as f64 / l.drafted.max(1) as f64);
+        }
         rep.rungs.push(r);
     }
     let on_demand = rep.rungs.iter().find(|r| r.name == "on-demand").map(|r| r.tokens_per_s).unwrap_or(1.0);

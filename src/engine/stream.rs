@@ -313,19 +313,20 @@ pub fn open_streaming(path: &str, opts: &StreamOptions) -> Result<Streaming, Ope
     open_streaming_sources(raw, expert_src, dense_plain, path, opts)
 }
 
-/// As [`open_streaming`], but a device profile reads from a copy of the file held in memory
-/// (benchmarks: `les bench ladder`). The page cache is not a reliable stand-in: proactive
-/// reclaim drops a file's pages between uses (these machines run DAMON's `pageout` on unmapped
-/// file pages: a 1.6 GB model read at once kept ~97% of its pages for 30 s and 4% after a few
-/// idle minutes), and each read that goes to the real disk adds its own time to the modelled
-/// one. The copy costs the file's size in memory outside the budget, so peak RSS is not the
-/// budget's here. Without a profile, or with O_DIRECT: [`open_streaming`].
+/// As [`open_streaming`], from a copy of the file held in memory (`mem`, e.g. a
+/// [`crate::store::MemSource`]; benchmarks: `les bench ladder`); a device profile throttles its
+/// reads, O_DIRECT does not apply. The page cache is not a reliable stand-in for a profile's
+/// source: proactive reclaim drops a file's pages between uses (these machines run DAMON's
+/// `pageout` on unmapped file pages: a 1.6 GB model read at once kept ~97% of its pages for 30 s
+/// and 4% after a few idle minutes), and each read that goes to the real disk adds its own time
+/// to the modelled one. The copy costs the file's size in memory outside the budget, so peak
+/// RSS is not the budget's here.
 #[cfg(not(target_arch = "wasm32"))]
-pub fn open_streaming_in_memory(path: &str, opts: &StreamOptions) -> Result<Streaming, OpenError> {
-    let Some(p) = opts.profile.filter(|_| !opts.direct) else { return open_streaming(path, opts) };
-    let file = FileSource::open(path)?;
-    let mem: Arc<dyn ByteSource> = Arc::new(crate::store::MemSource::new(file.read_vec(0, file.len() as usize)?));
-    let expert_src: Arc<dyn ByteSource> = Arc::new(Throttled::new(mem.clone(), p));
+pub fn open_streaming_from_memory(mem: Arc<dyn ByteSource>, path: &str, opts: &StreamOptions) -> Result<Streaming, OpenError> {
+    let expert_src: Arc<dyn ByteSource> = match opts.profile {
+        Some(p) => Arc::new(Throttled::new(mem.clone(), p)),
+        None => mem.clone(),
+    };
     open_streaming_sources(mem.clone(), expert_src, mem, path, opts)
 }
 
