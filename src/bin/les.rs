@@ -200,7 +200,7 @@ struct StreamArgs {
     #[arg(long)]
     no_refine: bool,
     /// Prefetch on every token. By default the scheduler measures, while decoding, whether
-    /// prefetching makes tokens faster (epochs of 8 tokens with it on and off) and turns it off
+    /// prefetching makes tokens faster (tokens alternating with it on and off) and turns it off
     /// while it does not (`src/expert/governor.rs`).
     #[arg(long)]
     prefetch_always: bool,
@@ -634,11 +634,12 @@ fn cmd_run(a: RunArgs) -> Res {
         if let (Some(share), Some(g)) = (st.prefetch_on_share(), &st.governor) {
             let ms = |v: Option<f64>| v.map(|x| format!("{x:.1}")).unwrap_or_else(|| "-".into());
             eprintln!(
-                "les: prefetch governor: on for {:.0}% of measured tokens, now {} | last epochs {} ms/token on, {} off | {} switches",
+                "les: prefetch governor: on for {:.0}% of measured tokens, now {} | last block: median {} ms/token on, {} off | estimate {} | {} switches",
                 100.0 * share,
                 if ex.prefetching() { "on" } else { "off" },
                 ms(g.last_on_ms),
                 ms(g.last_off_ms),
+                g.estimate.map(|e| format!("{:+.1}%", 100.0 * e)).unwrap_or_else(|| "-".into()),
                 g.switches
             );
         }

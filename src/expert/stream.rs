@@ -1689,7 +1689,7 @@ mod tests {
     }
 
     /// Prefetches that only evict what the next token needs make tokens slower: after the
-    /// warm-up (4 epochs of 8 tokens) the governor turns prefetching off, and no prefetch is
+    /// warm-up (16 tokens of each, alternating) the governor turns prefetching off, and no prefetch is
     /// read while it stays off.
     #[test]
     fn governor_turns_off_prefetches_that_cost() {
@@ -1705,7 +1705,7 @@ mod tests {
         let g = s.governor.clone().unwrap();
         assert!(g.last_on_ms.unwrap() > g.last_off_ms.unwrap(), "{g:?}");
         assert_eq!((s.prefetch_on_tokens, s.prefetch_off_tokens), (16, 16));
-        // The next 4 epochs run without prefetching: nothing is read.
+        // The next 32 tokens run without prefetching: nothing is read.
         decode(&ex, 33..56, |_| (0, 1, 2), 0);
         let s2 = ex.stats();
         assert_eq!((s2.prefetch_loads, s2.bytes_read), (s.prefetch_loads, s.bytes_read), "{s2:?}");

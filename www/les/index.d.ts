@@ -34,7 +34,7 @@ export interface CreateEngineOptions {
    */
   prefetch?: boolean;
   /**
-   * Prefetch on every token (default false: the engine measures, in epochs of 8 tokens with
+   * Prefetch on every token (default false: the engine measures, on tokens alternating with
    * prefetching on and off, whether it makes tokens faster, and turns it off while it does not;
    * `stats().stream.governor` says what it chose).
    */
