@@ -634,7 +634,7 @@ fn cmd_run(a: RunArgs) -> Res {
         if let (Some(share), Some(g)) = (st.prefetch_on_share(), &st.governor) {
             let ms = |v: Option<f64>| v.map(|x| format!("{x:.1}")).unwrap_or_else(|| "-".into());
             eprintln!(
-                "les: prefetch governor: on for {:.0}% of measured tokens, now {} | last block: median {} ms/token on, {} off | estimate {} | {} switches",
+                "les: prefetch governor: on for {:.0}% of measured tokens, now {} | last block: {} ms/token on, {} off | estimate {} | {} switches",
                 100.0 * share,
                 if ex.prefetching() { "on" } else { "off" },
                 ms(g.last_on_ms),
