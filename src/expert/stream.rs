@@ -285,10 +285,10 @@ pub(crate) struct Inner {
     shutdown: bool,
     /// Prefetching on or off ([`StreamConfig::adaptive`]).
     gov: Option<Governor>,
-    /// The forward being measured: its start (ms since `t0`), tokens, and whether it counts
+    /// The forward being measured: its start (µs since `t0`), tokens, and whether it counts
     /// (decode or speculative verification, not a prompt).
     fwd: Option<(f64, usize, bool)>,
-    /// When the last `with_experts` call returned (ms since `t0`).
+    /// When the last `with_experts` call returned (µs since `t0`).
     fwd_end: f64,
     /// The next forward verifies a draft (set by `on_draft_hidden`).
     verifying: bool,
@@ -447,11 +447,11 @@ impl StreamingExperts {
     /// A forward's first MoE layer: close the measurement of the one before (from its first
     /// layer to its last `with_experts` return) and hand it to the governor.
     fn start_forward(&self, g: &mut Inner, n_tok: usize) {
-        let now = self.sh.t0.elapsed().as_secs_f64() * 1000.0;
+        let now = now_us(&self.sh);
         if let (Some((start, n, true)), Some(gov)) = (g.fwd, g.gov.as_mut()) {
             if g.fwd_end > start {
                 let arm = gov.arm();
-                let next = gov.record(g.fwd_end - start, n as u32);
+                let next = gov.record((g.fwd_end - start) / 1000.0, n as u32);
                 match arm {
                     Arm::On => g.stats.prefetch_on_tokens += n as u64,
                     Arm::Off => g.stats.prefetch_off_tokens += n as u64,
@@ -1366,7 +1366,7 @@ impl ExpertSource for StreamingExperts {
             }
             unpin(s);
         }
-        sh.inner.lock().unwrap().fwd_end = sh.t0.elapsed().as_secs_f64() * 1000.0;
+        sh.inner.lock().unwrap().fwd_end = now_us(sh);
         Ok(())
     }
 }
