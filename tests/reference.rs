@@ -115,16 +115,22 @@ const HYBRID_DLOGIT: f32 = 0.1;
 fn check_within(model_file: &str, stem: &str, max_dlogit: f32, min_greedy: usize) {
     let r = compare(model_file, stem);
     if reference_platform() {
-        assert!(r.greedy_exact >= min_greedy, "{stem}: greedy continuation equals llama.cpp's on only {}/8 prompts", r.greedy_exact);
-        assert!(r.bad_divergences.is_empty(), "{stem}: greedy diverges where llama.cpp's margin ≥ {MARGIN}: {:?}", r.bad_divergences);
-        assert_eq!(r.argmax_mismatch_above_margin, 0, "{stem}: teacher-forced argmax differs where llama.cpp's margin > {MARGIN}");
-        assert!(r.max_dlogit <= max_dlogit, "{stem}: max |Δlogit| over llama.cpp's top-32 {} > {max_dlogit}", r.max_dlogit);
-        assert!(r.max_dlogit_full <= max_dlogit, "{stem}: max |Δlogit| over the full first rows {} > {max_dlogit}", r.max_dlogit_full);
+        assert_goals(stem, &r, max_dlogit, min_greedy);
     } else {
         eprintln!("{stem}: portable kernels (no AVX2): only the coarse checks apply");
         assert_eq!(r.argmax_mismatch_confident, 0, "{stem}: teacher-forced argmax differs where llama.cpp's margin > {CONFIDENT}");
         assert!(r.max_dlogit < MAX_DLOGIT, "{stem}: max |Δlogit| {} ≥ {MAX_DLOGIT}", r.max_dlogit);
     }
+}
+
+/// The goals: greedy equal on `min_greedy` prompts, divergences only where llama.cpp's top-2
+/// margin is below [`MARGIN`], teacher-forced argmax equal above it, |Δlogit| within `max_dlogit`.
+fn assert_goals(stem: &str, r: &Report, max_dlogit: f32, min_greedy: usize) {
+    assert!(r.greedy_exact >= min_greedy, "{stem}: greedy continuation equals llama.cpp's on only {} prompts", r.greedy_exact);
+    assert!(r.bad_divergences.is_empty(), "{stem}: greedy diverges where llama.cpp's margin ≥ {MARGIN}: {:?}", r.bad_divergences);
+    assert_eq!(r.argmax_mismatch_above_margin, 0, "{stem}: teacher-forced argmax differs where llama.cpp's margin > {MARGIN}");
+    assert!(r.max_dlogit <= max_dlogit, "{stem}: max |Δlogit| over llama.cpp's top-32 {} > {max_dlogit}", r.max_dlogit);
+    assert!(r.max_dlogit_full <= max_dlogit, "{stem}: max |Δlogit| over the full first rows {} > {max_dlogit}", r.max_dlogit_full);
 }
 
 #[test]
@@ -176,33 +182,44 @@ fn rand_hybrids_long_context_match_llama_cpp() {
 
 /// gpt-oss: biased attention with sinks, a sliding window of 16 on layers 0 and 2 (the prompts
 /// run past it), YaRN, a biased router (softmax over the top-k logits), MXFP4 experts with biases
-/// and `swiglu_oai`. References from llama.cpp's AVX2 build, as the hybrids'.
-///
-/// This random model amplifies rounding: its MXFP4 experts quantize their inputs to Q8_0, so a
-/// last-bit difference (here: f16 dot orders in attention, AVX2 vs AVX-512, at f16 ulp level in
-/// `kqv_out`) flips a quantization step and grows layer by layer. LES equals llama.cpp to 1e-5 on
-/// the rows whose attention sums agree (the first two positions, every layer, LES's dumps vs
-/// llama.cpp's), and its portable kernels part from its own AVX2 ones as much as from llama.cpp.
-/// So the check is on the size of the difference against a real bug's: the prompts' last rows
-/// within 1.0 of llama.cpp (measured 0.53; logits of magnitude ~25; without the sinks 12.8),
-/// no teacher-forced argmax change where llama.cpp's margin exceeds 1.0 (without sinks: 121 of
-/// 264 rows change where its margin exceeds 0.1), greedy text equal on at least 2 of 8 prompts
-/// (measured 3).
-fn check_noisy(model_file: &str, stem: &str, max_first: f32, min_greedy: usize) {
-    let r = compare(model_file, stem);
-    if reference_platform() {
-        assert!(r.max_dlogit_full <= max_first, "{stem}: max |Δlogit| over the full first rows {} > {max_first}", r.max_dlogit_full);
-        assert_eq!(r.argmax_mismatch_confident, 0, "{stem}: teacher-forced argmax differs where llama.cpp's margin > {CONFIDENT}");
-        assert!(r.greedy_exact >= min_greedy, "{stem}: greedy continuation equals llama.cpp's on only {} prompts", r.greedy_exact);
-    } else {
-        assert!(r.max_dlogit < MAX_DLOGIT, "{stem}: max |Δlogit| {} ≥ {MAX_DLOGIT}", r.max_dlogit);
-    }
-}
+/// and `swiglu_oai` (every 8th gate / up bias beyond its clamp). References from llama.cpp's AVX2
+/// build, as the hybrids'. Its MXFP4 experts quantize their inputs to Q8_0, so a last-bit
+/// difference (f16 dot orders in attention, AVX2 vs AVX-512) can flip a quantization step; the
+/// fixture's small layer gains keep such a flip small (`tools/make_moe.py`, `GPTOSS_SPECS`).
+/// Measured with LES's AVX2 kernels: greedy 8/8 and 2/2, max |Δlogit| 6.6e-2 / 1.1e-1 over
+/// llama.cpp's top-32 (logits of magnitude ~20), 6.4e-3 / 1.8e-2 over the full first rows.
+/// Without the sinks (a real bug's size): greedy 0/8, max |Δlogit| 3.5.
+const GPT_OSS_DLOGIT: f32 = 0.25;
 
 #[test]
 fn rand_gpt_oss_matches_llama_cpp() {
-    check_noisy("rand-gpt-oss.gguf", "rand-gpt-oss", 1.0, 2);
-    check_noisy("rand-gpt-oss.gguf", "rand-gpt-oss-long", 1.0, 0);
+    check_within("rand-gpt-oss.gguf", "rand-gpt-oss", GPT_OSS_DLOGIT, 7);
+    check_within("rand-gpt-oss.gguf", "rand-gpt-oss-long", GPT_OSS_DLOGIT, 1);
+}
+
+/// The portable kernels (what wasm, aarch64 and the wgpu backend's exact path compute, bit for
+/// bit: `tests/wgpu_model.rs`) against llama.cpp on gpt-oss, with the same goals as the x86
+/// kernels: this is what says the GPU and the browser produce llama.cpp's greedy text. It runs
+/// this test binary again with `LES_NO_SIMD=1` (the kernel level is per process). Measured: greedy
+/// 8/8 and 2/2, max |Δlogit| 7.1e-2 / 1.0e-1.
+#[test]
+fn rand_gpt_oss_portable_kernels_match_llama_cpp() {
+    const NAME: &str = "rand_gpt_oss_portable_kernels_match_llama_cpp";
+    if std::env::var_os("LES_NO_SIMD").is_none() {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", NAME, "--nocapture", "--test-threads", "1"])
+            .env("LES_NO_SIMD", "1")
+            .output()
+            .unwrap();
+        eprintln!("{}", String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "{NAME} with LES_NO_SIMD=1 failed:\n{}", String::from_utf8_lossy(&out.stdout));
+        return;
+    }
+    assert_ne!(les::quant::Simd::best(), les::quant::Simd::Avx2, "LES_NO_SIMD=1 did not select the portable kernels");
+    for (stem, min_greedy) in [("rand-gpt-oss", 7), ("rand-gpt-oss-long", 1)] {
+        let r = compare("rand-gpt-oss.gguf", stem);
+        assert_goals(stem, &r, GPT_OSS_DLOGIT, min_greedy);
+    }
 }
 
 #[test]

@@ -323,10 +323,16 @@ FULL_SPECS = {
 # MXFP4 with biases and swiglu_oai; the harmony special tokens appended to SmolLM2's vocabulary.
 GPTOSS_SPECS = {
     "gpt-oss": dict(
-        arch="gpt-oss", pre="smollm", add_bos=False, seed=1007, logit_std=6.0, res_gain=4.0,
+        arch="gpt-oss", pre="smollm", add_bos=False, seed=1007, logit_std=6.0, res_gain=0.5,
         n_embd=256, n_layer=4, n_head=4, n_head_kv=2, head_dim=64, n_expert=16, top_k=4, n_ff_exp=64,
         rope_base=150000.0, eps=1e-5, swa=16, yarn_factor=32.0, yarn_orig_ctx=4096,
         embd_type=Q8, out_type=F16, exp_type=T.MXFP4,
+        # Well-conditioned on purpose: MXFP4 experts quantize their inputs to Q8_0, so a last-bit
+        # difference between two correct engines (f16 dot orders) can flip a quantization step or a
+        # router choice; with small layer gains (res_gain, ffn_in_std) such a flip stays small
+        # against the residual instead of growing layer by layer. Every 8th gate / up bias is
+        # +-clamp_bias, beyond swiglu_oai's limit (7), so the clamps are exercised.
+        ffn_in_std=0.5, clamp_bias=9.0,
         # per layer: (attn_q, attn_k, attn_v, attn_output)
         mix_types=[(F32, F16, F16, F32), (F16, F32, F32, F16), (F32, F32, F16, F16), (F16, F16, F32, F32)],
     ),
@@ -392,10 +398,12 @@ def build_gptoss(arch_key: str, src: str, out: str, seed: int | None = None):
         rnd(p + "attn_sinks.weight", T.F32, (H,), 1.0)
         rnd(p + "ffn_gate_inp.weight", T.F32, (D, E), 2.0 / math.sqrt(D))
         rnd(p + "ffn_gate_inp.bias", T.F32, (E,), 1.0)
-        rnd(p + "ffn_gate_exps.weight", sp["exp_type"], (D, FF, E), 2 / math.sqrt(D))
-        rnd(p + "ffn_gate_exps.bias", T.F32, (FF, E), 1.0)
-        rnd(p + "ffn_up_exps.weight", sp["exp_type"], (D, FF, E), 2 / math.sqrt(D))
-        rnd(p + "ffn_up_exps.bias", T.F32, (FF, E), 1.0)
+        ffn_in, spikes = sp.get("ffn_in_std", 2.0), sp.get("clamp_bias")
+        bias_kind = ("spiky", 0.0, spikes) if spikes else ()
+        rnd(p + "ffn_gate_exps.weight", sp["exp_type"], (D, FF, E), ffn_in / math.sqrt(D))
+        rnd(p + "ffn_gate_exps.bias", T.F32, (FF, E), 1.0, *bias_kind)
+        rnd(p + "ffn_up_exps.weight", sp["exp_type"], (D, FF, E), ffn_in / math.sqrt(D))
+        rnd(p + "ffn_up_exps.bias", T.F32, (FF, E), 1.0, *bias_kind)
         rnd(p + "ffn_down_exps.weight", sp["exp_type"], (FF, D, E), gain / math.sqrt(FF))
         rnd(p + "ffn_down_exps.bias", T.F32, (D, E), 0.5)
     rnd("output_norm.weight", T.F32, (D,), 0, "norm")
@@ -438,7 +446,8 @@ def copy_tokenizer(sw, r, sp):
 
 def random_tensors(sw, seed, tile_above=0):
     """rnd(name, qtype, ne, std, kind): a tensor whose data is drawn (when written) from its own
-    generator, seeded with (seed, its index); kind "norm" draws U(lo, hi) (default 0.8-1.2).
+    generator, seeded with (seed, its index); kind "norm" draws U(lo, hi) (default 0.8-1.2);
+    kind "spiky" (F32 only) draws N(0, std) and sets every 8th element to +hi, -hi, +hi, ...
     tile_above > 0: a weight of more elements than that is a pool of that many random elements
     repeated from a random offset (valid blocks, fast to make: the full-size models)."""
     tid = [0]
@@ -451,6 +460,10 @@ def random_tensors(sw, seed, tile_above=0):
             rng = rng_for(seed, key)
             if kind == "norm":
                 return rand_uniform_f32(rng, ne, lo, hi)
+            if kind == "spiky":
+                b = rand_f32(rng, ne, std).reshape(-1)
+                b[::8] = np.where(np.arange(b[::8].size) % 2 == 0, hi, -hi)
+                return b.reshape(tuple(reversed(ne)))
             n = int(np.prod(ne))
             if tile_above and n > tile_above and qtype not in (T.F32, T.F16):
                 pool = rand_weight(rng, qtype, (ne[0], tile_above // ne[0]), std).reshape(-1)

@@ -367,8 +367,12 @@ pub fn run(model: &str, bundle: &str, opts: &StreamOptions, prompts: &[String], 
     for r in &mut rep.rungs {
         r.ratio_to_on_demand = r.tokens_per_s / on_demand;
     }
-    // Store throughput: read a spread of experts with the configured parallelism.
-    let mbps = {
+    // Store throughput: a device profile's bandwidth is the store's throughput by definition;
+    // on the real disk, read a spread of experts with the configured parallelism (only there: the
+    // probe opens the file again, which would warm the page cache under a profile for nothing).
+    let mbps = if let Some(p) = opts.profile {
+        p.bandwidth / 1e6
+    } else {
         let mut o = opts.clone();
         o.cache.prefetch = false;
         evict(model);
@@ -387,12 +391,6 @@ pub fn run(model: &str, bundle: &str, opts: &StreamOptions, prompts: &[String], 
             bytes += ids.len() as u64 * st.plan.expert_bytes_max;
         }
         bytes as f64 / t0.elapsed().as_secs_f64() / 1e6
-    };
-    // A device profile's bandwidth is the store's throughput by definition; the probe measures the
-    // real disk (it underestimates throttled stores on 2 busy cores).
-    let mbps = match opts.profile {
-        Some(p) => p.bandwidth / 1e6,
-        None => mbps,
     };
     rep.store_mb_per_s = mbps;
     let tokens = rep.rungs.iter().find(|r| r.name == "on-demand").map(|r| r.tokens).unwrap_or(1).max(1);
