@@ -5,6 +5,7 @@
 
 pub mod cpu;
 pub mod ops;
+pub mod profile;
 pub mod wgpu;
 
 /// Which backend runs the forward pass.

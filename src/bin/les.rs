@@ -417,6 +417,10 @@ enum BenchCmd {
         /// Repetitions (llama-bench `-r`).
         #[arg(short = 'r', long, default_value_t = 5)]
         reps: usize,
+        /// After each test, print the CPU forward's time per op (ms per token over the timed
+        /// repetitions; `forward` is the whole pass, the ops' sum leaves host work between them).
+        #[arg(long)]
+        profile: bool,
     },
     /// Decode speed: a short prompt, then N greedy tokens; prints tokens/s.
     Decode {
@@ -475,7 +479,7 @@ fn run(cli: Cli) -> Res {
             }
         }
         Cmd::Bench(BenchCmd::Decode { m, n_predict, reps }) => cmd_bench_decode(&m, n_predict, reps),
-        Cmd::Bench(BenchCmd::PpTg { m, s, n_prompt, n_gen, reps }) => cmd_bench_pp_tg(&m, &s, &n_prompt, &n_gen, reps),
+        Cmd::Bench(BenchCmd::PpTg { m, s, n_prompt, n_gen, reps, profile }) => cmd_bench_pp_tg(&m, &s, &n_prompt, &n_gen, reps, profile),
         Cmd::Bench(BenchCmd::Chat { m, s, n_predict, reps, messages }) => cmd_bench_chat(&m, &s, n_predict, reps, &messages),
         Cmd::Pack { input, output, expert_types, mixed_precision, target_bytes, calibration, calib_tokens } => {
             if mixed_precision {
@@ -1023,7 +1027,7 @@ fn cmd_bench_chat(m: &ModelArgs, s: &StreamArgs, n: usize, reps: usize, messages
     Ok(())
 }
 
-fn cmd_bench_pp_tg(m: &ModelArgs, s: &StreamArgs, n_prompt: &[usize], n_gen: &[usize], reps: usize) -> Res {
+fn cmd_bench_pp_tg(m: &ModelArgs, s: &StreamArgs, n_prompt: &[usize], n_gen: &[usize], reps: usize, profile: bool) -> Res {
     use les::model::Logits;
     let (mut sess, _experts) = open_session(m, s, 0)?;
     if m.ctx_size < n_prompt.iter().chain(n_gen).copied().max().unwrap_or(0) {
@@ -1059,9 +1063,16 @@ fn cmd_bench_pp_tg(m: &ModelArgs, s: &StreamArgs, n_prompt: &[usize], n_gen: &[u
     println!("| model | size | params | backend | threads | test | t/s |");
     println!("| --- | ---: | ---: | --- | ---: | ---: | ---: |");
     let tests: Vec<(bool, usize)> = n_prompt.iter().filter(|&&n| n > 0).map(|&n| (true, n)).chain(n_gen.iter().filter(|&&n| n > 0).map(|&n| (false, n))).collect();
+    if profile && sess.gpu.is_some() {
+        return Err("--profile times the CPU forward's ops: use --backend cpu".into());
+    }
+    let mut profiles = Vec::new();
     for (pp, n) in tests {
         let mut tps = Vec::new();
         for rep in 0..=reps.max(1) {
+            if profile && rep == 1 {
+                les::backend::profile::enable(true); // the timed repetitions, not the warm-up
+            }
             sess.reset();
             let t0 = std::time::Instant::now();
             if pp {
@@ -1077,6 +1088,10 @@ fn cmd_bench_pp_tg(m: &ModelArgs, s: &StreamArgs, n_prompt: &[usize], n_gen: &[u
                 tps.push(n as f64 / dt.max(1e-9)); // rep 0 warms up, as llama-bench's warm-up run
             }
         }
+        if profile {
+            les::backend::profile::enable(false);
+            profiles.push((format!("{}{n}", if pp { "pp" } else { "tg" }), (n * reps.max(1)) as f64, les::backend::profile::table()));
+        }
         let mean = tps.iter().sum::<f64>() / tps.len() as f64;
         let sd = (tps.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (tps.len().max(2) - 1) as f64).sqrt();
         println!(
@@ -1085,6 +1100,17 @@ fn cmd_bench_pp_tg(m: &ModelArgs, s: &StreamArgs, n_prompt: &[usize], n_gen: &[u
             les::backend::cpu::par::n_threads(),
             if pp { "pp" } else { "tg" }
         );
+    }
+    for (test, tokens, rows) in profiles {
+        let total = rows.iter().find(|r| r.op == "forward").map(|r| r.ms).unwrap_or(0.0);
+        println!("\n{test}: time per op, {} threads (ms per token; share of `forward`)\n", les::backend::cpu::par::n_threads());
+        println!("| op | calls/token | ms/token | share |");
+        println!("| --- | ---: | ---: | ---: |");
+        for r in &rows {
+            println!("| {} | {:.2} | {:.4} | {:.1}% |", r.op, r.calls as f64 / tokens, r.ms / tokens, 100.0 * r.ms / total.max(1e-9));
+        }
+        let ops: f64 = rows.iter().filter(|r| r.op != "forward").map(|r| r.ms).sum();
+        println!("| (between ops) | | {:.4} | {:.1}% |", (total - ops) / tokens, 100.0 * (total - ops) / total.max(1e-9));
     }
     Ok(())
 }

@@ -387,7 +387,14 @@ impl Model {
         kv.take_events(); // the CPU's states are the cache's own
         let logits = {
             let mut b = CpuExec::new(&self.weights, kv, per_row);
-            ops::ready(self.forward_on(&mut b, tokens, pos0, Some(want)))??
+            if crate::backend::profile::enabled() {
+                let t0 = crate::clock::now_ms();
+                let l = ops::ready(self.forward_on(&mut crate::backend::profile::Profiled(&mut b), tokens, pos0, Some(want)))??;
+                crate::backend::profile::record("forward", crate::clock::now_ms() - t0);
+                l
+            } else {
+                ops::ready(self.forward_on(&mut b, tokens, pos0, Some(want)))??
+            }
         };
         kv.len = pos0 + tokens.len();
         Ok(logits)

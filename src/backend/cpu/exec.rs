@@ -191,16 +191,41 @@ impl Ops for CpuExec<'_> {
         let mut out = vec![0f32; t_n * nq];
         let kv = &*self.kv;
         let sinks = p.sinks.map(|s| self.w.vec(s));
+        let range = |t: usize| {
+            let n_kv = pos0 + t + 1;
+            (if p.window > 0 { n_kv.saturating_sub(p.window) } else { 0 })..n_kv
+        };
+        if t_n >= ops::FA_TILE_Q && !self.per_row && crate::quant::Simd::best() == crate::quant::Simd::Avx2 {
+            // llama.cpp's tiled flash attention (batches of ≥ 64 rows on x86): one task per
+            // (tile of 64 query rows, head), the tiles with the most positions first.
+            let n_tiles = t_n.div_ceil(ops::FA_TILE_Q);
+            let y = par::SharedMut::new(&mut out);
+            par::for_each(n_tiles * p.n_head, |i| {
+                let (tile, h) = (n_tiles - 1 - i / p.n_head, i % p.n_head);
+                let t0 = tile * ops::FA_TILE_Q;
+                let rows = (t_n - t0).min(ops::FA_TILE_Q);
+                let (kr, vr) = kv.head(il, h / group, pos0 + t0 + rows);
+                let sink = sinks.and_then(|s| s.get(h).copied());
+                thread_local!(static SCRATCH: std::cell::RefCell<ops::FaScratch> = Default::default());
+                SCRATCH.with(|sc| {
+                    let q0 = t0 * nq + h * hd;
+                    ops::attend_tiled(&q.v[q0..], nq, rows, &|r| range(t0 + r), kr, vr, hd, sink, p.scale, &mut |r, o| {
+                        // SAFETY: row t0 + r, head h: each (row, head) is written by one task only.
+                        unsafe { y.slice((t0 + r) * nq + h * hd, hd) }.copy_from_slice(o)
+                    }, &mut sc.borrow_mut());
+                });
+            });
+            return Ok(CpuT { v: out, cols: nq });
+        }
         // One task per (token, head).
         par::for_each_chunk(&mut out, hd, |i, o| {
             let (t, h) = (i / p.n_head, i % p.n_head);
-            let n_kv = pos0 + t + 1;
-            let lo = if p.window > 0 { n_kv.saturating_sub(p.window) } else { 0 };
-            let (kr, vr) = kv.head(il, h / group, n_kv);
+            let kv_range = range(t);
+            let (kr, vr) = kv.head(il, h / group, kv_range.end);
             let qh = &q.v[t * nq + h * hd..t * nq + (h + 1) * hd];
             let (mut qb, mut acc) = (Vec::new(), Vec::new());
             let sink = sinks.and_then(|s| s.get(h).copied());
-            ops::attend_head_ext(qh, kr, vr, hd, lo..n_kv, sink, p.scale, o, &mut qb, &mut acc);
+            ops::attend_head_ext(qh, kr, vr, hd, kv_range, sink, p.scale, o, &mut qb, &mut acc);
         });
         Ok(CpuT { v: out, cols: nq })
     }
