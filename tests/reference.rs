@@ -191,10 +191,20 @@ fn rand_hybrids_long_context_match_llama_cpp() {
 /// Without the sinks (a real bug's size): greedy 0/8, max |Δlogit| 3.5.
 const GPT_OSS_DLOGIT: f32 = 0.25;
 
+///
+/// The long prompts (143 and 178 tokens) run through llama.cpp's tiled flash attention (batches
+/// of ≥ 64 rows: f32 scores and accumulators), which LES follows with its x86 kernels: the
+/// prompts' last rows are within 1.9e-3 of llama.cpp's over the whole vocabulary (2e-7 median
+/// relative difference in layer 0's attention output); with the per-row kernel (f16
+/// accumulators, as llama.cpp's batches of < 64 rows and LES's portable kernels) 1.8e-2.
 #[test]
 fn rand_gpt_oss_matches_llama_cpp() {
     check_within("rand-gpt-oss.gguf", "rand-gpt-oss", GPT_OSS_DLOGIT, 7);
     check_within("rand-gpt-oss.gguf", "rand-gpt-oss-long", GPT_OSS_DLOGIT, 1);
+    if reference_platform() {
+        let r = compare("rand-gpt-oss.gguf", "rand-gpt-oss-long");
+        assert!(r.max_dlogit_full <= 5e-3, "long prompts' last rows {} from llama.cpp's: the tiled flash attention does not follow llama.cpp's", r.max_dlogit_full);
+    }
 }
 
 /// The portable kernels (what wasm, aarch64 and the wgpu backend's exact path compute, bit for

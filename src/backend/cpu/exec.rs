@@ -108,9 +108,8 @@ impl Ops for CpuExec<'_> {
     fn rms_norm(&mut self, x: &CpuT, w: Vector, eps: f32) -> Result<CpuT, OpError> {
         let w = self.w.vec(w);
         let mut y = vec![0f32; x.v.len()];
-        for (xr, yr) in x.v.chunks(x.cols).zip(y.chunks_mut(x.cols)) {
-            ops::rms_norm(xr, w, eps, yr);
-        }
+        let c = x.cols;
+        par::for_each_chunk(&mut y, c, |r, yr| ops::rms_norm(&x.v[r * c..(r + 1) * c], w, eps, yr));
         Ok(CpuT { v: y, cols: x.cols })
     }
 
@@ -232,7 +231,8 @@ impl Ops for CpuExec<'_> {
 
     fn swiglu(&mut self, g: &CpuT, u: &CpuT) -> Result<CpuT, OpError> {
         let mut h = vec![0f32; g.v.len()];
-        ops::swiglu(&g.v, &u.v, &mut h);
+        const CHUNK: usize = 1 << 14; // element-wise: any split gives the same bits
+        par::for_each_chunk(&mut h, CHUNK, |i, hc| ops::swiglu(&g.v[i * CHUNK..], &u.v[i * CHUNK..], hc));
         Ok(CpuT { v: h, cols: g.cols })
     }
 

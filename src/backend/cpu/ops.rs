@@ -158,10 +158,11 @@ pub fn silu(x: f32) -> f32 {
     x / (1.0 + ggml_expf(-x))
 }
 
-/// SwiGLU (ggml `swiglu_split`): out = silu(gate) * up.
+/// SwiGLU (ggml `swiglu_split`): out = silu(gate) * up ([`silu`]'s bits; its exponential
+/// without a branch, so the loop vectorises).
 pub fn swiglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
     for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
-        *o = silu(g) * u;
+        *o = g / (1.0 + ggml_expf_nb(-g)) * u;
     }
 }
 
@@ -415,7 +416,7 @@ pub const FA_TILE_KV: usize = 64;
 /// [`ggml_expf`] without a branch, so a loop over it vectorises (same bits for every input:
 /// tested against it).
 #[inline(always)]
-fn ggml_expf_nb(x: f32) -> f32 {
+pub fn ggml_expf_nb(x: f32) -> f32 {
     let r = f32::from_bits(0x4b40_0000);
     let z = x.mul_add(f32::from_bits(0x3fb8_aa3b), r);
     let n = z - r;
