@@ -332,6 +332,10 @@ fn simd_agrees_with_scalar() {
                 let abs: f64 = wd.iter().zip(&x).map(|(p, q)| (p * q).abs() as f64).sum::<f64>() + 1e-20;
                 for &simd in &levels[1..] {
                     let v = quant::vec_dot_with(simd, t, n, &w, &a);
+                    if matches!(simd, Simd::Neon | Simd::NeonDotprod) {
+                        // The ARM kernels keep the portable code's f32 order (src/quant/neon.rs).
+                        assert_eq!(v.to_bits(), scalar.to_bits(), "{t} n={n} {simd:?}: {v} vs scalar {scalar}");
+                    }
                     let err = (v as f64 - scalar as f64).abs();
                     assert!(
                         err <= 1e-5 * abs,
@@ -343,6 +347,26 @@ fn simd_agrees_with_scalar() {
         }
     }
     assert!(checked > 100);
+}
+
+/// Every finite and infinite half through each level's F16 dot: eight copies of `h` against
+/// eight ones sum to exactly `8 h` (powers of two, no rounding), so any half converted wrongly
+/// (subnormals, signed zeros, infinities) shows.
+#[test]
+fn f16_dot_converts_every_half_exactly() {
+    let ones: Vec<u8> = (0..8).flat_map(|_| half::f16::ONE.to_bits().to_le_bytes()).collect();
+    for simd in Simd::available() {
+        for h in 0..=u16::MAX {
+            let v = half::f16::from_bits(h);
+            if v.is_nan() {
+                continue;
+            }
+            let w: Vec<u8> = (0..8).flat_map(|_| h.to_le_bytes()).collect();
+            let got = quant::vec_dot_with(simd, GgmlType::F16, 8, &w, &ones);
+            let want = 8.0 * v.to_f32() + 0.0; // sums start from +0: -0 gives +0
+            assert_eq!(got.to_bits(), want.to_bits(), "{simd:?} half {h:#06x}: {got} vs {want}");
+        }
+    }
 }
 
 #[test]

@@ -23,6 +23,8 @@ pub mod quantize;
 mod wasm;
 #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
 mod x86;
+#[cfg(target_arch = "aarch64")]
+mod neon;
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
@@ -378,24 +380,28 @@ pub enum Simd {
     Avx2,
     /// WebAssembly SIMD128 (only in builds with `-C target-feature=+simd128`).
     Simd128,
+    /// AArch64 NEON (ARMv8.0: every aarch64 CPU). Same bits as [`Simd::Scalar`].
+    Neon,
+    /// AArch64 NEON with the ARMv8.2 dot-product instructions (`sdot`). Same bits as
+    /// [`Simd::Scalar`].
+    NeonDotprod,
 }
 
-static SIMD_LEVEL: AtomicU8 = AtomicU8::new(0); // 0 = not yet detected, 1 = Scalar, 2 = Avx2, 3 = Simd128
+/// 0 = not yet detected, else [`Simd::code`].
+static SIMD_LEVEL: AtomicU8 = AtomicU8::new(0);
+
+/// Every level, the best first (the order [`Simd::best`] tries them in).
+const LEVELS: [Simd; 5] = [Simd::Avx2, Simd::NeonDotprod, Simd::Neon, Simd::Simd128, Simd::Scalar];
 
 impl Simd {
     /// The best level this CPU supports. Setting the environment variable `LES_NO_SIMD` (to any
     /// value) forces [`Simd::Scalar`]. Detected once, then cached.
     pub fn best() -> Simd {
-        match SIMD_LEVEL.load(Ordering::Relaxed) {
-            1 => Simd::Scalar,
-            2 => Simd::Avx2,
-            3 => Simd::Simd128,
-            _ => {
+        match LEVELS.into_iter().find(|s| s.code() == SIMD_LEVEL.load(Ordering::Relaxed)) {
+            Some(s) => s,
+            None => {
                 let forced_scalar = std::env::var_os("LES_NO_SIMD").is_some();
-                let s = [Simd::Avx2, Simd::Simd128]
-                    .into_iter()
-                    .find(|s| !forced_scalar && s.is_available())
-                    .unwrap_or(Simd::Scalar);
+                let s = LEVELS.into_iter().find(|s| !forced_scalar && s.is_available()).unwrap_or(Simd::Scalar);
                 SIMD_LEVEL.store(s.code(), Ordering::Relaxed);
                 s
             }
@@ -418,6 +424,8 @@ impl Simd {
             Simd::Scalar => 1,
             Simd::Avx2 => 2,
             Simd::Simd128 => 3,
+            Simd::Neon => 4,
+            Simd::NeonDotprod => 5,
         }
     }
 
@@ -444,12 +452,20 @@ impl Simd {
                 }
             }
             Simd::Simd128 => cfg!(all(target_arch = "wasm32", target_feature = "simd128")),
+            Simd::Neon => cfg!(target_arch = "aarch64"),
+            Simd::NeonDotprod => {
+                #[cfg(target_arch = "aarch64")]
+                let ok = std::arch::is_aarch64_feature_detected!("dotprod");
+                #[cfg(not(target_arch = "aarch64"))]
+                let ok = false;
+                ok
+            }
         }
     }
 
-    /// Every level this CPU can run (always includes [`Simd::Scalar`]).
+    /// Every level this CPU can run, [`Simd::Scalar`] first.
     pub fn available() -> Vec<Simd> {
-        [Simd::Scalar, Simd::Avx2, Simd::Simd128].into_iter().filter(|s| s.is_available()).collect()
+        LEVELS.into_iter().rev().filter(|s| s.is_available()).collect()
     }
 }
 
@@ -495,6 +511,12 @@ fn kernel(simd: Simd, ty: GgmlType) -> Option<DotFn> {
     #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
     if simd == Simd::Simd128 {
         if let Some(k) = wasm::kernel(ty) {
+            return Some(k);
+        }
+    }
+    #[cfg(target_arch = "aarch64")]
+    if matches!(simd, Simd::Neon | Simd::NeonDotprod) && simd.is_available() {
+        if let Some(k) = neon::kernel(ty, simd == Simd::NeonDotprod) {
             return Some(k);
         }
     }
