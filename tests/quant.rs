@@ -349,6 +349,31 @@ fn simd_agrees_with_scalar() {
     assert!(checked > 100);
 }
 
+/// Batched products' four-row tiles (x86 AVX2, AArch64 NEON; `BatchDot::dot4`) give the single
+/// dots' bits: the tiles only share each weight block's unpacking between the rows.
+#[test]
+fn batch_tiles_equal_single_dots() {
+    use GgmlType::*;
+    let mut rng = Rng(7);
+    let mut tiled = 0;
+    for t in [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4NL, MXFP4] {
+        for n in [32, 96, 512] {
+            let w = random_row(&mut rng, t, n);
+            let acts: Vec<Vec<u8>> = (0..4)
+                .map(|_| quantized(quant::vec_dot_type(t), &(0..n).map(|_| rng.normal() * 3.0).collect::<Vec<_>>()))
+                .collect();
+            let dot = quant::BatchDot::new(t, n, 1, 4, false, false);
+            let Some(four) = dot.dot4(&w, [&acts[0], &acts[1], &acts[2], &acts[3]], 0) else { continue };
+            for (k, a) in acts.iter().enumerate() {
+                let one = dot.dot(&w, a, k);
+                assert_eq!(four[k].to_bits(), one.to_bits(), "{t} n={n} row {k}: tile {} vs single {one}", four[k]);
+            }
+            tiled += 1;
+        }
+    }
+    eprintln!("{tiled} tiles compared ({:?})", Simd::best());
+}
+
 /// Every finite and infinite half through each level's F16 dot: eight copies of `h` against
 /// eight ones sum to exactly `8 h` (powers of two, no rounding), so any half converted wrongly
 /// (subnormals, signed zeros, infinities) shows.

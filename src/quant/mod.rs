@@ -476,6 +476,11 @@ impl Simd {
 /// and the kernel's instruction set is available.
 type DotFn = unsafe fn(usize, &[u8], &[u8]) -> f32;
 
+/// A four-activation-row tile: `(n, weight row, four activation rows) -> four dots`, each the
+/// bits of the same level's [`DotFn`] on that row (same safety contract).
+#[cfg(any(target_arch = "x86", target_arch = "x86_64", target_arch = "aarch64"))]
+type TileFn = unsafe fn(usize, &[u8], [&[u8]; 4]) -> [f32; 4];
+
 fn scalar_kernel(ty: GgmlType) -> Option<DotFn> {
     use GgmlType::*;
     Some(match ty {
@@ -580,8 +585,8 @@ pub struct BatchDot {
     experts: bool,
     gemm: bool,
     plain: Option<DotFn>,
-    #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
-    tile: Option<x86::TileFn>,
+    #[cfg(any(target_arch = "x86", target_arch = "x86_64", target_arch = "aarch64"))]
+    tile: Option<TileFn>,
     w_need: usize,
     a_need: usize,
 }
@@ -599,6 +604,11 @@ impl BatchDot {
         let gemm = !per_row && cfg!(any(target_arch = "x86", target_arch = "x86_64")) && simd == Simd::Avx2;
         #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
         let tile = if simd == Simd::Avx2 { x86::tile_kernel(ty) } else { None };
+        #[cfg(target_arch = "aarch64")]
+        let tile = match simd {
+            Simd::Neon | Simd::NeonDotprod => neon::tile_kernel(ty, simd == Simd::NeonDotprod),
+            _ => None,
+        };
         BatchDot {
             ty,
             n,
@@ -607,7 +617,7 @@ impl BatchDot {
             experts,
             gemm,
             plain: kernel(simd, ty),
-            #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+            #[cfg(any(target_arch = "x86", target_arch = "x86_64", target_arch = "aarch64"))]
             tile,
             w_need,
             a_need,
@@ -615,18 +625,19 @@ impl BatchDot {
     }
 
     /// [`BatchDot::dot`] for four activation rows `t .. t + 4` at once, where a tile kernel
-    /// exists (the 32-element block types on x86 AVX2: same bits as four single dots); `None`
-    /// otherwise.
+    /// exists (the 32-element block types on x86 AVX2 and AArch64 NEON: same bits as four single
+    /// dots); `None` otherwise.
     #[inline]
     pub fn dot4(&self, w_row: &[u8], acts: [&[u8]; 4], t: usize) -> Option<[f32; 4]> {
-        #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+        #[cfg(any(target_arch = "x86", target_arch = "x86_64", target_arch = "aarch64"))]
         if let Some(k) = self.tile {
             if w_row.len() < self.w_need || acts.iter().any(|a| a.len() < self.a_need) {
                 return Some([f32::NAN; 4]);
             }
             // The block types have no batched kernel of their own: every row takes `kernel`'s.
+            #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
             debug_assert!((t..t + 4).all(|t| !self.gemm || x86::gemm_kernel(self.ty, self.n, self.rows, t, self.n_tok, self.experts).is_none()));
-            // SAFETY: sizes checked above; AVX2/FMA/F16C are available (Simd::best).
+            // SAFETY: sizes checked above; the tile's instructions are available (Simd::best).
             return Some(unsafe { k(self.n, w_row, acts) });
         }
         let _ = (w_row, acts, t);

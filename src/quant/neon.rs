@@ -24,8 +24,18 @@
 
 use super::iq::{e8m0_to_f32_half, KVALUES_IQ4NL, KVALUES_MXFP4};
 use super::kquants::{scales_mins_k4, QK_K};
-use super::{f16_to_f32, DotFn, GgmlType};
+use super::{f16_to_f32, DotFn, GgmlType, TileFn};
 use core::arch::aarch64::*;
+
+/// The four-activation-row tile for `ty` (the 32-element block types), in the `sdot` build when
+/// `dotprod`.
+pub(super) fn tile_kernel(ty: GgmlType, dotprod: bool) -> Option<TileFn> {
+    if dotprod {
+        sdot_build::tile(ty)
+    } else {
+        plain_build::tile(ty)
+    }
+}
 
 /// The NEON kernel for weight type `ty`, if there is one; `dotprod` selects the `sdot` build.
 pub(super) fn kernel(ty: GgmlType, dotprod: bool) -> Option<DotFn> {
@@ -186,6 +196,23 @@ unsafe fn dot16_sdot(acc: int32x4_t, x: int8x16_t, y: int8x16_t) -> int32x4_t {
     r
 }
 
+/// A 32-element block type's single dot (`$dot`) and four-row tile (`$tile`): weight blocks of
+/// `$wsize` bytes, activation blocks of `$asize` with quants at `$q8_at`, the quants `$qx` and
+/// the per-block f32 term `$term` (see `blocks_32`). Expanded inside `block_kernels!`.
+macro_rules! b32 {
+    ($feat:literal, $dot:ident, $tile:ident, $wsize:literal, $asize:literal, $q8_at:literal, $qx:expr, $term:expr) => {
+        #[target_feature(enable = $feat)]
+        unsafe fn $dot(n: usize, w: &[u8], a: &[u8]) -> f32 {
+            blocks_32(n / 32, w.as_ptr(), $wsize, a.as_ptr(), $asize, $q8_at, $qx, $term)
+        }
+
+        #[target_feature(enable = $feat)]
+        unsafe fn $tile(n: usize, w: &[u8], acts: [&[u8]; 4]) -> [f32; 4] {
+            blocks_32_x4(n / 32, w.as_ptr(), $wsize, acts, $asize, $q8_at, $qx, $term)
+        }
+    };
+}
+
 /// The block kernels, built once per integer product (`$dot16`) with its target features.
 macro_rules! block_kernels {
     ($name:ident, $feat:literal, $dot16:ident) => {
@@ -205,6 +232,21 @@ macro_rules! block_kernels {
                     Q4K => dot_q4_k_q8_k,
                     Q5K => dot_q5_k_q8_k,
                     Q6K => dot_q6_k_q8_k,
+                    _ => return None,
+                })
+            }
+
+            /// The four-activation-row tile for weight type `ty` (the 32-element block types).
+            pub(super) fn tile(ty: GgmlType) -> Option<TileFn> {
+                use GgmlType::*;
+                Some(match ty {
+                    Q4_0 => tile_q4_0,
+                    Q4_1 => tile_q4_1,
+                    Q5_0 => tile_q5_0,
+                    Q5_1 => tile_q5_1,
+                    Q8_0 => tile_q8_0,
+                    IQ4NL => tile_iq4_nl,
+                    MXFP4 => tile_mxfp4,
                     _ => return None,
                 })
             }
@@ -234,63 +276,68 @@ macro_rules! block_kernels {
                 sumf
             }
 
+            /// [`blocks_32`] for four activation rows at once: each weight block unpacked once,
+            /// each row's sum in its own block order (the same bits as four `blocks_32`).
+            #[inline]
             #[target_feature(enable = $feat)]
-            unsafe fn dot_q4_0_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
-                blocks_32(n / 32, w.as_ptr(), 18, a.as_ptr(), 34, 2, |x| {
-                    let (lo, hi) = nibbles(x.add(2));
-                    (vsubq_s8(lo, vdupq_n_s8(8)), vsubq_s8(hi, vdupq_n_s8(8)))
-                }, |sumi, x, y| sumi as f32 * f16s(x) * f16s(y))
+            unsafe fn blocks_32_x4(
+                nb: usize,
+                wp: *const u8,
+                wsize: usize,
+                acts: [&[u8]; 4],
+                asize: usize,
+                q8_at: usize,
+                qx: impl Fn(*const u8) -> (int8x16_t, int8x16_t),
+                term: impl Fn(i32, *const u8, *const u8) -> f32,
+            ) -> [f32; 4] {
+                let ap = acts.map(|a| a.as_ptr());
+                let mut sumf = [0f32; 4];
+                for i in 0..nb {
+                    let x = wp.add(i * wsize);
+                    let (q0, q1) = qx(x);
+                    for (sum, a) in sumf.iter_mut().zip(ap) {
+                        let y = a.add(i * asize);
+                        let s = $dot16($dot16(vdupq_n_s32(0), q0, load(y.add(q8_at))), q1, load(y.add(q8_at + 16)));
+                        *sum += term(vaddvq_s32(s), x, y);
+                    }
+                }
+                sumf
             }
 
-            /// `ggml_vec_dot_q4_1_q8_1`: `sum_blocks(d_w * d_a * sumi + m_w * s_a)`.
-            #[target_feature(enable = $feat)]
-            unsafe fn dot_q4_1_q8_1(n: usize, w: &[u8], a: &[u8]) -> f32 {
-                blocks_32(n / 32, w.as_ptr(), 20, a.as_ptr(), 36, 4, |x| nibbles(x.add(4)), |sumi, x, y| {
-                    (f16s(x) * f16s(y)) * sumi as f32 + f16s(x.add(2)) * f16s(y.add(2))
-                })
-            }
+            b32!($feat, dot_q4_0_q8_0, tile_q4_0, 18, 34, 2, |x| {
+                let (lo, hi) = nibbles(x.add(2));
+                (vsubq_s8(lo, vdupq_n_s8(8)), vsubq_s8(hi, vdupq_n_s8(8)))
+            }, |sumi, x, y| sumi as f32 * f16s(x) * f16s(y));
 
-            #[target_feature(enable = $feat)]
-            unsafe fn dot_q5_0_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
-                blocks_32(n / 32, w.as_ptr(), 22, a.as_ptr(), 34, 2, |x| {
-                    let (h0, h1) = high_bits(u32::from_le_bytes([*x.add(2), *x.add(3), *x.add(4), *x.add(5)]));
-                    let (lo, hi) = nibbles(x.add(6));
-                    (vsubq_s8(vorrq_s8(lo, h0), vdupq_n_s8(16)), vsubq_s8(vorrq_s8(hi, h1), vdupq_n_s8(16)))
-                }, |sumi, x, y| (f16s(x) * f16s(y)) * sumi as f32)
-            }
+            // `ggml_vec_dot_q4_1_q8_1`: `sum_blocks(d_w * d_a * sumi + m_w * s_a)`.
+            b32!($feat, dot_q4_1_q8_1, tile_q4_1, 20, 36, 4, |x| nibbles(x.add(4)), |sumi, x, y| {
+                (f16s(x) * f16s(y)) * sumi as f32 + f16s(x.add(2)) * f16s(y.add(2))
+            });
 
-            #[target_feature(enable = $feat)]
-            unsafe fn dot_q5_1_q8_1(n: usize, w: &[u8], a: &[u8]) -> f32 {
-                blocks_32(n / 32, w.as_ptr(), 24, a.as_ptr(), 36, 4, |x| {
-                    let (h0, h1) = high_bits(u32::from_le_bytes([*x.add(4), *x.add(5), *x.add(6), *x.add(7)]));
-                    let (lo, hi) = nibbles(x.add(8));
-                    (vorrq_s8(lo, h0), vorrq_s8(hi, h1))
-                }, |sumi, x, y| (f16s(x) * f16s(y)) * sumi as f32 + f16s(x.add(2)) * f16s(y.add(2)))
-            }
+            b32!($feat, dot_q5_0_q8_0, tile_q5_0, 22, 34, 2, |x| {
+                let (h0, h1) = high_bits(u32::from_le_bytes([*x.add(2), *x.add(3), *x.add(4), *x.add(5)]));
+                let (lo, hi) = nibbles(x.add(6));
+                (vsubq_s8(vorrq_s8(lo, h0), vdupq_n_s8(16)), vsubq_s8(vorrq_s8(hi, h1), vdupq_n_s8(16)))
+            }, |sumi, x, y| (f16s(x) * f16s(y)) * sumi as f32);
 
-            #[target_feature(enable = $feat)]
-            unsafe fn dot_q8_0_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
-                blocks_32(n / 32, w.as_ptr(), 34, a.as_ptr(), 34, 2, |x| (load(x.add(2)), load(x.add(18))), |sumi, x, y| {
-                    sumi as f32 * (f16s(x) * f16s(y))
-                })
-            }
+            b32!($feat, dot_q5_1_q8_1, tile_q5_1, 24, 36, 4, |x| {
+                let (h0, h1) = high_bits(u32::from_le_bytes([*x.add(4), *x.add(5), *x.add(6), *x.add(7)]));
+                let (lo, hi) = nibbles(x.add(8));
+                (vorrq_s8(lo, h0), vorrq_s8(hi, h1))
+            }, |sumi, x, y| (f16s(x) * f16s(y)) * sumi as f32 + f16s(x.add(2)) * f16s(y.add(2)));
 
-            #[target_feature(enable = $feat)]
-            unsafe fn dot_iq4_nl_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
-                let table = vld1q_s8(KVALUES_IQ4NL.as_ptr());
-                blocks_32(n / 32, w.as_ptr(), 18, a.as_ptr(), 34, 2, |x| lut_nibbles(table, x.add(2)), |sumi, x, y| {
-                    (f16s(y) * f16s(x)) * sumi as f32
-                })
-            }
+            b32!($feat, dot_q8_0_q8_0, tile_q8_0, 34, 34, 2, |x| (load(x.add(2)), load(x.add(18))), |sumi, x, y| {
+                sumi as f32 * (f16s(x) * f16s(y))
+            });
 
-            /// `ggml_vec_dot_mxfp4_q8_0`: `sum_blocks(d_a * e8m0_half(e) * sumi)`.
-            #[target_feature(enable = $feat)]
-            unsafe fn dot_mxfp4_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
-                let table = vld1q_s8(KVALUES_MXFP4.as_ptr());
-                blocks_32(n / 32, w.as_ptr(), 17, a.as_ptr(), 34, 2, |x| lut_nibbles(table, x.add(1)), |sumi, x, y| {
-                    (f16s(y) * e8m0_to_f32_half(*x)) * sumi as f32
-                })
-            }
+            b32!($feat, dot_iq4_nl_q8_0, tile_iq4_nl, 18, 34, 2, |x| lut_nibbles(vld1q_s8(KVALUES_IQ4NL.as_ptr()), x.add(2)), |sumi, x, y| {
+                (f16s(y) * f16s(x)) * sumi as f32
+            });
+
+            // `ggml_vec_dot_mxfp4_q8_0`: `sum_blocks(d_a * e8m0_half(e) * sumi)`.
+            b32!($feat, dot_mxfp4_q8_0, tile_mxfp4, 17, 34, 2, |x| lut_nibbles(vld1q_s8(KVALUES_MXFP4.as_ptr()), x.add(1)), |sumi, x, y| {
+                (f16s(y) * e8m0_to_f32_half(*x)) * sumi as f32
+            });
 
             // K-quants × Q8_K (activation block: d f32 @0, qs @4, bsums @260)
 

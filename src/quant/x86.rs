@@ -18,7 +18,7 @@ use core::arch::x86_64::*;
 
 use super::iq::{e8m0_to_f32_half, iq4_xs_scale, KVALUES_IQ4NL, KVALUES_MXFP4};
 use super::kquants::{scales_mins_k4, scales_q3_k, QK_K};
-use super::{DotFn, GgmlType};
+use super::{DotFn, GgmlType, TileFn};
 use core::ptr::read_unaligned;
 
 /// Which build of the 32-element block kernels runs (see `vnni_builds!`).
@@ -105,9 +105,6 @@ pub(super) fn kernel_with(ty: GgmlType, v: Vnni) -> Option<DotFn> {
         _ => return None,
     })
 }
-
-/// One weight row against four activation rows: each output the bits of [`kernel`]'s.
-pub(super) type TileFn = unsafe fn(usize, &[u8], [&[u8]; 4]) -> [f32; 4];
 
 /// The four-row tile for weight type `ty` (the 32-element block types), in the CPU's best
 /// [`Vnni`] build.
