@@ -182,28 +182,32 @@ fn rand_hybrids_long_context_match_llama_cpp() {
 
 /// gpt-oss: biased attention with sinks, a sliding window of 16 on layers 0 and 2 (the prompts
 /// run past it), YaRN, a biased router (softmax over the top-k logits), MXFP4 experts with biases
-/// and `swiglu_oai` (every 8th gate / up bias beyond its clamp). References from llama.cpp's AVX2
-/// build, as the hybrids'. Its MXFP4 experts quantize their inputs to Q8_0, so a last-bit
-/// difference (f16 dot orders in attention, AVX2 vs AVX-512) can flip a quantization step; the
-/// fixture's small layer gains keep such a flip small (`tools/make_moe.py`, `GPTOSS_SPECS`).
-/// Measured with LES's AVX2 kernels: greedy 8/8 and 2/2, max |Δlogit| 6.6e-2 / 1.1e-1 over
-/// llama.cpp's top-32 (logits of magnitude ~20), 6.4e-3 / 1.8e-2 over the full first rows.
-/// Without the sinks (a real bug's size): greedy 0/8, max |Δlogit| 3.5.
+/// and `swiglu_oai` (every 8th gate / up bias beyond its clamp). References from llama.cpp's
+/// AVX-512 build (2026-12-03), whose orders LES's x86 kernels follow. Measured with them: greedy
+/// 8/8 and 2/2; the long prompts (143 and 178 tokens, through llama.cpp's tiled flash attention:
+/// batches of ≥ 64 rows) bit-identical on every row; of the short prompts six bit-identical and
+/// two within 2.5e-3 (one attention head of one row parts by an ulp in layer 0, `kqv_out-0`). The
+/// MXFP4 experts quantize their inputs to Q8_0, so such an ulp can move a quantization step; the
+/// fixture's small layer gains keep that small (`tools/make_moe.py`, `GPTOSS_SPECS`).
+/// The portable kernels (f16 attention accumulators, their own dot orders): greedy 8/8 and 2/2,
+/// max |Δlogit| 6.8e-2 / 7.0e-2 over llama.cpp's top-32 (logits of magnitude ~25). Without the
+/// sinks (a real bug's size): greedy 0/8, max |Δlogit| 3.5.
 const GPT_OSS_DLOGIT: f32 = 0.25;
 
-///
-/// The long prompts (143 and 178 tokens) run through llama.cpp's tiled flash attention (batches
-/// of ≥ 64 rows: f32 scores and accumulators), which LES follows with its x86 kernels: the
-/// prompts' last rows are within 1.9e-3 of llama.cpp's over the whole vocabulary (2e-7 median
-/// relative difference in layer 0's attention output); with the per-row kernel (f16
-/// accumulators, as llama.cpp's batches of < 64 rows and LES's portable kernels) 1.8e-2.
 #[test]
 fn rand_gpt_oss_matches_llama_cpp() {
-    check_within("rand-gpt-oss.gguf", "rand-gpt-oss", GPT_OSS_DLOGIT, 7);
-    check_within("rand-gpt-oss.gguf", "rand-gpt-oss-long", GPT_OSS_DLOGIT, 1);
-    if reference_platform() {
+    check("rand-gpt-oss.gguf", "rand-gpt-oss");
+    if !reference_platform() {
+        check_within("rand-gpt-oss.gguf", "rand-gpt-oss-long", GOAL_DLOGIT, 2);
+    } else {
         let r = compare("rand-gpt-oss.gguf", "rand-gpt-oss-long");
-        assert!(r.max_dlogit_full <= 5e-3, "long prompts' last rows {} from llama.cpp's: the tiled flash attention does not follow llama.cpp's", r.max_dlogit_full);
+        assert_goals("rand-gpt-oss-long", &r, GOAL_DLOGIT, 2);
+        assert!(
+            r.max_dlogit == 0.0 && r.max_dlogit_full == 0.0,
+            "long prompts {} / {} from llama.cpp's, not bit-identical: the tiled flash attention no longer follows llama.cpp's",
+            r.max_dlogit,
+            r.max_dlogit_full
+        );
     }
 }
 
@@ -211,7 +215,7 @@ fn rand_gpt_oss_matches_llama_cpp() {
 /// bit: `tests/wgpu_model.rs`) against llama.cpp on gpt-oss, with the same goals as the x86
 /// kernels: this is what says the GPU and the browser produce llama.cpp's greedy text. It runs
 /// this test binary again with `LES_NO_SIMD=1` (the kernel level is per process). Measured: greedy
-/// 8/8 and 2/2, max |Δlogit| 7.1e-2 / 1.0e-1.
+/// 8/8 and 2/2, max |Δlogit| 6.8e-2 / 7.0e-2.
 #[test]
 fn rand_gpt_oss_portable_kernels_match_llama_cpp() {
     const NAME: &str = "rand_gpt_oss_portable_kernels_match_llama_cpp";
