@@ -349,21 +349,33 @@ fn simd_agrees_with_scalar() {
     assert!(checked > 100);
 }
 
-/// Batched products' four-row tiles (x86 AVX2, AArch64 NEON; `BatchDot::dot4`) give the single
-/// dots' bits: the tiles only share each weight block's unpacking between the rows.
+/// Batched products' tiles give the single dots' bits: four activation rows (x86 AVX2, AArch64
+/// NEON; `BatchDot::dot4`) and two weight rows × four activation rows (AArch64 `smmla`,
+/// `BatchDot::dot2x4`) only share each block's unpacking and integer products between outputs.
 #[test]
 fn batch_tiles_equal_single_dots() {
     use GgmlType::*;
     let mut rng = Rng(7);
-    let mut tiled = 0;
+    let (mut tiled, mut tiled2) = (0, 0);
     for t in [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4NL, MXFP4] {
         for n in [32, 96, 512] {
             let w = random_row(&mut rng, t, n);
             let acts: Vec<Vec<u8>> = (0..4)
                 .map(|_| quantized(quant::vec_dot_type(t), &(0..n).map(|_| rng.normal() * 3.0).collect::<Vec<_>>()))
                 .collect();
-            let dot = quant::BatchDot::new(t, n, 1, 4, false, false);
-            let Some(four) = dot.dot4(&w, [&acts[0], &acts[1], &acts[2], &acts[3]], 0) else { continue };
+            let dot = quant::BatchDot::new(t, n, 2, 4, false, false);
+            let w2 = random_row(&mut rng, t, n);
+            let acts4 = [&acts[0][..], &acts[1], &acts[2], &acts[3]];
+            if let Some(eight) = dot.dot2x4([&w, &w2], acts4, 0) {
+                for (i, wr) in [&w, &w2].into_iter().enumerate() {
+                    for (k, a) in acts.iter().enumerate() {
+                        let one = dot.dot(wr, a, k);
+                        assert_eq!(eight[i][k].to_bits(), one.to_bits(), "{t} n={n} 2x4 tile [{i}][{k}]: {} vs single {one}", eight[i][k]);
+                    }
+                }
+                tiled2 += 1;
+            }
+            let Some(four) = dot.dot4(&w, acts4, 0) else { continue };
             for (k, a) in acts.iter().enumerate() {
                 let one = dot.dot(&w, a, k);
                 assert_eq!(four[k].to_bits(), one.to_bits(), "{t} n={n} row {k}: tile {} vs single {one}", four[k]);
@@ -371,7 +383,7 @@ fn batch_tiles_equal_single_dots() {
             tiled += 1;
         }
     }
-    eprintln!("{tiled} tiles compared ({:?})", Simd::best());
+    eprintln!("{tiled} four-row tiles and {tiled2} 2x4 tiles compared ({:?})", Simd::best());
 }
 
 /// Every finite and infinite half through each level's F16 dot: eight copies of `h` against

@@ -481,6 +481,11 @@ type DotFn = unsafe fn(usize, &[u8], &[u8]) -> f32;
 #[cfg(any(target_arch = "x86", target_arch = "x86_64", target_arch = "aarch64"))]
 type TileFn = unsafe fn(usize, &[u8], [&[u8]; 4]) -> [f32; 4];
 
+/// A two-weight-row × four-activation-row tile (`out[row][activation]`), each output the bits
+/// of the same level's [`DotFn`] (AArch64 `smmla`).
+#[cfg(target_arch = "aarch64")]
+type Tile2Fn = unsafe fn(usize, [&[u8]; 2], [&[u8]; 4]) -> [[f32; 4]; 2];
+
 fn scalar_kernel(ty: GgmlType) -> Option<DotFn> {
     use GgmlType::*;
     Some(match ty {
@@ -587,6 +592,8 @@ pub struct BatchDot {
     plain: Option<DotFn>,
     #[cfg(any(target_arch = "x86", target_arch = "x86_64", target_arch = "aarch64"))]
     tile: Option<TileFn>,
+    #[cfg(target_arch = "aarch64")]
+    tile2: Option<Tile2Fn>,
     w_need: usize,
     a_need: usize,
 }
@@ -609,6 +616,9 @@ impl BatchDot {
             Simd::Neon | Simd::NeonDotprod => neon::tile_kernel(ty, simd == Simd::NeonDotprod),
             _ => None,
         };
+        // `smmla` tiles when the CPU has them (and `LES_NO_I8MM` is unset): same bits.
+        #[cfg(target_arch = "aarch64")]
+        let tile2 = if simd == Simd::NeonDotprod && !per_row && std::env::var_os("LES_NO_I8MM").is_none() { neon::tile2_kernel(ty) } else { None };
         BatchDot {
             ty,
             n,
@@ -619,6 +629,8 @@ impl BatchDot {
             plain: kernel(simd, ty),
             #[cfg(any(target_arch = "x86", target_arch = "x86_64", target_arch = "aarch64"))]
             tile,
+            #[cfg(target_arch = "aarch64")]
+            tile2,
             w_need,
             a_need,
         }
@@ -641,6 +653,32 @@ impl BatchDot {
             return Some(unsafe { k(self.n, w_row, acts) });
         }
         let _ = (w_row, acts, t);
+        None
+    }
+
+    /// Whether [`BatchDot::dot2x4`] computes (AArch64 with `FEAT_I8MM`, the 32-element block
+    /// types).
+    #[inline]
+    pub fn has_2x4(&self) -> bool {
+        #[cfg(target_arch = "aarch64")]
+        return self.tile2.is_some();
+        #[cfg(not(target_arch = "aarch64"))]
+        false
+    }
+
+    /// Two weight rows × activation rows `t .. t + 4` (`out[row][k]`), where
+    /// [`BatchDot::has_2x4`]: each output the bits of [`BatchDot::dot`]; `None` otherwise.
+    #[inline]
+    pub fn dot2x4(&self, w_rows: [&[u8]; 2], acts: [&[u8]; 4], t: usize) -> Option<[[f32; 4]; 2]> {
+        #[cfg(target_arch = "aarch64")]
+        if let Some(k) = self.tile2 {
+            if w_rows.iter().any(|w| w.len() < self.w_need) || acts.iter().any(|a| a.len() < self.a_need) {
+                return Some([[f32::NAN; 4]; 2]);
+            }
+            // SAFETY: sizes checked above; `tile2_kernel` checked i8mm and dotprod.
+            return Some(unsafe { k(self.n, w_rows, acts) });
+        }
+        let _ = (w_rows, acts, t);
         None
     }
 

@@ -16,6 +16,12 @@
 //!   `sdot`, four i8 products summed into each i32 lane in one instruction. Written as inline
 //!   assembly: Rust's `vdotq_s32` intrinsic is still unstable (rust-lang/rust#117224).
 //!
+//! Batched products (prompts) also have tiles: four activation rows per weight block unpacked
+//! once (`tile_kernel`, both builds), and with ARMv8.6 `FEAT_I8MM` two weight rows × four
+//! activation rows through `smmla` (`tile2_kernel`: 2×8 by 8×2 i8 matrix products, exact i32),
+//! turned off by `LES_NO_I8MM=1`. Every tile output is its single dot's bits: the integer block
+//! sums are exact and each output's f32 sum runs in block order.
+//!
 //! Layouts and formulas: the portable modules (`legacy.rs`, `kquants.rs`, `iq.rs`) and ggml's
 //! `ggml/src/ggml-cpu/quants.c`. Formats without a kernel here use the portable code.
 //!
@@ -24,7 +30,7 @@
 
 use super::iq::{e8m0_to_f32_half, KVALUES_IQ4NL, KVALUES_MXFP4};
 use super::kquants::{scales_mins_k4, QK_K};
-use super::{f16_to_f32, DotFn, GgmlType, TileFn};
+use super::{f16_to_f32, DotFn, GgmlType, Tile2Fn, TileFn};
 use core::arch::aarch64::*;
 
 /// The four-activation-row tile for `ty` (the 32-element block types), in the `sdot` build when
@@ -34,6 +40,16 @@ pub(super) fn tile_kernel(ty: GgmlType, dotprod: bool) -> Option<TileFn> {
         sdot_build::tile(ty)
     } else {
         plain_build::tile(ty)
+    }
+}
+
+/// The `smmla` tile (two weight rows × four activation rows) for `ty`, where this CPU has
+/// `FEAT_I8MM` (ARMv8.6: Apple A15 / M2 and later, Cortex-A510/A710/X2 and later) and `sdot`.
+pub(super) fn tile2_kernel(ty: GgmlType) -> Option<Tile2Fn> {
+    if std::arch::is_aarch64_feature_detected!("i8mm") && std::arch::is_aarch64_feature_detected!("dotprod") {
+        sdot_build::tile2(ty)
+    } else {
+        None
     }
 }
 
@@ -181,26 +197,87 @@ unsafe fn dot16_plain(acc: int32x4_t, x: int8x16_t, y: int8x16_t) -> int32x4_t {
     vpadalq_s16(vpadalq_s16(acc, lo), vmull_high_s8(x, y))
 }
 
-/// ARMv8.2 `sdot`.
+/// `acc + op(x, y)` for a 4 × i32 accumulating instruction that Rust has no stable intrinsic for.
+macro_rules! acc_asm {
+    ($(#[$doc:meta])* $name:ident, $feat:literal, $insn:literal) => {
+        $(#[$doc])*
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn $name(acc: int32x4_t, x: int8x16_t, y: int8x16_t) -> int32x4_t {
+            let mut r = acc;
+            core::arch::asm!(
+                concat!($insn, " {r:v}.4s, {x:v}.16b, {y:v}.16b"),
+                r = inout(vreg) r,
+                x = in(vreg) x,
+                y = in(vreg) y,
+                options(pure, nomem, nostack, preserves_flags)
+            );
+            r
+        }
+    };
+}
+
+acc_asm!(
+    /// ARMv8.2 `sdot`: four i8 products summed into each i32 lane (rust-lang/rust#117224 keeps
+    /// `vdotq_s32` unstable).
+    dot16_sdot, "dotprod", "sdot"
+);
+
+acc_asm!(
+    /// ARMv8.6 `smmla` (`FEAT_I8MM`): `acc + X·Yᵀ` for the 2×8 i8 matrices `x` (rows: bytes 0..8,
+    /// 8..16) and `y`; lanes [x0·y0, x0·y1, x1·y0, x1·y1] (rust-lang/rust#117223 keeps
+    /// `vmmlaq_s32` unstable).
+    smmla, "i8mm", "smmla"
+);
+
+/// Elements 0..8 of `x` and of `y` as one 2×8 matrix (`zip1` on 64-bit lanes), and 8..16.
+#[inline(always)]
+unsafe fn pair_rows(x: int8x16_t, y: int8x16_t) -> (int8x16_t, int8x16_t) {
+    let (x, y) = (vreinterpretq_s64_s8(x), vreinterpretq_s64_s8(y));
+    (vreinterpretq_s8_s64(vzip1q_s64(x, y)), vreinterpretq_s8_s64(vzip2q_s64(x, y)))
+}
+
+/// [`blocks_32`]-style sums for two weight rows × four activation rows with `smmla`: each
+/// (row, activation) pair's integer block sum is exact and its f32 sum runs in block order, so
+/// every output has the bits of the single dot. Only the `i8mm` build uses it.
 #[inline]
-#[target_feature(enable = "dotprod")]
-unsafe fn dot16_sdot(acc: int32x4_t, x: int8x16_t, y: int8x16_t) -> int32x4_t {
-    let mut r = acc;
-    core::arch::asm!(
-        "sdot {r:v}.4s, {x:v}.16b, {y:v}.16b",
-        r = inout(vreg) r,
-        x = in(vreg) x,
-        y = in(vreg) y,
-        options(pure, nomem, nostack, preserves_flags)
-    );
-    r
+#[target_feature(enable = "neon,dotprod,i8mm")]
+unsafe fn blocks_32_2x4(
+    nb: usize,
+    w: [*const u8; 2],
+    wsize: usize,
+    acts: [&[u8]; 4],
+    asize: usize,
+    q8_at: usize,
+    qx: impl Fn(*const u8) -> (int8x16_t, int8x16_t),
+    term: impl Fn(i32, *const u8, *const u8) -> f32,
+) -> [[f32; 4]; 2] {
+    let ap = acts.map(|a| a.as_ptr());
+    let mut sumf = [[0f32; 4]; 2];
+    for i in 0..nb {
+        let (x0, x1) = (w[0].add(i * wsize), w[1].add(i * wsize));
+        let ((p0, p1), (q0, q1)) = (qx(x0), qx(x1));
+        let (a0, a1) = pair_rows(p0, q0);
+        let (a2, a3) = pair_rows(p1, q1);
+        for tp in 0..2 {
+            let (y0, y1) = (ap[2 * tp].add(i * asize), ap[2 * tp + 1].add(i * asize));
+            let (b0, b1) = pair_rows(load(y0.add(q8_at)), load(y1.add(q8_at)));
+            let (b2, b3) = pair_rows(load(y0.add(q8_at + 16)), load(y1.add(q8_at + 16)));
+            let s = smmla(smmla(smmla(smmla(vdupq_n_s32(0), a0, b0), a1, b1), a2, b2), a3, b3);
+            sumf[0][2 * tp] += term(vgetq_lane_s32::<0>(s), x0, y0);
+            sumf[0][2 * tp + 1] += term(vgetq_lane_s32::<1>(s), x0, y1);
+            sumf[1][2 * tp] += term(vgetq_lane_s32::<2>(s), x1, y0);
+            sumf[1][2 * tp + 1] += term(vgetq_lane_s32::<3>(s), x1, y1);
+        }
+    }
+    sumf
 }
 
 /// A 32-element block type's single dot (`$dot`) and four-row tile (`$tile`): weight blocks of
 /// `$wsize` bytes, activation blocks of `$asize` with quants at `$q8_at`, the quants `$qx` and
 /// the per-block f32 term `$term` (see `blocks_32`). Expanded inside `block_kernels!`.
 macro_rules! b32 {
-    ($feat:literal, $dot:ident, $tile:ident, $wsize:literal, $asize:literal, $q8_at:literal, $qx:expr, $term:expr) => {
+    ($feat:literal, $dot:ident, $tile:ident, $tile2:ident, $wsize:literal, $asize:literal, $q8_at:literal, $qx:expr, $term:expr) => {
         #[target_feature(enable = $feat)]
         unsafe fn $dot(n: usize, w: &[u8], a: &[u8]) -> f32 {
             blocks_32(n / 32, w.as_ptr(), $wsize, a.as_ptr(), $asize, $q8_at, $qx, $term)
@@ -209,6 +286,12 @@ macro_rules! b32 {
         #[target_feature(enable = $feat)]
         unsafe fn $tile(n: usize, w: &[u8], acts: [&[u8]; 4]) -> [f32; 4] {
             blocks_32_x4(n / 32, w.as_ptr(), $wsize, acts, $asize, $q8_at, $qx, $term)
+        }
+
+        #[allow(dead_code)] // the plain build's copy: only `sdot_build`'s is used
+        #[target_feature(enable = "neon,dotprod,i8mm")]
+        unsafe fn $tile2(n: usize, w: [&[u8]; 2], acts: [&[u8]; 4]) -> [[f32; 4]; 2] {
+            blocks_32_2x4(n / 32, [w[0].as_ptr(), w[1].as_ptr()], $wsize, acts, $asize, $q8_at, $qx, $term)
         }
     };
 }
@@ -247,6 +330,23 @@ macro_rules! block_kernels {
                     Q8_0 => tile_q8_0,
                     IQ4NL => tile_iq4_nl,
                     MXFP4 => tile_mxfp4,
+                    _ => return None,
+                })
+            }
+
+            /// The two-weight-row × four-activation-row `smmla` tile for `ty` (call only where
+            /// the CPU has `i8mm`).
+            #[allow(dead_code)]
+            pub(super) fn tile2(ty: GgmlType) -> Option<Tile2Fn> {
+                use GgmlType::*;
+                Some(match ty {
+                    Q4_0 => tile2_q4_0,
+                    Q4_1 => tile2_q4_1,
+                    Q5_0 => tile2_q5_0,
+                    Q5_1 => tile2_q5_1,
+                    Q8_0 => tile2_q8_0,
+                    IQ4NL => tile2_iq4_nl,
+                    MXFP4 => tile2_mxfp4,
                     _ => return None,
                 })
             }
@@ -304,38 +404,38 @@ macro_rules! block_kernels {
                 sumf
             }
 
-            b32!($feat, dot_q4_0_q8_0, tile_q4_0, 18, 34, 2, |x| {
+            b32!($feat, dot_q4_0_q8_0, tile_q4_0, tile2_q4_0, 18, 34, 2, |x| {
                 let (lo, hi) = nibbles(x.add(2));
                 (vsubq_s8(lo, vdupq_n_s8(8)), vsubq_s8(hi, vdupq_n_s8(8)))
             }, |sumi, x, y| sumi as f32 * f16s(x) * f16s(y));
 
             // `ggml_vec_dot_q4_1_q8_1`: `sum_blocks(d_w * d_a * sumi + m_w * s_a)`.
-            b32!($feat, dot_q4_1_q8_1, tile_q4_1, 20, 36, 4, |x| nibbles(x.add(4)), |sumi, x, y| {
+            b32!($feat, dot_q4_1_q8_1, tile_q4_1, tile2_q4_1, 20, 36, 4, |x| nibbles(x.add(4)), |sumi, x, y| {
                 (f16s(x) * f16s(y)) * sumi as f32 + f16s(x.add(2)) * f16s(y.add(2))
             });
 
-            b32!($feat, dot_q5_0_q8_0, tile_q5_0, 22, 34, 2, |x| {
+            b32!($feat, dot_q5_0_q8_0, tile_q5_0, tile2_q5_0, 22, 34, 2, |x| {
                 let (h0, h1) = high_bits(u32::from_le_bytes([*x.add(2), *x.add(3), *x.add(4), *x.add(5)]));
                 let (lo, hi) = nibbles(x.add(6));
                 (vsubq_s8(vorrq_s8(lo, h0), vdupq_n_s8(16)), vsubq_s8(vorrq_s8(hi, h1), vdupq_n_s8(16)))
             }, |sumi, x, y| (f16s(x) * f16s(y)) * sumi as f32);
 
-            b32!($feat, dot_q5_1_q8_1, tile_q5_1, 24, 36, 4, |x| {
+            b32!($feat, dot_q5_1_q8_1, tile_q5_1, tile2_q5_1, 24, 36, 4, |x| {
                 let (h0, h1) = high_bits(u32::from_le_bytes([*x.add(4), *x.add(5), *x.add(6), *x.add(7)]));
                 let (lo, hi) = nibbles(x.add(8));
                 (vorrq_s8(lo, h0), vorrq_s8(hi, h1))
             }, |sumi, x, y| (f16s(x) * f16s(y)) * sumi as f32 + f16s(x.add(2)) * f16s(y.add(2)));
 
-            b32!($feat, dot_q8_0_q8_0, tile_q8_0, 34, 34, 2, |x| (load(x.add(2)), load(x.add(18))), |sumi, x, y| {
+            b32!($feat, dot_q8_0_q8_0, tile_q8_0, tile2_q8_0, 34, 34, 2, |x| (load(x.add(2)), load(x.add(18))), |sumi, x, y| {
                 sumi as f32 * (f16s(x) * f16s(y))
             });
 
-            b32!($feat, dot_iq4_nl_q8_0, tile_iq4_nl, 18, 34, 2, |x| lut_nibbles(vld1q_s8(KVALUES_IQ4NL.as_ptr()), x.add(2)), |sumi, x, y| {
+            b32!($feat, dot_iq4_nl_q8_0, tile_iq4_nl, tile2_iq4_nl, 18, 34, 2, |x| lut_nibbles(vld1q_s8(KVALUES_IQ4NL.as_ptr()), x.add(2)), |sumi, x, y| {
                 (f16s(y) * f16s(x)) * sumi as f32
             });
 
             // `ggml_vec_dot_mxfp4_q8_0`: `sum_blocks(d_a * e8m0_half(e) * sumi)`.
-            b32!($feat, dot_mxfp4_q8_0, tile_mxfp4, 17, 34, 2, |x| lut_nibbles(vld1q_s8(KVALUES_MXFP4.as_ptr()), x.add(1)), |sumi, x, y| {
+            b32!($feat, dot_mxfp4_q8_0, tile_mxfp4, tile2_mxfp4, 17, 34, 2, |x| lut_nibbles(vld1q_s8(KVALUES_MXFP4.as_ptr()), x.add(1)), |sumi, x, y| {
                 (f16s(y) * e8m0_to_f32_half(*x)) * sumi as f32
             });
 

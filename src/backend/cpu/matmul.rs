@@ -131,13 +131,39 @@ pub fn matmul(w: WeightRef<'_>, acts: &mut Acts<'_>, y: &mut [f32]) {
     let rows_chunk = rows_per_task(w.rows, w.cols * n_tok);
     let yp = par::SharedMut::new(&mut y[..n_tok * w.rows]);
     let dot = quant::BatchDot::new(w.ty, w.cols, w.rows, n_tok, mode == RowMode::Experts, mode == RowMode::PerRow);
+    let pairs = dot.has_2x4();
     par::for_each(w.rows.div_ceil(rows_chunk), |ci| {
         let (r0, r1) = (ci * rows_chunk, ((ci + 1) * rows_chunk).min(w.rows));
+        let act = |t: usize| &a[t * a_row..(t + 1) * a_row];
+        let wrow = |r: usize| &w.data[r * w_row..(r + 1) * w_row];
         for t0 in (0..n_tok).step_by(TOKENS) {
-            for r in r0..r1 {
-                let wr = &w.data[r * w_row..(r + 1) * w_row];
-                let (mut t, t1) = (t0, (t0 + TOKENS).min(n_tok));
-                let act = |t: usize| &a[t * a_row..(t + 1) * a_row];
+            let t1 = (t0 + TOKENS).min(n_tok);
+            let mut r = r0;
+            // Two weight rows × four tokens at once where the CPU has a tile for it (AArch64
+            // `smmla`); every output keeps its single dot's bits. The rest row by row below.
+            while pairs && r + 2 <= r1 {
+                let mut t = t0;
+                while t + 4 <= t1 {
+                    let Some(v) = dot.dot2x4([wrow(r), wrow(r + 1)], [act(t), act(t + 1), act(t + 2), act(t + 3)], t) else { break };
+                    for (i, row) in v.into_iter().enumerate() {
+                        for (k, v) in row.into_iter().enumerate() {
+                            // SAFETY: chunk `ci` alone writes rows r0..r1 of every token, within y.
+                            unsafe { yp.write((t + k) * w.rows + r + i, v) };
+                        }
+                    }
+                    t += 4;
+                }
+                for t in t..t1 {
+                    for i in 0..2 {
+                        // SAFETY: as above.
+                        unsafe { yp.write(t * w.rows + r + i, dot.dot(wrow(r + i), act(t), t)) };
+                    }
+                }
+                r += 2;
+            }
+            for r in r..r1 {
+                let wr = wrow(r);
+                let mut t = t0;
                 while t + 4 <= t1 {
                     let Some(v) = dot.dot4(wr, [act(t), act(t + 1), act(t + 2), act(t + 3)], t) else { break };
                     for (k, v) in v.into_iter().enumerate() {
