@@ -397,9 +397,13 @@ impl Simd {
     /// The best level this CPU supports. Setting the environment variable `LES_NO_SIMD` (to any
     /// value) forces [`Simd::Scalar`]. Detected once, then cached.
     pub fn best() -> Simd {
-        match LEVELS.into_iter().find(|s| s.code() == SIMD_LEVEL.load(Ordering::Relaxed)) {
-            Some(s) => s,
-            None => {
+        match SIMD_LEVEL.load(Ordering::Relaxed) {
+            1 => Simd::Scalar,
+            2 => Simd::Avx2,
+            3 => Simd::Simd128,
+            4 => Simd::Neon,
+            5 => Simd::NeonDotprod,
+            _ => {
                 let forced_scalar = std::env::var_os("LES_NO_SIMD").is_some();
                 let s = LEVELS.into_iter().find(|s| !forced_scalar && s.is_available()).unwrap_or(Simd::Scalar);
                 SIMD_LEVEL.store(s.code(), Ordering::Relaxed);
@@ -616,9 +620,9 @@ impl BatchDot {
             Simd::Neon | Simd::NeonDotprod => neon::tile_kernel(ty, simd == Simd::NeonDotprod),
             _ => None,
         };
-        // `smmla` tiles when the CPU has them (and `LES_NO_I8MM` is unset): same bits.
+        // `smmla` tiles where the CPU has them (same bits).
         #[cfg(target_arch = "aarch64")]
-        let tile2 = if simd == Simd::NeonDotprod && !per_row && std::env::var_os("LES_NO_I8MM").is_none() { neon::tile2_kernel(ty) } else { None };
+        let tile2 = if simd == Simd::NeonDotprod && !per_row { neon::tile2_kernel(ty) } else { None };
         BatchDot {
             ty,
             n,

@@ -44,9 +44,16 @@ pub(super) fn tile_kernel(ty: GgmlType, dotprod: bool) -> Option<TileFn> {
 }
 
 /// The `smmla` tile (two weight rows × four activation rows) for `ty`, where this CPU has
-/// `FEAT_I8MM` (ARMv8.6: Apple A15 / M2 and later, Cortex-A510/A710/X2 and later) and `sdot`.
+/// `FEAT_I8MM` (ARMv8.6: Apple A15 / M2 and later, Cortex-A510/A710/X2 and later) and `sdot`,
+/// and `LES_NO_I8MM` is unset (decided once).
 pub(super) fn tile2_kernel(ty: GgmlType) -> Option<Tile2Fn> {
-    if std::arch::is_aarch64_feature_detected!("i8mm") && std::arch::is_aarch64_feature_detected!("dotprod") {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let on = *ON.get_or_init(|| {
+        std::env::var_os("LES_NO_I8MM").is_none()
+            && std::arch::is_aarch64_feature_detected!("i8mm")
+            && std::arch::is_aarch64_feature_detected!("dotprod")
+    });
+    if on {
         sdot_build::tile2(ty)
     } else {
         None
