@@ -6,7 +6,8 @@
 Files are named ladder-MODEL-STORE-MODE-ROUND.json. For every (model, store, mode) it prints each
 rung's ratio to on-demand in every round (the ratio is taken within one run: on-demand and the
 rung ran minutes apart at most), their median, and the share of decode tokens the prefetch
-governor ran with prefetching on."""
+governor ran with prefetching on, and the governor's final estimate per round ((on − off) / off of
+its MoE time per token: positive means prefetching was slower)."""
 import json, re, statistics, sys
 from collections import defaultdict
 
@@ -21,9 +22,9 @@ for (model, store, mode), rs in sorted(runs.items()):
     rs.sort(key=lambda r: r[0])
     print(f"== {model} | {store} | {mode} | {len(rs)} rounds")
     names = [r["name"] for r in rs[0][1]["rungs"] if r["name"] != "resident"]
-    print(f"{'rung':<22}{'×on-demand per round':<36}{'median':>8}{'pf on %':>9}")
+    print(f"{'rung':<22}{'×on-demand per round':<36}{'median':>8}{'pf on %':>9}{'gov est %':>11}")
     for n in names:
-        ratios, on = [], []
+        ratios, on, est = [], [], []
         for _, rep in rs:
             r = next((x for x in rep["rungs"] if x["name"] == n), None)
             if r is None:
@@ -31,6 +32,9 @@ for (model, store, mode), rs in sorted(runs.items()):
             ratios.append(r["ratio_to_on_demand"])
             if r.get("prefetch_on") is not None:
                 on.append(r["prefetch_on"])
+            if (r.get("governor") or {}).get("estimate") is not None:
+                est.append(r["governor"]["estimate"])
         per = " ".join(f"{x:.2f}" for x in ratios)
         share = f"{100 * statistics.mean(on):.0f}" if on else "-"
-        print(f"{n:<22}{per:<36}{statistics.median(ratios):>8.2f}{share:>9}")
+        e = " ".join(f"{100 * x:+.0f}" for x in est) if est else "-"
+        print(f"{n:<22}{per:<36}{statistics.median(ratios):>8.2f}{share:>9}  {e}")

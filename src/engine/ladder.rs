@@ -57,6 +57,8 @@ pub struct Rung {
     pub refine_recall: Option<f64>,
     /// Share of decode tokens the prefetch governor ran with prefetching on (None: no governor).
     pub prefetch_on: Option<f64>,
+    /// The prefetch governor's last measurements and estimate (None: no governor).
+    pub governor: Option<crate::expert::governor::GovernorStats>,
 }
 
 /// The speculative rung's draft source.
@@ -167,6 +169,7 @@ fn streamed_rung(name: &str, t: usize, ms: f64, s: &crate::expert::stream::Strea
         mb_per_accepted_token: Some(bytes as f64 / 1e6 / t.max(1) as f64),
         refine_recall: s.refine_recall(),
         prefetch_on: s.prefetch_on_share(),
+        governor: s.governor.clone(),
         ..Default::default()
     }
 }
