@@ -33,6 +33,8 @@ struct Live {
     bytes: u64,
     drafted: u64,
     accepted: u64,
+    /// Decode tokens/s of each prompt.
+    per_prompt: Vec<f64>,
 }
 
 #[derive(Clone, Debug, Default, serde::Serialize)]
@@ -59,6 +61,12 @@ pub struct Rung {
     pub prefetch_on: Option<f64>,
     /// The prefetch governor's last measurements and estimate (None: no governor).
     pub governor: Option<crate::expert::governor::GovernorStats>,
+    /// Decode tokens/s of each prompt, in prompt order (the rungs ran prompt `i` within seconds
+    /// of each other, so a slow spell of the machine shows as one prompt's dip in every rung
+    /// that ran then).
+    pub prompt_tokens_per_s: Vec<f64>,
+    /// The median over prompts of this rung's tokens/s over on-demand's on the same prompt.
+    pub prompt_ratio_median: Option<f64>,
 }
 
 /// The speculative rung's draft source.
@@ -280,7 +288,7 @@ pub fn run(model: &str, bundle: &str, opts: &StreamOptions, prompts: &[String], 
             expert_bytes_max = st.plan.expert_bytes_max;
             rep.slot_fraction = (rep.slots as u64 * st.plan.expert_bytes_max) as f64 / st.plan.total_expert_bytes.max(1) as f64;
         }
-        live.push(Live { name, st, io_threads: o.cache.io_threads, draft: None, t: 0, ms: 0.0, active_ms: 0.0, loads: 0, bytes: 0, drafted: 0, accepted: 0 });
+        live.push(Live { name, st, io_threads: o.cache.io_threads, draft: None, t: 0, ms: 0.0, active_ms: 0.0, loads: 0, bytes: 0, drafted: 0, accepted: 0, per_prompt: Vec::new() });
     }
     // + speculative: the bundle rung's settings, decoding through speculative verification. A
     // draft model's weights and KV cache come out of the same budget (fewer expert slots).
@@ -307,7 +315,7 @@ pub fn run(model: &str, bundle: &str, opts: &StreamOptions, prompts: &[String], 
         let gamma = spec.draft_max.unwrap_or(if spec.draft_model.is_some() { speculative::DRAFT_MODEL_DRAFT_MAX } else { speculative::LOOKUP_DRAFT_MAX });
         let st = open(spec_bundle, &o)?;
         rep.spec_note += &format!(", {} expert slots, on {spec_bundle}", st.experts.config().slots);
-        live.push(Live { name: "+ speculative".into(), st, io_threads: o.cache.io_threads, draft: Some((draft, gamma)), t: 0, ms: 0.0, active_ms: 0.0, loads: 0, bytes: 0, drafted: 0, accepted: 0 });
+        live.push(Live { name: "+ speculative".into(), st, io_threads: o.cache.io_threads, draft: Some((draft, gamma)), t: 0, ms: 0.0, active_ms: 0.0, loads: 0, bytes: 0, drafted: 0, accepted: 0, per_prompt: Vec::new() });
     }
     for l in &mut live {
         backend(&mut l.st.session, Some(l.st.plan.gpu_slots))?;
@@ -318,6 +326,7 @@ pub fn run(model: &str, bundle: &str, opts: &StreamOptions, prompts: &[String], 
         for k in 0..nr {
             let l = &mut live[(i + k) % nr];
             let turn = Instant::now();
+            let (t0, ms0) = (l.t, l.ms);
             match &mut l.draft {
                 None => {
                     let (t, ms, loads, bytes) = decode_all(&mut l.st.session, std::slice::from_ref(p), n, Some(&l.st.experts))?;
@@ -338,6 +347,7 @@ pub fn run(model: &str, bundle: &str, opts: &StreamOptions, prompts: &[String], 
                 }
             }
             l.active_ms += turn.elapsed().as_secs_f64() * 1000.0;
+            l.per_prompt.push((l.t - t0) as f64 / ((l.ms - ms0) / 1000.0).max(1e-9));
         }
     }
     for l in live {
@@ -358,6 +368,7 @@ pub fn run(model: &str, bundle: &str, opts: &StreamOptions, prompts: &[String], 
             }
         }
         let mut r = streamed_rung(&l.name, l.t, l.ms, &s, l.io_threads, l.loads, l.bytes, l.active_ms);
+        r.prompt_tokens_per_s = l.per_prompt.clone();
         if l.draft.is_some() {
             if let (Some(rc), Some(pr)) = (s.draft_recall(), s.draft_precision()) {
                 rep.spec_note += &format!("; verification experts predicted from the draft's hidden states: recall {:.1}%, precision {:.1}%", 100.0 * rc, 100.0 * pr);
@@ -367,8 +378,15 @@ pub fn run(model: &str, bundle: &str, opts: &StreamOptions, prompts: &[String], 
         rep.rungs.push(r);
     }
     let on_demand = rep.rungs.iter().find(|r| r.name == "on-demand").map(|r| r.tokens_per_s).unwrap_or(1.0);
+    let od_prompts = rep.rungs.iter().find(|r| r.name == "on-demand").map(|r| r.prompt_tokens_per_s.clone()).unwrap_or_default();
     for r in &mut rep.rungs {
         r.ratio_to_on_demand = r.tokens_per_s / on_demand;
+        if !r.prompt_tokens_per_s.is_empty() && r.prompt_tokens_per_s.len() == od_prompts.len() {
+            let mut q: Vec<f64> = r.prompt_tokens_per_s.iter().zip(&od_prompts).map(|(a, b)| a / b).collect();
+            q.sort_by(f64::total_cmp);
+            let n = q.len();
+            r.prompt_ratio_median = Some(if n % 2 == 1 { q[n / 2] } else { (q[n / 2 - 1] + q[n / 2]) / 2.0 });
+        }
     }
     // Store throughput: a device profile's bandwidth is the store's throughput by definition;
     // on the real disk, read a spread of experts with the configured parallelism (only there: the
