@@ -964,4 +964,7 @@ impl ExpertStore for BundleExpertStore {
     fn name(&self) -> &'static str {
         "bundle"
     }
+    fn serves_in_order(&self) -> bool {
+        self.src.serves_in_order()
+    }
 }

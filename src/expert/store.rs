@@ -37,6 +37,10 @@ pub trait ExpertStore: Send + Sync {
     /// Lookahead without a slot: tell the byte source which ranges expert `expert` of `layer`
     /// will need ([`ByteSource::hint`]). Used where no I/O thread can load a prefetch (wasm32).
     fn hint(&self, _layer: usize, _expert: usize) {}
+    /// The underlying source serves reads in submission order ([`ByteSource::serves_in_order`]).
+    fn serves_in_order(&self) -> bool {
+        false
+    }
 }
 
 /// Experts read straight from the stacked tensors of an unmodified GGUF.
@@ -80,5 +84,8 @@ impl ExpertStore for GgufExpertStore {
     }
     fn name(&self) -> &'static str {
         "gguf"
+    }
+    fn serves_in_order(&self) -> bool {
+        self.src.serves_in_order()
     }
 }

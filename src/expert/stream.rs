@@ -78,9 +78,11 @@ pub struct StreamConfig {
     /// Prefetch reads (chunks) allowed in flight at once.
     pub max_prefetch_inflight: usize,
     /// Prefetches are read in chunks of at most this many bytes (aligned to multiples of it in
-    /// the file) and only while no demand read is queued or in flight: a demand miss waits for
-    /// at most the chunks in flight, and a stale prefetch is cancelled between chunks. So
-    /// prefetching uses only I/O time the store would otherwise leave idle.
+    /// the file) and only while no demand read is queued or in flight (queued only, on a store
+    /// that serves reads in submission order: there a chunk queued behind a demand read cannot
+    /// slow it): a demand miss waits for at most the chunks in flight, and a stale prefetch is
+    /// cancelled between chunks. So prefetching uses only I/O time the store would otherwise
+    /// leave idle.
     pub prefetch_chunk: usize,
     /// Second lookahead stage: re-predict layer l+1 and predict l+2 from layer l's output.
     /// Off by default: higher recall (80% vs 56%) but measured slower (BENCHMARKS.md).
@@ -267,6 +269,10 @@ pub(crate) struct Inner {
     freq: HashMap<(usize, usize), f32>,
     inflight_prefetch: usize,
     inflight_demand: usize,
+    /// Prefetches may start while a demand read is in flight: the store serves reads in
+    /// submission order ([`ExpertStore::serves_in_order`]), so one queued behind the demand
+    /// read cannot slow it. They still yield to a demand read that is queued.
+    pf_overlap: bool,
     /// The MoE layer whose experts were requested last (eviction by next use).
     cur_layer: usize,
     n_layers: usize,
@@ -360,6 +366,7 @@ impl StreamingExperts {
             freq: HashMap::new(),
             inflight_prefetch: 0,
             inflight_demand: 0,
+            pf_overlap: store.serves_in_order(),
             cur_layer: 0,
             n_layers,
             predictions: vec![vec![Vec::new(); d]; n_layers],
@@ -700,9 +707,11 @@ fn now_us(sh: &Shared) -> f64 {
 
 /// The best queued request: demand first, then the nearest prefetch, FIFO within a class.
 /// At most `lanes` prefetches are in flight, and they start only while no demand read is in
-/// flight (they use idle I/O time). `take` limits the class.
+/// flight (they use idle I/O time), or on a store that serves reads in order while no demand
+/// read is queued. `take` limits the class.
 fn pick_request(g: &mut Inner, lanes: usize, take: Take) -> Option<Req> {
-    let pf_ok = take != Take::Demand && g.inflight_prefetch < lanes && g.inflight_demand == 0;
+    let store_free = if g.pf_overlap { !g.queue.iter().any(|r| r.demand) } else { g.inflight_demand == 0 };
+    let pf_ok = take != Take::Demand && g.inflight_prefetch < lanes && store_free;
     let best = g.queue.iter().enumerate().filter(|(_, r)| if r.demand { take != Take::Prefetch } else { pf_ok }).min_by_key(|(_, r)| (!r.demand, r.dist, r.seq)).map(|(i, _)| i)?;
     let r = g.queue.swap_remove(best);
     g.slots[r.slot].state = State::Loading;
@@ -879,7 +888,7 @@ impl Shared {
                             self.io_cv.notify_all();
                             return Next::Stop;
                         }
-                        if g.inflight_demand > 0 || g.queue.iter().any(|r| r.demand) {
+                        if (g.inflight_demand > 0 && !g.pf_overlap) || g.queue.iter().any(|r| r.demand) {
                             // Yield the store to the demand read; resume later from `done`.
                             g.slots[req.slot].state = State::Queued;
                             g.inflight_prefetch -= 1;
@@ -1417,6 +1426,10 @@ mod tests {
         layout: ExpertLayout,
         n_layers: usize,
         delay: std::time::Duration,
+        /// What [`ExpertStore::serves_in_order`] answers.
+        in_order: bool,
+        /// Every range read: (layer, start, end).
+        log: Mutex<Vec<(usize, Instant, Instant)>>,
     }
 
     impl SlowStore {
@@ -1438,13 +1451,18 @@ mod tests {
             let b = self.layout.gate_bytes;
             Ok((0..3).map(|m| (base + (m * b) as u64, b)).collect())
         }
-        fn read_range(&self, _l: usize, _e: usize, off: u64, buf: &mut [u8]) -> Result<(), ExpertError> {
+        fn read_range(&self, l: usize, _e: usize, off: u64, buf: &mut [u8]) -> Result<(), ExpertError> {
+            let t = Instant::now();
             std::thread::sleep(self.delay);
             let (key, at) = ((off >> 32) as usize, (off & 0xffff_ffff) as usize);
             for (i, v) in buf.iter_mut().enumerate() {
                 *v = Self::byte(key / 64, key % 64, at + i);
             }
+            self.log.lock().unwrap().push((l, t, Instant::now()));
             Ok(())
+        }
+        fn serves_in_order(&self) -> bool {
+            self.in_order
         }
         fn reads_per_expert(&self) -> usize {
             3
@@ -1459,7 +1477,7 @@ mod tests {
     fn unit_router_store(bytes: usize, n_layers: usize, delay_ms: u64) -> (Arc<SlowStore>, Vec<f32>, usize) {
         let (n_embd, n_expert) = (4, 4);
         let layout = ExpertLayout { n_embd, n_ff: 1, gate_ty: GgmlType::F32, up_ty: GgmlType::F32, down_ty: GgmlType::F32, gate_bytes: bytes, up_bytes: bytes, down_bytes: bytes };
-        let store = Arc::new(SlowStore { layout, n_layers, delay: std::time::Duration::from_millis(delay_ms) });
+        let store = Arc::new(SlowStore { layout, n_layers, delay: std::time::Duration::from_millis(delay_ms), in_order: false, log: Mutex::new(Vec::new()) });
         let router = (0..n_expert * n_embd).map(|i| if i / n_embd == i % n_embd { 1.0 } else { 0.0 }).collect();
         (store, router, n_expert)
     }
@@ -1503,6 +1521,27 @@ mod tests {
             assert_eq!(data, want);
         }
         assert_eq!(ex.stats().load_failures, 0);
+    }
+
+    /// A prefetch waits while a demand read is in flight, unless the store serves reads in
+    /// submission order: then it starts at once (queued behind the demand read on the device).
+    #[test]
+    fn prefetch_overlaps_a_demand_read_only_on_a_store_that_serves_in_order() {
+        for in_order in [false, true] {
+            let (store, router, n_expert) = unit_router_store(4 << 10, 2, 40);
+            let store = Arc::new(SlowStore { in_order, log: Mutex::new(Vec::new()), ..Arc::into_inner(store).unwrap() });
+            let cfg = StreamConfig { slots: 8, prefetch: true, adaptive: false, depth: 1, temporal: false, refine: false, io_threads: 3, ..Default::default() };
+            let ex = StreamingExperts::new(store.clone(), vec![router; 2], n_expert, 1, cfg);
+            // Layer 0's FFN input predicts expert 2 for layer 1 (queued once layer 0's own
+            // expert 0, a demand read of 3 × 40 ms, has its slot).
+            ex.on_hidden(0, &[0.0, 0.0, 1.0, 0.0], 1);
+            ex.with_experts(0, &[0], &mut |_, _| {}).unwrap();
+            ex.with_experts(1, &[2], &mut |_, _| {}).unwrap();
+            let log = store.log.lock().unwrap().clone();
+            let demand_end = log.iter().filter(|r| r.0 == 0).map(|r| r.2).max().unwrap();
+            let prefetch_start = log.iter().filter(|r| r.0 == 1).map(|r| r.1).min().unwrap();
+            assert_eq!(prefetch_start < demand_end, in_order, "in_order {in_order}: {log:?}");
+        }
     }
 
     /// Refinement: a partial layer output that routes layer 1 elsewhere replaces the first

@@ -229,6 +229,9 @@ impl<S: ByteSource> ByteSource for FaultySource<S> {
     fn len(&self) -> u64 {
         self.inner.len()
     }
+    fn serves_in_order(&self) -> bool {
+        self.inner.serves_in_order()
+    }
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
         let n = self.reads.fetch_add(1, Ordering::Relaxed);
         match self.decide(n, offset, buf.len()) {

@@ -47,6 +47,16 @@ pub trait ByteSource: Send + Sync {
     fn verified_at_rest(&self) -> bool {
         false
     }
+    /// The source serves reads one after another in the order they were submitted (one transfer
+    /// channel behind a FIFO queue, as [`throttle::Throttled`] models a flash device): a read
+    /// submitted later cannot slow one already in service. The streaming cache then lets a
+    /// prefetch start while a demand read is in flight (it queues behind it). Sources that
+    /// share their bandwidth between concurrent reads (a real disk here: a concurrent prefetch
+    /// measurably slowed demand reads, BENCHMARKS.md "Prefetch governor") answer `false`, and
+    /// prefetches wait until no demand read is in flight.
+    fn serves_in_order(&self) -> bool {
+        false
+    }
     /// Read a range into a new vector. The length is checked against the source size before
     /// allocating, so a hostile length cannot cause an allocation larger than the source.
     fn read_vec(&self, offset: u64, len: usize) -> Result<Vec<u8>, StoreError> {
@@ -74,6 +84,9 @@ impl<T: ByteSource + ?Sized> ByteSource for Arc<T> {
     }
     fn verified_at_rest(&self) -> bool {
         (**self).verified_at_rest()
+    }
+    fn serves_in_order(&self) -> bool {
+        (**self).serves_in_order()
     }
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
         (**self).read_at(offset, buf)

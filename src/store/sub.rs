@@ -42,6 +42,9 @@ impl<S: ByteSource> ByteSource for SubSource<S> {
         check_range(offset, buf.len(), self.len)?;
         self.inner.read_at(self.offset + offset, buf)
     }
+    fn serves_in_order(&self) -> bool {
+        self.inner.serves_in_order()
+    }
     fn hint(&self, offset: u64, len: usize) {
         if check_range(offset, len, self.len).is_ok() {
             self.inner.hint(self.offset + offset, len)

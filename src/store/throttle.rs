@@ -91,6 +91,10 @@ mod native {
         fn len(&self) -> u64 {
             self.inner.len()
         }
+        /// The model's transfers are served in admission order on one channel.
+        fn serves_in_order(&self) -> bool {
+            true
+        }
         fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
             let start = Instant::now();
             // Admission: at most queue_depth reads in service.
