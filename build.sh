@@ -61,6 +61,23 @@ build_web() {
   wasm-bindgen --target web --out-dir www/les/pkg-mt --out-name les target/wasm-mt/wasm32-unknown-unknown/release/les.wasm
 }
 
+# Wall time of each stage of `./build.sh test` (issue 35): `stage NAME CMD...` runs CMD and appends
+# "NAME<TAB>seconds" to $STAGE_LOG; `tools/stage_times.py table` prints the table at the end.
+STAGE_LOG=${STAGE_LOG:-target/stage-times.tsv}
+stage() {
+  local name=$1 t0 rc=0
+  shift
+  t0=$(date +%s%N)
+  "$@" || rc=$?
+  local ms=$((($(date +%s%N) - t0) / 1000000))
+  printf '%s\t%d.%d\n' "$name" $((ms / 1000)) $((ms % 1000 / 100)) >>"$STAGE_LOG"
+  if [ $rc != 0 ]; then
+    echo "stage '$name' failed ($rc)" >&2
+    python3 tools/stage_times.py table "$STAGE_LOG" >&2
+  fi
+  return $rc
+}
+
 need_python_pkgs() {
   python3 -c "import gguf, numpy" 2>/dev/null || python3 -m pip install -q "gguf==0.19.0" numpy
 }
@@ -82,28 +99,32 @@ case "$cmd" in
     if [ -x tools/build_models.sh ]; then tools/build_models.sh "${2:-small}"; fi
     ;;
   test)
-    need_python_pkgs
-    need_vulkan
-    need_targets wasm32-unknown-unknown aarch64-apple-ios aarch64-apple-darwin
-    tools/fetch_models.sh
-    tools/build_models.sh smolmoe
-    tools/make_tokenizer_refs.sh vocabs
-    cargo build --lib --target wasm32-unknown-unknown
+    mkdir -p target
+    : >"$STAGE_LOG"
+    stage "python packages" need_python_pkgs
+    stage "vulkan (lavapipe)" need_vulkan
+    stage "rust targets" need_targets wasm32-unknown-unknown aarch64-apple-ios aarch64-apple-darwin
+    stage "models: fetch" tools/fetch_models.sh
+    stage "models: build" tools/build_models.sh smolmoe
+    stage "models: vocabs" tools/make_tokenizer_refs.sh vocabs
+    stage "wasm: debug lib" cargo build --lib --target wasm32-unknown-unknown
     # Apple: the library (C ABI + wgpu on Metal) type-checks for iOS and macOS (linking needs Xcode).
-    cargo check --lib --no-default-features --target aarch64-apple-ios
-    cargo check --lib --no-default-features --target aarch64-apple-darwin
-    cargo test --release
+    stage "apple: check ios" cargo check --lib --no-default-features --target aarch64-apple-ios
+    stage "apple: check macos" cargo check --lib --no-default-features --target aarch64-apple-darwin
+    stage "cargo: build tests" cargo test --release --no-run
+    stage "cargo: run tests" bash -c 'set -o pipefail; cargo test --release 2>&1 | python3 tools/stage_times.py pipe "$0"' "$STAGE_LOG"
     # Browser: the wasm engine, the .les bundles the page loads, then Chromium end to end.
-    need_browser
-    build_web
-    cargo build --release --bin les --example quant_probe
+    stage "browser: chromium + playwright" need_browser
+    stage "wasm: web builds" build_web
+    stage "cargo: les + quant_probe" cargo build --release --bin les --example quant_probe
     for m in smolmoe-32x2 rand-llama-moe rand-qwen35moe rand-qwen3next rand-gpt-oss; do
-      [ -f "models/$m.les" ] || ./target/release/les pack "models/$m.gguf" "models/$m.les"
+      [ -f "models/$m.les" ] || stage "bundle: $m" ./target/release/les pack "models/$m.gguf" "models/$m.les"
     done
-    (cd tests/e2e && npm test)
-    tools/npm_smoke.sh
+    stage "browser tests" bash -c 'cd tests/e2e && npm test'
+    stage "npm smoke" tools/npm_smoke.sh
     # les serve with real clients (curl, the openai Python package)
-    tests/e2e/serve_clients.sh
+    stage "serve clients" tests/e2e/serve_clients.sh
+    python3 tools/stage_times.py table "$STAGE_LOG"
     ;;
   web)
     build_web
