@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # LES build entry point.
 #   ./build.sh demo    fetch the default real model and run the main job on it
-#   ./build.sh test    install what the tests need, prepare fixtures, run every test
+#   ./build.sh test    install what the tests need, prepare fixtures, run every test (prints
+#                      the wall time of each stage)
 #   ./build.sh models  fetch real models and build the MoE test models
 #   ./build.sh web     build the wasm engine into www/les/pkg (the demo page and the npm package)
 #   ./build.sh npm     build the npm package tarball target/npm/les-engine-<version>.tgz
@@ -99,6 +100,9 @@ case "$cmd" in
     if [ -x tools/build_models.sh ]; then tools/build_models.sh "${2:-small}"; fi
     ;;
   test)
+    # Native builds use the `ci` profile (Cargo.toml: release optimisation, no LTO): the test
+    # binaries, `les` and the examples in one build, reused by the browser and serve tests.
+    export LES_BIN_DIR=target/ci
     mkdir -p target
     : >"$STAGE_LOG"
     stage "python packages" need_python_pkgs
@@ -107,18 +111,17 @@ case "$cmd" in
     stage "models: fetch" tools/fetch_models.sh
     stage "models: build" tools/build_models.sh smolmoe
     stage "models: vocabs" tools/make_tokenizer_refs.sh vocabs
-    stage "wasm: debug lib" cargo build --lib --target wasm32-unknown-unknown
+    stage "import circles" python3 tools/import_cycles.py
     # Apple: the library (C ABI + wgpu on Metal) type-checks for iOS and macOS (linking needs Xcode).
-    stage "apple: check ios" cargo check --lib --no-default-features --target aarch64-apple-ios
-    stage "apple: check macos" cargo check --lib --no-default-features --target aarch64-apple-darwin
-    stage "cargo: build tests" cargo test --release --no-run
-    stage "cargo: run tests" bash -c 'set -o pipefail; cargo test --release 2>&1 | python3 tools/stage_times.py pipe "$0"' "$STAGE_LOG"
-    # Browser: the wasm engine, the .les bundles the page loads, then Chromium end to end.
+    stage "apple: check ios + macos" cargo check --lib --no-default-features --target aarch64-apple-ios --target aarch64-apple-darwin
+    stage "cargo: build tests, les, examples" cargo test --profile ci --no-run
+    stage "cargo: run tests" bash -c 'set -o pipefail; cargo test --profile ci 2>&1 | python3 tools/stage_times.py pipe "$0"' "$STAGE_LOG"
+    # Browser: the wasm engine (also the wasm32 build check), the .les bundles the page loads,
+    # then Chromium end to end.
     stage "browser: chromium + playwright" need_browser
     stage "wasm: web builds" build_web
-    stage "cargo: les + quant_probe" cargo build --release --bin les --example quant_probe
     for m in smolmoe-32x2 rand-llama-moe rand-qwen35moe rand-qwen3next rand-gpt-oss; do
-      [ -f "models/$m.les" ] || stage "bundle: $m" ./target/release/les pack "models/$m.gguf" "models/$m.les"
+      [ -f "models/$m.les" ] || stage "bundle: $m" "$LES_BIN_DIR/les" pack "models/$m.gguf" "models/$m.les"
     done
     stage "browser tests" bash -c 'cd tests/e2e && npm test'
     stage "npm smoke" tools/npm_smoke.sh
@@ -150,7 +153,7 @@ case "$cmd" in
     echo "built target/LES.xcframework"
     ;;
   *)
-    echo "usage: ./build.sh demo|test|models|ios" >&2
+    echo "usage: ./build.sh demo|test|models|web|npm|ios" >&2
     exit 2
     ;;
 esac

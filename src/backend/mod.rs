@@ -6,6 +6,7 @@
 pub mod cpu;
 pub mod ops;
 pub mod profile;
+pub mod rope;
 pub mod wgpu;
 
 /// Which backend runs the forward pass.

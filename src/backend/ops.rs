@@ -20,7 +20,7 @@
 use super::cpu::matmul::{Weight, WeightRef};
 use crate::store::ahead::ReadAhead;
 use crate::store::StoreError;
-use super::cpu::ops::RopeKind;
+pub use super::rope::{RopeKind, Yarn};
 use crate::expert::{ExpertError, ExpertSource};
 use std::ops::Range;
 
@@ -185,20 +185,6 @@ pub struct Rope {
     pub base: f32,
     pub kind: RopeKind,
     pub yarn: Option<Yarn>,
-}
-
-/// YaRN context extension as llama.cpp passes it to ggml `rope_ext` (`src/llama-context.cpp`:
-/// `freq_scale = 1 / rope.scaling.factor`, `ext_factor = 1`, `attn_factor`; beta_fast 32, beta_slow
-/// 1; `n_ctx_orig = rope.scaling.original_context_length`). The cos/sin table follows ggml-cpu's
-/// `rope_yarn` ([`super::cpu::ops::rope_cache`]); every backend takes it from the host.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Yarn {
-    pub freq_scale: f32,
-    pub ext_factor: f32,
-    pub attn_factor: f32,
-    pub beta_fast: f32,
-    pub beta_slow: f32,
-    pub n_ctx_orig: usize,
 }
 
 /// Causal attention over the backend's KV cache (ggml `flash_attn_ext` with an f16 cache):

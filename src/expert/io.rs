@@ -18,7 +18,7 @@
 //! [`Shared::fill`], [`Shared::piece_done`]), so priorities, preemption by demand reads and
 //! stale-prefetch drops are decided in one place.
 
-use super::stream::{Inner, Job, Next, Shared, Take};
+use super::queue::{Inner, Job, Next, Shared, Take};
 use super::ExpertError;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};

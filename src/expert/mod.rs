@@ -228,6 +228,9 @@ impl ExpertSource for ResidentExperts {
 
 pub mod store;
 pub mod stream;
+pub mod policy;
+pub mod stats;
+mod queue;
 pub mod governor;
 pub mod io;
 pub mod bundle;

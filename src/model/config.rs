@@ -1,8 +1,7 @@
 //! Hyper-parameters from GGUF metadata, with llama.cpp's key names (`src/llama-arch.cpp`) and
 //! per-architecture choices (`src/llama-model.cpp`, `src/models/<arch>.cpp`).
 
-use crate::backend::cpu::ops::RopeKind;
-use crate::backend::ops::{ExpertAct, Yarn};
+use crate::backend::ops::{ExpertAct, RopeKind, Yarn};
 use crate::gguf::{GgufError, GgufFile};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -87,3 +87,22 @@ pub const WEIGHT_TYPES: [GgmlType; 16] = [
     GgmlType::IQ4XS,
     GgmlType::MXFP4,
 ];
+
+/// Run one test of this test binary again in a child process with `env` set (settings that hold
+/// for a whole process: the kernel level, the wgpu backend), and assert that it ran and passed.
+/// `module` is the caller's `module_path!()`, `name` the test function's name.
+pub fn rerun_with_env(module: &str, name: &str, env: &[(&str, &str)]) {
+    let path = match module.split_once("::") {
+        Some((_crate, m)) => format!("{m}::{name}"),
+        None => name.to_string(),
+    };
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", &path, "--nocapture", "--test-threads", "1"])
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{path} with {env:?} failed:\n{stdout}");
+    assert!(stdout.contains("1 passed"), "{path} with {env:?} did not run:\n{stdout}");
+}

@@ -6,7 +6,7 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
 export const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
-export const LES = path.join(ROOT, 'target/release/les');
+export const LES = path.join(ROOT, process.env.LES_BIN_DIR || 'target/release', 'les');
 export const PKG = path.join(ROOT, 'www/les/pkg');
 
 export function need(file, hint) {

@@ -1,6 +1,6 @@
 // The wasm build's dot products equal the native build's portable kernels bit for bit, for every
 // type with a SIMD128 kernel (and the portable ones): same activation bytes, same f32 results.
-// Reference: `target/release/examples/quant_probe` run with LES_NO_SIMD=1 on the same inputs.
+// Reference: `$LES_BIN_DIR/examples/quant_probe` (default target/release) run with LES_NO_SIMD=1 on the same inputs.
 import test from 'node:test';
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
@@ -9,7 +9,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { ROOT, PKG, need, prng } from './common.mjs';
 
-const PROBE = path.join(ROOT, 'target/release/examples/quant_probe');
+const PROBE = path.join(ROOT, process.env.LES_BIN_DIR || 'target/release', 'examples/quant_probe');
 
 // ggml type id -> [block elements, block bytes, fill(block view, rand)] with valid scales.
 const f16 = (r) => {

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # `les serve` with real clients: curl and the `openai` Python package (PyPI), streamed and not.
-# Needs target/release/les and models/SmolLM2-135M-Instruct.Q4_1.gguf (./build.sh test makes both).
+# Needs $LES_BIN_DIR/les (default target/release/les) and models/SmolLM2-135M-Instruct.Q4_1.gguf (./build.sh test makes both).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 python3 -c "import openai" 2>/dev/null || python3 -m pip install -q "openai==3.57.0"
 log=$(mktemp)
-target/release/les serve --model models/SmolLM2-135M-Instruct.Q4_1.gguf --port 0 -c 512 -t 2 2>"$log" &
+"${LES_BIN_DIR:-target/release}/les" serve --model models/SmolLM2-135M-Instruct.Q4_1.gguf --port 0 -c 512 -t 2 2>"$log" &
 pid=$!
 trap 'kill $pid 2>/dev/null || true; rm -f "$log"' EXIT
 addr=

@@ -1,5 +1,6 @@
 //! Elementwise and normalisation ops, each following the ggml CPU kernel it mirrors.
 
+use crate::backend::rope::{RopeKind, Yarn};
 use half::f16;
 
 /// RMSNorm (ggml `rms_norm`): the sum of squares is accumulated in f64 as ggml does, then
@@ -26,15 +27,6 @@ pub fn rms_norm_groups(x: &mut [f32], w: &[f32], eps: f32) {
     }
 }
 
-/// RoPE variants (llama.cpp `llama_rope_type`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RopeKind {
-    /// Rotate adjacent pairs (x[2i], x[2i+1]) (`LLAMA_ROPE_TYPE_NORM`: llama, mixtral).
-    Norm,
-    /// Rotate (x[i], x[i + n_rot/2]) (`LLAMA_ROPE_TYPE_NEOX`: qwen2moe, qwen3moe, olmoe).
-    Neox,
-}
-
 /// cos/sin table for one position, as ggml's `ggml_rope_cache_init` builds it: theta starts at
 /// the position and is multiplied by `base^(-2/n_rot)` per pair, in f32 (iterated, not powf per
 /// pair), with no YaRN extrapolation (ext_factor 0, freq_scale 1, attn_factor 1). sin and cos
@@ -50,7 +42,7 @@ pub fn rope_cache(pos: usize, n_rot: usize, base: f32, cache: &mut Vec<f32>) {
 /// (`rope_yarn_ramp` over [`yarn_corr_dims`]), and cos / sin times
 /// `attn_factor · (1 + 0.1 · ln(1 / freq_scale))`. The sums of products are fused as GCC fuses
 /// them in ggml (`-ffp-contract=fast`: the first product of each sum becomes the FMA).
-pub fn rope_cache_ext(pos: usize, n_rot: usize, base: f32, yarn: Option<&crate::backend::ops::Yarn>, cache: &mut Vec<f32>) {
+pub fn rope_cache_ext(pos: usize, n_rot: usize, base: f32, yarn: Option<&Yarn>, cache: &mut Vec<f32>) {
     cache.clear();
     let theta_scale = rope_theta_scale(base, n_rot);
     let mut theta = pos as f32;

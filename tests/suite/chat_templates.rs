@@ -2,8 +2,7 @@
 //! Face's `apply_chat_template` sets it up (`tools/render_chat_refs.py` writes the expected
 //! texts), and the end-of-generation tokens a template's format relies on.
 
-mod common;
-use common::*;
+use crate::common::*;
 use les::engine::chat::{render, Message};
 use les::store::FileSource;
 

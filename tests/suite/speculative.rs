@@ -3,8 +3,7 @@
 //! streamed; speculative sampling draws from the target's distribution (chi-square against the
 //! target's probabilities, with a tolerance computed from the sample size).
 
-mod common;
-use common::*;
+use crate::common::*;
 use les::engine::sampling::{Sampler, SamplerConfig};
 use les::engine::speculative::{self, Draft, DraftModel, Proposal, PromptLookup, SpecError, SpecOptions};
 use les::engine::stream::{open_streaming, StreamOptions};

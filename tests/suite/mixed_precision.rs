@@ -4,7 +4,6 @@
 //! model streamed from such a bundle computes bit for bit the logits of a GGUF whose expert tensors
 //! were re-quantized the same way (built here independently with the GGUF writer).
 
-mod common;
 
 use les::engine::stream::{open_streaming, StreamOptions};
 use les::engine::Session;
@@ -36,7 +35,7 @@ fn requant_tensor(bytes: &[u8], from: GgmlType, to: GgmlType, cols: usize, rows_
 
 #[test]
 fn mixed_bundle_round_trips_and_matches_requantized_gguf() {
-    let path = common::model("rand-llama-moe.gguf");
+    let path = crate::common::model("rand-llama-moe.gguf");
     let src = FileSource::open(path.to_str().unwrap()).unwrap();
     let g = GgufFile::read(&src).unwrap();
 

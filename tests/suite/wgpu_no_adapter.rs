@@ -1,6 +1,6 @@
 //! With no usable adapter (WGPU_BACKEND names a backend this machine lacks), the wgpu backend
-//! gives a clear error and `auto` falls back to the CPU. One test per binary: it sets an
-//! environment variable for the whole process.
+//! gives a clear error and `auto` falls back to the CPU. The variable holds for a whole process,
+//! so the test runs itself again in a child process with it set.
 
 use les::backend::wgpu::exec::GpuOptions;
 use les::backend::BackendKind;
@@ -10,8 +10,10 @@ use les::store::FileSource;
 
 #[test]
 fn no_adapter_is_a_clear_error_and_auto_falls_back_to_cpu() {
-    // SAFETY: the only test in this binary; nothing else reads the environment concurrently.
-    unsafe { std::env::set_var("WGPU_BACKEND", if cfg!(target_os = "windows") { "metal" } else { "dx12" }) };
+    let absent = if cfg!(target_os = "windows") { "metal" } else { "dx12" };
+    if std::env::var("WGPU_BACKEND").ok().as_deref() != Some(absent) {
+        return crate::common::rerun_with_env(module_path!(), "no_adapter_is_a_clear_error_and_auto_falls_back_to_cpu", &[("WGPU_BACKEND", absent)]);
+    }
     let err = les::backend::wgpu::GpuContext::new().err().expect("no adapter for a backend this OS lacks");
     let msg = err.to_string();
     assert!(msg.contains("no GPU adapter") && msg.contains("--backend cpu"), "{msg}");

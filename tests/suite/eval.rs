@@ -2,8 +2,7 @@
 //! figures for the committed held-out text (tests/fixtures/eval/ppl_refs.json, made by
 //! tools/make_ppl_refs.sh), and the KL divergence between models.
 
-mod common;
-use common::*;
+use crate::common::*;
 use les::engine::eval::perplexity;
 use les::engine::Session;
 use les::model::ExpertMode;

@@ -12,20 +12,18 @@
 //! when it drifts (`LES_WRITE_OPS_DOC=1 cargo test --release --test ops` rewrites it).
 //! Set `LES_NO_GPU=1` to skip the GPU columns on a machine without any adapter (never in CI).
 
-mod common;
-use common::WEIGHT_TYPES as TYPES;
+use crate::common::WEIGHT_TYPES as TYPES;
 use les::backend::cpu::exec::CpuExec;
 use les::backend::cpu::kv::KvCache;
 use les::backend::cpu::matmul::Weight;
-use les::backend::cpu::ops::RopeKind;
-use les::backend::ops::{ready, Attn, ExpertAct, ExpertFfn, Mat, OpError, Ops, Rope, Route, Vector, Weights, Yarn};
+use les::backend::ops::{ready, Attn, RopeKind, ExpertAct, ExpertFfn, Mat, OpError, Ops, Rope, Route, Vector, Weights, Yarn};
 use les::backend::wgpu::exec::{GpuBackend, GpuOptions, GpuShapes};
 use les::backend::wgpu::{block_on, GpuContext};
 use les::expert::{ExpertBlock, ExpertError, ExpertLayout, ExpertSource};
 use les::quant::{self, GgmlType};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use common::root;
+use crate::common::root;
 
 fn f32s(name: &str) -> Vec<f32> {
     let b = std::fs::read(root().join("tests/fixtures/quant").join(name)).unwrap();

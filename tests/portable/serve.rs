@@ -5,8 +5,7 @@
 //! with the right status; a client that disconnects mid-stream does not take the server down.
 //! The `openai` Python client and curl run against it in `tests/e2e/serve_clients.sh`.
 
-mod common;
-use common::*;
+use crate::common::*;
 use les::engine::chat::Message;
 use les::engine::sampling::SamplerConfig;
 use les::engine::Session;

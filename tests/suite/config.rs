@@ -3,8 +3,7 @@
 //! layer pattern and state sizes are llama.cpp's (`src/models/qwen35moe.cpp`
 //! `load_arch_hparams`, `src/llama-hparams.cpp` `n_embd_r` / `n_embd_s`).
 
-mod common;
-use common::*;
+use crate::common::*;
 use les::gguf::{GgufFile, Value};
 use les::model::config::{ConfigError, HeadMap};
 use les::model::Config;

@@ -6,8 +6,7 @@
 //! CPU follows llama.cpp's batch kernels, whose order depends on the batch's size, so a reused
 //! prefix gives llama.cpp's `cache_prompt` bits (last-bit differences), not a cold run's.
 
-mod common;
-use common::*;
+use crate::common::*;
 use les::engine::sampling::SamplerConfig;
 use les::engine::stream::{open_streaming, StreamOptions};
 use les::engine::{ContextMode, FinishReason, GenOptions, Session};

@@ -3,8 +3,7 @@
 //! policy, with prefetch on and off, from the GGUF and from a packed bundle. Faults in expert
 //! reads give a clear error or a successful retry, never a wrong token.
 
-mod common;
-use common::*;
+use crate::common::*;
 use les::engine::stream::{open_streaming, StreamOptions};
 use les::engine::Session;
 use les::expert::store::GgufExpertStore;

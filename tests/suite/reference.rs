@@ -10,8 +10,7 @@
 //! Elsewhere (the portable kernels sum in another order) only the coarse checks hold: identical
 //! tokenization, argmax equal where llama.cpp's margin exceeds 1, |Δlogit| < 8.
 
-mod common;
-use common::*;
+use crate::common::*;
 use les::engine::sampling::{argmax, SamplerConfig};
 use les::engine::Session;
 use les::model::{ExpertMode, Logits};
@@ -220,14 +219,7 @@ fn rand_gpt_oss_matches_llama_cpp() {
 fn rand_gpt_oss_portable_kernels_match_llama_cpp() {
     const NAME: &str = "rand_gpt_oss_portable_kernels_match_llama_cpp";
     if std::env::var_os("LES_NO_SIMD").is_none() {
-        let out = std::process::Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", NAME, "--nocapture", "--test-threads", "1"])
-            .env("LES_NO_SIMD", "1")
-            .output()
-            .unwrap();
-        eprintln!("{}", String::from_utf8_lossy(&out.stderr));
-        assert!(out.status.success(), "{NAME} with LES_NO_SIMD=1 failed:\n{}", String::from_utf8_lossy(&out.stdout));
-        return;
+        return rerun_with_env(module_path!(), NAME, &[("LES_NO_SIMD", "1")]);
     }
     assert_ne!(les::quant::Simd::best(), les::quant::Simd::Avx2, "LES_NO_SIMD=1 did not select the portable kernels");
     for (stem, min_greedy) in [("rand-gpt-oss", 7), ("rand-gpt-oss-long", 1)] {

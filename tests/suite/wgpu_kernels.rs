@@ -6,8 +6,7 @@
 //!
 //! Set `LES_NO_GPU=1` to skip on a machine without any adapter (never in CI).
 
-mod common;
-use common::WEIGHT_TYPES;
+use crate::common::WEIGHT_TYPES;
 use les::backend::cpu::ops;
 use les::backend::wgpu::kernels::Kernels;
 use les::backend::wgpu::{block_on, GpuContext, Recorder};
@@ -269,10 +268,10 @@ fn rope_matches_cpu_both_modes() {
             cs.extend_from_slice(&one);
         }
         let csb = upf(g, &cs);
-        for kind in [ops::RopeKind::Norm, ops::RopeKind::Neox] {
+        for kind in [les::backend::rope::RopeKind::Norm, les::backend::rope::RopeKind::Neox] {
             let xb = upf(g, &x[..n * n_tok]);
             let mut rec = Recorder::new(&g.ctx, &arena);
-            g.k.rope(&mut rec, &xb, 0, &csb, n_head, hd, n_rot, kind == ops::RopeKind::Neox, n_tok);
+            g.k.rope(&mut rec, &xb, 0, &csb, n_head, hd, n_rot, kind == les::backend::rope::RopeKind::Neox, n_tok);
             let got = read(g, &mut rec, &xb, n * n_tok);
             for t in 0..n_tok {
                 let mut want = x[t * n..(t + 1) * n].to_vec();

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Every test `./build.sh test` runs, with the long matrices its default run shortens to fit CI
+# (issue 35): LES_FULL_TESTS=1 makes tests/portable/wgpu_model.rs run all 8 committed prompts x
+# 32 greedy steps per architecture (hybrids 4 x 16, gpt-oss 4 x 20) and two prompts per streamed
+# budget. About 20 minutes more than `./build.sh test` on a 2-core machine with lavapipe.
+#   tools/test_full.sh          the whole of ./build.sh test, long matrices
+#   tools/test_full.sh cargo    the cargo suites only (fixtures already built)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export LES_FULL_TESTS=1
+if [ "${1:-}" = cargo ]; then
+  exec cargo test --profile ci
+fi
+exec ./build.sh test
