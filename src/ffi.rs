@@ -1,6 +1,6 @@
 //! C ABI for native apps (Swift on iOS / macOS through an XCFramework, or any C caller): load a
 //! model, generate with a callback per token, read statistics, free. The header `include/les.h` is
-//! generated from this file by cbindgen (`tests/c_abi.rs` checks it is current); `docs/apple.md`
+//! generated from this file by cbindgen (`tests/suite/c_abi.rs` checks it is current); `docs/apple.md`
 //! shows a Swift example.
 //!
 //! Conventions: every function is safe to call with NULL where a pointer is optional; no Rust

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Generate the reference fixtures for tests/quant.rs under tests/fixtures/quant/.
+"""Generate the reference fixtures for tests/suite/quant.rs under tests/fixtures/quant/.
 
 Every expected value comes from gguf-py (`gguf.quants.dequantize` / `gguf.quants.quantize`, the
 Python port of ggml's reference code), never from LES:
@@ -369,7 +369,7 @@ def main() -> int:
         "  `act_Q8_1_ref.bin`: Q8_0 / Q8_1 in ggml's portable reference rounding (`quantize_activation_reference`).\n"
         "- `real_<model>_<T>.f32`: dequantized rows of real tensors (names and rows in the manifest) of the models\n"
         "  fetched by `tools/fetch_models.sh`.\n\n"
-        "Used by `tests/quant.rs`.\n"
+        "Used by `tests/suite/quant.rs`.\n"
     )
     total = sum(p.stat().st_size for p in OUT.iterdir())
     print(f"wrote {len(list(OUT.iterdir()))} files, {total} bytes, to {OUT} (gguf {manifest['gguf_version']})")

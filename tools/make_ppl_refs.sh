@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # llama.cpp's perplexity of tests/fixtures/eval/heldout.txt (chunks of 256 tokens) for the models
-# tests/eval.rs checks LES against. Needs a llama.cpp build (see ../shared/ENVIRONMENT.md):
+# tests/suite/eval.rs checks LES against. Needs a llama.cpp build (see ../shared/ENVIRONMENT.md):
 #   LLAMA_BIN=/path/to/llama.cpp/build/bin tools/make_ppl_refs.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."

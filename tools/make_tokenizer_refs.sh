@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Tokenizer test data (tests/tokenizer.rs).
+# Tokenizer test data (tests/suite/tokenizer.rs).
 #
 #   tools/make_tokenizer_refs.sh vocabs   Write the vocabulary-only GGUF variants models/vocab-*.gguf
 #                                         from the real models (run tools/fetch_models.sh first).

@@ -3,7 +3,7 @@
 `apply_chat_template` makes them (transformers `utils/chat_template_utils.py`:
 ImmutableSandboxedEnvironment, trim_blocks, lstrip_blocks, loopcontrols, `raise_exception`,
 `strftime_now`, a `tojson` filter of json.dumps with ensure_ascii=False), so that
-`tests/chat_templates.rs` checks minijinja's output against the renderer the templates are
+`tests/suite/chat_templates.rs` checks minijinja's output against the renderer the templates are
 written for.
 
     tools/render_chat_refs.py   # writes tests/fixtures/templates/*.expected.txt

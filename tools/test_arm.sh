@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs the dot-product tests (tests/quant.rs) on an emulated AArch64 CPU (qemu user mode): the NEON
+# Runs the dot-product tests (tests/suite/quant.rs) on an emulated AArch64 CPU (qemu user mode): the NEON
 # kernels (src/quant/neon.rs) must give the portable kernels' bits, with `sdot` (QEMU_CPU=max, which
 # has FEAT_DotProd) and without it (cortex-a53, ARMv8.0). Then whole models: the logits of
 # examples/logits_hash.rs on the fixtures (tests/fixtures/refs) under emulation must hash as the
@@ -20,7 +20,7 @@ export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
 export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -L /usr/aarch64-linux-gnu"
 for cpu in max cortex-a53; do
   echo "== QEMU_CPU=$cpu"
-  QEMU_CPU=$cpu cargo test --no-default-features --target aarch64-unknown-linux-gnu --test quant "$@"
+  QEMU_CPU=$cpu cargo test --no-default-features --target aarch64-unknown-linux-gnu --test suite -- quant:: "$@"
 done
 
 # The test profile (optimised, as the tests above built it).

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Vocabulary-only GGUF files and llama.cpp reference token ids for tests/tokenizer.rs.
+"""Vocabulary-only GGUF files and llama.cpp reference token ids for tests/suite/tokenizer.rs.
 
     tokenizer_refs.py vocabs            write models/vocab-*.gguf (needs only Python + gguf)
     tokenizer_refs.py refs LLAMA_TOKENIZE [DIR]
@@ -9,7 +9,7 @@
     tokenizer_refs.py fuzz-corpus DIR N SEED
                                         write DIR/corpus.json with N random strings, for a
                                         differential run: refs LLAMA_TOKENIZE DIR, then
-                                        LES_TOKENIZER_REFS=DIR cargo test --test tokenizer -- --ignored
+                                        LES_TOKENIZER_REFS=DIR cargo test --profile ci --test suite -- tokenizer:: --ignored
 
 Run through tools/make_tokenizer_refs.sh. The vocab files copy the metadata (no tensors) of the
 two real models in models/ and change a few tokenizer keys, so one real vocabulary exercises

@@ -1,6 +1,6 @@
 //! Compute backends. [`ops`] is the contract a forward pass is written against; `cpu` is the
 //! reference (and the fast native path); `wgpu` runs the same ops with WGSL kernels (WebGPU,
-//! Metal, Vulkan, DX12), each kernel tested against its CPU reference (`tests/ops.rs`).
+//! Metal, Vulkan, DX12), each kernel tested against its CPU reference (`tests/portable/ops.rs`).
 //! Backends know ops and shapes, never architectures (those live in `src/model/`).
 
 pub mod cpu;

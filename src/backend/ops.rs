@@ -15,7 +15,7 @@
 //!   has one home per backend.
 //!
 //! Shapes: a tensor is `rows × cols` f32 values, row-major; a row is one token.
-//! `docs/ops.md` lists the ops per backend (checked by `tests/ops.rs`).
+//! `docs/ops.md` lists the ops per backend (checked by `tests/portable/ops.rs`).
 
 use super::cpu::matmul::{Weight, WeightRef};
 use crate::store::ahead::ReadAhead;
@@ -277,7 +277,7 @@ impl Route<'_> {
 
 /// The ops a forward pass is written against. Every op keeps the CPU backend's bits on the CPU
 /// (llama.cpp's orders with AVX2, portable orders elsewhere) and the wgpu backend's exact path
-/// reproduces the portable orders bit for bit (`tests/ops.rs`, `tests/wgpu_model.rs`).
+/// reproduces the portable orders bit for bit (`tests/portable/ops.rs`, `tests/portable/wgpu_model.rs`).
 #[allow(async_fn_in_trait)]
 pub trait Ops {
     /// An activation tensor, `rows × cols` f32.

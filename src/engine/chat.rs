@@ -1,7 +1,7 @@
 //! Chat templates: `tokenizer.chat_template` (Jinja) rendered with minijinja, as llama.cpp's
 //! `--jinja` mode and Hugging Face's `apply_chat_template` do (transformers
 //! `utils/chat_template_utils.py`: `trim_blocks`, `lstrip_blocks`, `raise_exception`,
-//! `strftime_now`; checked against jinja2 by `tests/chat_templates.rs`).
+//! `strftime_now`; checked against jinja2 by `tests/suite/chat_templates.rs`).
 
 use minijinja::{context, Environment, Error, ErrorKind};
 use serde::{Deserialize, Serialize};

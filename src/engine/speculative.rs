@@ -17,7 +17,7 @@
 //!   first token are computed as plain decoding computes them, and verification forwards use
 //!   [`crate::model::Model::forward_per_row`], whose rows are bit-identical to single-token
 //!   forwards (plain batches use llama.cpp's batch kernels, which sum in other orders; see
-//!   `tests/speculative.rs`).
+//!   `tests/suite/speculative.rs`).
 //! - sampling: speculative sampling (Leviathan et al. 2023; Chen et al. 2023). With p and q the
 //!   target's and the draft's distributions after the same sampler transforms
 //!   ([`Sampler::probs`]), draft token x is accepted with probability min(1, p(x)/q(x)); on

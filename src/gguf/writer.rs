@@ -10,7 +10,7 @@
 //! streamed through a 1 MiB buffer, so a multi-gigabyte GGUF can be written without holding it.
 //!
 //! Checked with gguf-py (0.17+): a file written here reads back in `gguf.GGUFReader` with the same
-//! keys, values, tensor names, shapes, types and bytes (see `tests/bundle.rs`, test
+//! keys, values, tensor names, shapes, types and bytes (see `tests/suite/bundle.rs`, test
 //! `writer_output_reads_in_gguf_py`, which runs the check when python3 with `gguf` is present).
 //! Limitation: [`Value`] does not keep the element type of an empty array, so an empty array is
 //! written as an empty array of u8 (whatever its type was in the file it was read from).

@@ -2,7 +2,7 @@
 //! without an importance matrix (`quantize_row_<type>_ref` in `ggml/src/ggml-quants.c`; ggml-base
 //! is built without FMA, so plain multiply-then-add here gives the same bytes). Used to re-quantize
 //! experts to fewer bits (layer-wise mixed precision); tested against `llama-quantize` output
-//! (`tests/quantize.rs`).
+//! (`tests/suite/quantize.rs`).
 
 use super::{f16_to_f32, f32_to_f16_bits, GgmlType, QuantError};
 use super::kquants::QK_K;

@@ -4,7 +4,7 @@
 //! class (number, letter, separator, mark, punctuation, symbol, control, or undefined for
 //! unassigned code points) plus a white-space bit. Its tables were generated from Unicode 15.1;
 //! `unicode_data.rs` holds the same classes, generated from the `regex` crate's Unicode tables
-//! restricted to code points assigned by Unicode 15.1 (see `tests/tokenizer_unicode.rs`).
+//! restricted to code points assigned by Unicode 15.1 (see `tests/suite/tokenizer_unicode.rs`).
 
 use super::unicode_data::{CATEGORY_STARTS, CATEGORY_VALUES};
 

@@ -132,7 +132,7 @@ fn post(addr: &str, path: &str, v: &Value) -> Resp {
 
 /// The engine's own greedy text for `prompt` (the reference the server must reproduce), cold.
 /// The server reuses cached prefixes; on the portable kernels (forced on both sides) that gives
-/// a cold run's bits (`tests/conversation.rs`).
+/// a cold run's bits (`tests/portable/conversation.rs`).
 fn engine_greedy(prompt: &str, n: usize) -> String {
     let src = FileSource::open(model(MODEL)).unwrap();
     let mut s = Session::load(&src, ExpertMode::Resident, CTX).unwrap();

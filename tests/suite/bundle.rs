@@ -756,7 +756,7 @@ fn random_moe_models_if_present() {
     }
 }
 
-/// A large model: `LES_PACK_GGUF=models/smolmoe-32x2.gguf cargo test --release --test bundle -- --ignored --nocapture`.
+/// A large model: `LES_PACK_GGUF=models/smolmoe-32x2.gguf cargo test --release --test suite -- bundle:: --ignored --nocapture`.
 #[test]
 #[ignore]
 fn pack_large_model_from_env() {

@@ -20,7 +20,7 @@ fn header_is_current() {
         std::fs::write(&path, &out).unwrap();
     }
     let have = std::fs::read(&path).unwrap_or_default();
-    assert!(have == out, "include/les.h is stale: run LES_BLESS=1 cargo test --release --test c_abi");
+    assert!(have == out, "include/les.h is stale: run LES_BLESS=1 cargo test --profile ci --test suite -- c_abi::");
     let h = String::from_utf8(out).unwrap();
     for f in ["les_load", "les_generate", "les_stats_json", "les_free", "les_string_free", "les_last_error", "les_reset"] {
         assert!(h.contains(f), "header lacks {f}");

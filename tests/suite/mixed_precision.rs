@@ -1,6 +1,6 @@
 //! Layer-wise mixed precision in bundles (`les pack --expert-types`): the per-layer expert types
 //! round-trip through the manifest, each block holds exactly the source matrices re-quantized with
-//! the weight quantizers (themselves byte-exact against llama-quantize, tests/quantize.rs), and the
+//! the weight quantizers (themselves byte-exact against llama-quantize, tests/suite/quantize.rs), and the
 //! model streamed from such a bundle computes bit for bit the logits of a GGUF whose expert tensors
 //! were re-quantized the same way (built here independently with the GGUF writer).
 

@@ -1,7 +1,7 @@
 //! Micro-benchmark of the quantized mat-vec kernels on the real weights of the test models
 //! (ignored by default; needs tools/fetch_models.sh):
 //!
-//!     cargo test --release --test quant_bench -- --ignored --nocapture
+//!     cargo test --release --test suite -- quant_bench:: --ignored --nocapture
 //!
 //! For each model it runs, single-threaded, one decode step's worth of mat-vecs: every 2-D
 //! weight once (the token embedding too, standing in for the tied output projection), each

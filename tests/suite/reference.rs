@@ -211,7 +211,7 @@ fn rand_gpt_oss_matches_llama_cpp() {
 }
 
 /// The portable kernels (what wasm, aarch64 and the wgpu backend's exact path compute, bit for
-/// bit: `tests/wgpu_model.rs`) against llama.cpp on gpt-oss, with the same goals as the x86
+/// bit: `tests/portable/wgpu_model.rs`) against llama.cpp on gpt-oss, with the same goals as the x86
 /// kernels: this is what says the GPU and the browser produce llama.cpp's greedy text. It runs
 /// this test binary again with `LES_NO_SIMD=1` (the kernel level is per process). Measured: greedy
 /// 8/8 and 2/2, max |Δlogit| 6.8e-2 / 7.0e-2.

@@ -1,8 +1,8 @@
 //! Every wgpu kernel against its CPU reference (ggml `test-backend-ops` style), on whatever adapter
 //! wgpu finds (lavapipe in CI: `mesa-vulkan-drivers`). Inputs are the committed quantization
 //! fixtures (block bytes written by gguf-py, tests/fixtures/quant/) and real SmolLM2 tensors; the
-//! expected values come from the CPU backend, which `tests/quant.rs` checks against gguf-py and
-//! `tests/reference.rs` against llama.cpp.
+//! expected values come from the CPU backend, which `tests/suite/quant.rs` checks against gguf-py and
+//! `tests/suite/reference.rs` against llama.cpp.
 //!
 //! Set `LES_NO_GPU=1` to skip on a machine without any adapter (never in CI).
 

@@ -1,7 +1,7 @@
 //! Pipelines and dispatch functions, one per kernel. Each kernel's WGSL lives in `shaders/`
 //! (`matvec.wgsl` + `shaders/quant/<type>.wgsl`, `act_quant.wgsl`, `rms_norm.wgsl`, `rope.wgsl`,
 //! `kv_store.wgsl`, `attention.wgsl`, `elementwise.wgsl`); its CPU reference is named in the
-//! shader's header and checked in `tests/wgpu_kernels.rs`.
+//! shader's header and checked in `tests/suite/wgpu_kernels.rs`.
 
 use super::{GpuContext, GpuError, Recorder};
 use crate::quant::{vec_dot_type, GgmlType};

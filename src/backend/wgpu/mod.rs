@@ -1,7 +1,7 @@
 //! The wgpu backend: WebGPU in the browser, Metal on Apple devices, Vulkan/DX12 elsewhere.
 //!
 //! Layout (one file per concern, each kernel's WGSL in `shaders/` named like the Rust that
-//! dispatches it, each tested against the CPU backend in `tests/wgpu_kernels.rs`):
+//! dispatches it, each tested against the CPU backend in `tests/suite/wgpu_kernels.rs`):
 //! - this file: adapter/device ([`GpuContext`]), typed errors, the command [`Recorder`] that batches
 //!   dispatches into one command buffer (per MoE layer) with their parameters in one upload arena;
 //! - [`kernels`]: pipelines and one dispatch function per kernel (matvec per GGML type,
