@@ -51,32 +51,26 @@ need_browser() {
 # exports, as wasm-bindgen's threads support expects (../shared/research/browser_threads.md §2.1).
 WASM_MT_FLAGS="-C target-feature=+atomics,+bulk-memory,+simd128 -C link-args=--shared-memory -C link-args=--max-memory=4294967296 -C link-args=--import-memory -C link-args=--export=__wasm_init_tls -C link-args=--export=__tls_size -C link-args=--export=__tls_align -C link-args=--export=__tls_base"
 
-build_web() {
+# The wasm builds skip the release profile's line tables (CARGO_PROFILE_RELEASE_DEBUG=0): wasm-bindgen
+# drops DWARF sections from its output anyway (no --keep-debug), so the engine is the same and
+# builds faster.
+build_web_st() {
   need_targets wasm32-unknown-unknown
-  need_wasm_bindgen
-  cargo build --release --lib --target wasm32-unknown-unknown
+  CARGO_PROFILE_RELEASE_DEBUG=0 cargo build --release --lib --target wasm32-unknown-unknown
   wasm-bindgen --target web --out-dir www/les/pkg --out-name les target/wasm32-unknown-unknown/release/les.wasm
+}
+
+build_web_mt() {
   rustup component list --installed 2>/dev/null | grep -q '^rust-src' || rustup component add rust-src
-  RUSTC_BOOTSTRAP=1 CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUSTFLAGS="$WASM_MT_FLAGS" \
+  RUSTC_BOOTSTRAP=1 CARGO_PROFILE_RELEASE_DEBUG=0 CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUSTFLAGS="$WASM_MT_FLAGS" \
     cargo build --release --lib --target wasm32-unknown-unknown -Zbuild-std=std,panic_abort --target-dir target/wasm-mt
   wasm-bindgen --target web --out-dir www/les/pkg-mt --out-name les target/wasm-mt/wasm32-unknown-unknown/release/les.wasm
 }
 
-# Wall time of each stage of `./build.sh test` (issue 35): `stage NAME CMD...` runs CMD and appends
-# "NAME<TAB>seconds" to $STAGE_LOG; `tools/stage_times.py table` prints the table at the end.
-STAGE_LOG=${STAGE_LOG:-target/stage-times.tsv}
-stage() {
-  local name=$1 t0 rc=0
-  shift
-  t0=$(date +%s%N)
-  "$@" || rc=$?
-  local ms=$((($(date +%s%N) - t0) / 1000000))
-  printf '%s\t%d.%d\n' "$name" $((ms / 1000)) $((ms % 1000 / 100)) >>"$STAGE_LOG"
-  if [ $rc != 0 ]; then
-    echo "stage '$name' failed ($rc)" >&2
-    python3 tools/stage_times.py table "$STAGE_LOG" >&2
-  fi
-  return $rc
+build_web() {
+  need_wasm_bindgen
+  build_web_st
+  build_web_mt
 }
 
 need_python_pkgs() {
@@ -119,7 +113,9 @@ case "$cmd" in
     # Browser: the wasm engine (also the wasm32 build check), the .les bundles the page loads,
     # then Chromium end to end.
     stage "browser: chromium + playwright" need_browser
-    stage "wasm: web builds" build_web
+    stage "wasm-bindgen CLI" need_wasm_bindgen
+    stage "wasm: web build (pkg)" build_web_st
+    stage "wasm: threaded web build (pkg-mt)" build_web_mt
     for m in smolmoe-32x2 rand-llama-moe rand-qwen35moe rand-qwen3next rand-gpt-oss; do
       [ -f "models/$m.les" ] || stage "bundle: $m" "$LES_BIN_DIR/les" pack "models/$m.gguf" "models/$m.les"
     done
