@@ -73,6 +73,28 @@ build_web() {
   build_web_mt
 }
 
+# Wall time of each stage of `./build.sh test` (issue 35): `stage NAME CMD...` runs CMD and appends
+# "NAME<TAB>seconds" to $STAGE_LOG; `tools/stage_times.py table` prints the table at the end.
+STAGE_LOG=${STAGE_LOG:-target/stage-times.tsv}
+# CMD runs in a subshell with `set -e` in force (not in an `||` list, where bash would ignore it
+# inside shell functions), so a failing step inside a function fails its stage.
+stage() {
+  local name=$1 t0 rc
+  shift
+  t0=$(date +%s%N)
+  set +e
+  (set -e; "$@")
+  rc=$?
+  set -e
+  local ms=$((($(date +%s%N) - t0) / 1000000))
+  printf '%s\t%d.%d\n' "$name" $((ms / 1000)) $((ms % 1000 / 100)) >>"$STAGE_LOG"
+  if [ $rc != 0 ]; then
+    echo "stage '$name' failed ($rc)" >&2
+    python3 tools/stage_times.py table "$STAGE_LOG" >&2
+  fi
+  return $rc
+}
+
 need_python_pkgs() {
   python3 -c "import gguf, numpy" 2>/dev/null || python3 -m pip install -q "gguf==0.19.0" numpy
 }
