@@ -52,8 +52,9 @@ need_browser() {
 WASM_MT_FLAGS="-C target-feature=+atomics,+bulk-memory,+simd128 -C link-args=--shared-memory -C link-args=--max-memory=4294967296 -C link-args=--import-memory -C link-args=--export=__wasm_init_tls -C link-args=--export=__tls_size -C link-args=--export=__tls_align -C link-args=--export=__tls_base"
 
 # The wasm builds skip the release profile's line tables (CARGO_PROFILE_RELEASE_DEBUG=0): wasm-bindgen
-# drops DWARF sections from its output anyway (no --keep-debug), so the engine is the same and
-# builds faster.
+# drops DWARF sections from its output anyway (no --keep-debug). The engine's code is not
+# byte-identical to a build with them (a few hundred bytes move), and builds faster (2026-12-04:
+# the les crate for wasm32 in 13.6 s instead of 15.8 s; the browser tests run on this build).
 build_web_st() {
   need_targets wasm32-unknown-unknown
   CARGO_PROFILE_RELEASE_DEBUG=0 cargo build --release --lib --target wasm32-unknown-unknown
