@@ -11,8 +11,7 @@ use super::store::ExpertStore;
 use super::{ExpertBlock, ExpertError};
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::AtomicBool;
-use std::sync::{Condvar, Mutex, RwLock};
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex, RwLock};
 use web_time::Instant;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -48,7 +47,6 @@ pub(super) struct Req {
     /// Bytes already read (a chunked prefetch that yielded to a demand read).
     pub(super) done: usize,
 }
-
 
 /// The policy's state, behind [`Shared`]'s lock.
 pub(crate) struct Inner {
@@ -106,7 +104,6 @@ pub(crate) struct Shared {
     pub(super) pf_on: AtomicBool,
 }
 
-
 pub(super) fn now_us(sh: &Shared) -> f64 {
     sh.t0.elapsed().as_secs_f64() * 1e6
 }
@@ -115,7 +112,7 @@ pub(super) fn now_us(sh: &Shared) -> f64 {
 /// At most `lanes` prefetches are in flight, and they start only while no demand read is in
 /// flight (they use idle I/O time), or on a store that serves reads in order while no demand
 /// read is queued. `take` limits the class.
-pub(super) fn pick_request(g: &mut Inner, lanes: usize, take: Take) -> Option<Req> {
+fn pick_request(g: &mut Inner, lanes: usize, take: Take) -> Option<Req> {
     let store_free = if g.pf_overlap { !g.queue.iter().any(|r| r.demand) } else { g.inflight_demand == 0 };
     let pf_ok = take != Take::Demand && g.inflight_prefetch < lanes && store_free;
     let best = g.queue.iter().enumerate().filter(|(_, r)| if r.demand { take != Take::Prefetch } else { pf_ok }).min_by_key(|(_, r)| (!r.demand, r.dist, r.seq)).map(|(i, _)| i)?;
@@ -131,7 +128,7 @@ pub(super) fn pick_request(g: &mut Inner, lanes: usize, take: Take) -> Option<Re
 
 /// The next piece of an expert's read at buffer offset `done`: (file offset, length). Chunked
 /// pieces end at multiples of `chunk` in the file; unchunked ones run to the end of the range.
-pub(super) fn next_piece(ranges: &[(u64, usize)], done: usize, chunk: Option<usize>) -> (u64, usize) {
+fn next_piece(ranges: &[(u64, usize)], done: usize, chunk: Option<usize>) -> (u64, usize) {
     let mut at = 0;
     for &(off, len) in ranges {
         if done < at + len {

@@ -131,7 +131,6 @@ pub(super) fn tally(pred: &[usize], keys: &[(usize, usize)], (tp, made, routed):
     *routed += keys.len() as u64;
 }
 
-
 /// Misses of a Belady-optimal cache (evict the entry used farthest in the future) of `capacity`
 /// entries on `seq`, with experts of one layer step never evicting each other (`group` = top-k).
 pub fn belady_misses(seq: &[(u32, u32)], capacity: usize) -> usize {

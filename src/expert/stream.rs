@@ -16,7 +16,6 @@
 //! The model combines expert outputs in rank order, so all of this changes only *when* bytes
 //! arrive, never the logits.
 
-
 use super::governor::{Arm, Governor, GovernorConfig};
 use super::io::{AsyncIo, AsyncReader, Inline, ReadExecutor, Threads};
 use super::queue::{now_us, Inner, Req, Shared, Slot, State};
@@ -400,7 +399,6 @@ fn dot8(a: &[f32], b: &[f32]) -> f32 {
     }
     acc.iter().sum::<f32>() + tail
 }
-
 
 /// 1 / RMS(x): RMSNorm's scale.
 fn rms_scale(x: &[f32]) -> f32 {

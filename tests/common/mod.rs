@@ -88,6 +88,12 @@ pub const WEIGHT_TYPES: [GgmlType; 16] = [
     GgmlType::MXFP4,
 ];
 
+/// The long test matrices (`LES_FULL_TESTS=1`, `tools/test_full.sh`) instead of the default run's
+/// short ones.
+pub fn full_tests() -> bool {
+    std::env::var_os("LES_FULL_TESTS").is_some()
+}
+
 /// Run one test of this test binary again in a child process with `env` set (settings that hold
 /// for a whole process: the kernel level, the wgpu backend), and assert that it ran and passed.
 /// `module` is the caller's `module_path!()`, `name` the test function's name.

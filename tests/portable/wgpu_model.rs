@@ -4,10 +4,11 @@
 //! logits are bit-identical (max |Δlogit| printed: 0). The default run takes a few of the
 //! committed prompts and few free-running steps per architecture; `LES_FULL_TESTS=1`
 //! (`tools/test_full.sh`) runs the long matrix: all 8 prompts × 32 steps (hybrids 4 × 16,
-//! gpt-oss 4 × 20) and two prompts per streamed budget. The CPU runs its portable kernels (`Simd::Scalar`, what wasm32 and
-//! aarch64 run; on x86 its AVX2 kernels follow llama.cpp's summation orders instead). Streamed vs
-//! resident on the GPU: bit-identical logits at budgets of 10% and 30% of expert bytes. Error
-//! paths: a lost device fails the session cleanly and a new session works.
+//! gpt-oss 4 × 20) and two prompts per streamed budget. The CPU runs its portable kernels
+//! (`Simd::Scalar`, what wasm32 and aarch64 run; on x86 its AVX2 kernels follow llama.cpp's
+//! summation orders instead). Streamed vs resident on the GPU: bit-identical logits at budgets of
+//! 10% and 30% of expert bytes. Error paths: a lost device fails the session cleanly and a new
+//! session works.
 //!
 //! Set `LES_NO_GPU=1` to skip on a machine without any adapter (never in CI).
 
@@ -30,14 +31,9 @@ fn gpu_available() -> bool {
     }
 }
 
-/// The long matrix (`LES_FULL_TESTS=1`, `tools/test_full.sh`) or the default run's short one.
-fn full() -> bool {
-    std::env::var_os("LES_FULL_TESTS").is_some()
-}
-
 /// (prompts, greedy steps): `long` with `LES_FULL_TESTS=1`, else `short`.
 fn sized(long: (usize, usize), short: (usize, usize)) -> (usize, usize) {
-    if full() { long } else { short }
+    if full_tests() { long } else { short }
 }
 
 fn prompts() -> Vec<String> {
@@ -168,7 +164,7 @@ fn gpu_lossless(model_file: &str, n: usize) {
     let c = res.model.cfg.clone();
     let total = c.n_layer * c.n_expert;
     res.set_backend(BackendKind::Wgpu, &GpuOptions { expert_slots: Some(total), ..Default::default() }).unwrap();
-    let prompts = if full() { &["The capital of France is", "def fibonacci(n):"][..] } else { &["def fibonacci(n):"][..] };
+    let prompts = if full_tests() { &["The capital of France is", "def fibonacci(n):"][..] } else { &["def fibonacci(n):"][..] };
     let mut want = Vec::new();
     let mut seqs = Vec::new();
     for &p in prompts {
@@ -296,7 +292,7 @@ fn gpu_recurrent_state_follows_checkpoints() {
     gpu.set_backend(BackendKind::Wgpu, &GpuOptions { exact: Some(true), ..Default::default() }).unwrap();
     gpu.reuse_prefix = true;
     let g = SamplerConfig::greedy();
-    for p in prompts().iter().take(if full() { 2 } else { 1 }) {
+    for p in prompts().iter().take(if full_tests() { 2 } else { 1 }) {
         let toks = cpu.tokenize(p);
         cpu.reset();
         let want = cpu.generate(&toks, 8, &g, true, &mut |_, _| true).unwrap().0;

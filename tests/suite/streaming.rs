@@ -181,7 +181,7 @@ fn lossless_chunked_prefetch_on_a_slow_device() {
 /// fixtures above always do.
 #[test]
 fn lossless_smolmoe_32x2() {
-    if std::env::var_os("LES_FULL_TESTS").is_some() {
+    if full_tests() {
         lossless("smolmoe-32x2.gguf", &FRACTIONS, &POLICIES, 4, true);
     } else {
         lossless("smolmoe-32x2.gguf", &FRACTIONS[..2], &[Policy::NextUse], 4, true);
