@@ -12,6 +12,7 @@ pub mod backend;
 pub mod engine;
 pub mod expert;
 pub mod model;
+pub mod vision;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod ffi;
 #[cfg(target_arch = "wasm32")]

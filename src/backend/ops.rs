@@ -203,6 +203,29 @@ pub struct Attn {
     pub sinks: Option<Vector>,
 }
 
+/// Attention of a tensor's rows among themselves, no cache and no causal mask (a vision
+/// encoder's patches; clip's `build_attn` → ggml `flash_attn_ext` with K and V cast to f16):
+/// queries, keys and values `n_head × head_dim` per row. `block` 0: every row sees every row;
+/// `block` n: row t sees the rows of its block `t / n` only (the block-diagonal mask of a
+/// window attention after its window-major reorder, `minicpmv4_6`'s ViT merger).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SelfAttn {
+    pub n_head: usize,
+    pub head_dim: usize,
+    pub scale: f32,
+    pub block: usize,
+}
+
+/// GELU's two forms (ggml `gelu`, `gelu_erf`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gelu {
+    /// `0.5·x·(1 + tanh(√(2/π)·x·(1 + 0.044715·x²)))`, looked up as ggml-cpu does: the value at
+    /// x rounded to f16, stored as f16 (`ggml_table_gelu_f16`); x for |x| ≥ 10 (0 below −10).
+    Tanh,
+    /// `0.5·x·(1 + erf(x/√2))` in f32 (PyTorch `nn.GELU()`).
+    Erf,
+}
+
 /// One Gated DeltaNet layer's recurrence (ggml `gated_delta_net` with its inputs prepared as
 /// llama.cpp's `build_layer_attn_linear` prepares them): from the conv output (`[q | k | v]`,
 /// `2·n_group·d_state + dt_rank·d_state` columns), the `alpha` and `beta` projections
@@ -331,6 +354,49 @@ pub trait Ops {
     /// [`ExpertSource::on_partial`] with it plus the first expert's output (the CPU does; wgpu
     /// does not, as it would cost a synchronisation).
     fn experts(&mut self, il: usize, src: &dyn ExpertSource, x: &Self::T, r: Route<'_>, f: &ExpertFfn, partial: Option<&Self::T>) -> Result<Self::T, OpError>;
+    /// The backend's name in errors (`cpu`, `wgpu`).
+    const BACKEND: &'static str;
+
+    // ---- Vision encoders (`src/vision`): defaults refuse, backends override what they run ----
+
+    /// IMROPE / M-RoPE in place (ggml `rope_multi`, `GGML_ROPE_TYPE_IMROPE`): row t rotates each
+    /// pair i with the position of its section (`sector = i % Σsections`: t if `sector % 3 == 0`,
+    /// h if 1, w if 2, within `3·sections[s]`; e otherwise), `pos[t] = [t, h, w, e]`.
+    fn rope_multi(&mut self, x: &mut Self::T, pos: &[[u32; 4]], sections: [usize; 4], p: &Rope) -> Result<(), OpError> {
+        let _ = (x, pos, sections, p);
+        Err(OpError::Unsupported { backend: Self::BACKEND, op: "rope_multi" })
+    }
+    /// Layer norm of each row: `(x − mean) / sqrt(var + eps) · w + b` (ggml `norm`, `mul`, `add`).
+    fn layer_norm(&mut self, x: &Self::T, w: Vector, b: Option<Vector>, eps: f32) -> Result<Self::T, OpError> {
+        let _ = (x, w, b, eps);
+        Err(OpError::Unsupported { backend: Self::BACKEND, op: "layer_norm" })
+    }
+    /// GELU in place.
+    fn gelu(&mut self, x: &mut Self::T, kind: Gelu) -> Result<(), OpError> {
+        let _ = (x, kind);
+        Err(OpError::Unsupported { backend: Self::BACKEND, op: "gelu" })
+    }
+    /// Non-causal attention of `q` over `k`, `v` (same rows); see [`SelfAttn`].
+    fn self_attention(&mut self, q: &Self::T, k: &Self::T, v: &Self::T, p: &SelfAttn) -> Result<Self::T, OpError> {
+        let _ = (q, k, v, p);
+        Err(OpError::Unsupported { backend: Self::BACKEND, op: "self_attention" })
+    }
+    /// Rows `x[idx[0]], x[idx[1]], …` (ggml `get_rows`).
+    fn gather_rows(&mut self, x: &Self::T, idx: &[u32]) -> Result<Self::T, OpError> {
+        let _ = (x, idx);
+        Err(OpError::Unsupported { backend: Self::BACKEND, op: "gather_rows" })
+    }
+    /// The tensors side by side, row by row (ggml `concat` on dim 0); equal row counts.
+    fn concat_cols(&mut self, xs: &[&Self::T]) -> Result<Self::T, OpError> {
+        let _ = xs;
+        Err(OpError::Unsupported { backend: Self::BACKEND, op: "concat_cols" })
+    }
+    /// `x *= s` (ggml `scale`).
+    fn scale(&mut self, x: &mut Self::T, s: f32) -> Result<(), OpError> {
+        let _ = (x, s);
+        Err(OpError::Unsupported { backend: Self::BACKEND, op: "scale" })
+    }
+
     /// Rows of tensors to the host, in one synchronisation.
     async fn read(&mut self, parts: &[(&Self::T, Range<usize>)]) -> Result<Vec<Vec<f32>>, OpError>;
 }

@@ -5,7 +5,7 @@
 //! name, and matrix products by count and shape (`matmul ×3 576→576`: three products of a
 //! 576-wide input, the first 576 wide), which tells attention, FFN, router and output apart.
 
-use super::ops::{Attn, DeltaNet, ExpertFfn, Mat, OpError, Ops, Rope, Route, Sigmoid, Vector};
+use super::ops::{Attn, DeltaNet, ExpertFfn, Gelu, Mat, OpError, Ops, Rope, Route, SelfAttn, Sigmoid, Vector};
 use crate::expert::ExpertSource;
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -64,6 +64,8 @@ fn timed<R>(op: &str, f: impl FnOnce() -> R) -> R {
 impl<B: Ops> Ops for Profiled<'_, B> {
     type T = B::T;
 
+    const BACKEND: &'static str = B::BACKEND;
+
     fn shape(t: &B::T) -> (usize, usize) {
         B::shape(t)
     }
@@ -118,6 +120,27 @@ impl<B: Ops> Ops for Profiled<'_, B> {
     }
     fn experts(&mut self, il: usize, src: &dyn ExpertSource, x: &B::T, r: Route<'_>, f: &ExpertFfn, partial: Option<&B::T>) -> Result<B::T, OpError> {
         timed("experts", || self.0.experts(il, src, x, r, f, partial))
+    }
+    fn rope_multi(&mut self, x: &mut B::T, pos: &[[u32; 4]], sections: [usize; 4], p: &Rope) -> Result<(), OpError> {
+        timed("rope_multi", || self.0.rope_multi(x, pos, sections, p))
+    }
+    fn layer_norm(&mut self, x: &B::T, w: Vector, b: Option<Vector>, eps: f32) -> Result<B::T, OpError> {
+        timed("layer_norm", || self.0.layer_norm(x, w, b, eps))
+    }
+    fn gelu(&mut self, x: &mut B::T, kind: Gelu) -> Result<(), OpError> {
+        timed("gelu", || self.0.gelu(x, kind))
+    }
+    fn self_attention(&mut self, q: &B::T, k: &B::T, v: &B::T, p: &SelfAttn) -> Result<B::T, OpError> {
+        timed("self_attention", || self.0.self_attention(q, k, v, p))
+    }
+    fn gather_rows(&mut self, x: &B::T, idx: &[u32]) -> Result<B::T, OpError> {
+        timed("gather_rows", || self.0.gather_rows(x, idx))
+    }
+    fn concat_cols(&mut self, xs: &[&B::T]) -> Result<B::T, OpError> {
+        timed("concat_cols", || self.0.concat_cols(xs))
+    }
+    fn scale(&mut self, x: &mut B::T, s: f32) -> Result<(), OpError> {
+        timed("scale", || self.0.scale(x, s))
     }
     async fn read(&mut self, parts: &[(&B::T, Range<usize>)]) -> Result<Vec<Vec<f32>>, OpError> {
         let t0 = crate::clock::now_ms();

@@ -307,6 +307,14 @@ struct RunArgs {
     /// Write the generated token ids as a JSON array to FILE (one array per prompt, one per line).
     #[arg(long, value_name = "FILE")]
     tokens_out: Option<String>,
+    /// A vision tower (mmproj GGUF, llama.cpp's `--mmproj`: projector `minicpmv4_6`) for --image.
+    #[arg(long, value_name = "FILE", requires = "prompt")]
+    mmproj: Option<String>,
+    /// An image (PNG or JPEG) for the prompt (repeatable); the prompt goes through the chat
+    /// template as `llama-mtmd-cli -p` lays it out (`<__media__>` marks where each image goes,
+    /// else the images come first). Needs --mmproj.
+    #[arg(long, value_name = "FILE")]
+    image: Vec<String>,
 }
 
 /// Stop strings and a full context (llama.cpp's names).
@@ -700,7 +708,8 @@ fn cmd_run_inner(a: &RunArgs, sess: &mut Session, mut spec: Spec<'_>) -> Res {
             }
             history.push(Message { role: "user".into(), content: line });
             let p = sess.chat_prompt(&history)?;
-            let reply = generate_one(sess, &p, a, &sampler, &mut spec)?;
+            let toks = sess.tokenize(&p);
+            let reply = generate_one(sess, toks, a, &sampler, &mut spec)?;
             // gpt-oss: the conversation keeps the final answer, not the harmony headers or the
             // reasoning (its template refuses `<|channel|>` in a message).
             let reply = les::engine::chat::split_harmony(&reply).map(|(_, content)| content).unwrap_or(reply);
@@ -709,18 +718,47 @@ fn cmd_run_inner(a: &RunArgs, sess: &mut Session, mut spec: Spec<'_>) -> Res {
         }
         return Ok(());
     }
-    match &a.prompt {
-        Some(p) => prompts.push(p.clone()),
-        None => return Err("give --prompt TEXT or --chat".into()),
+    match (&a.prompt, &a.mmproj, a.image.is_empty()) {
+        (_, None, false) => return Err("--image needs --mmproj FILE (the model's vision tower)".into()),
+        (Some(p), Some(mp), _) => return run_images(sess, p, mp, a, &sampler, &mut spec),
+        (Some(p), None, true) => prompts.push(p.clone()),
+        (None, _, _) => return Err("give --prompt TEXT or --chat".into()),
     }
     for p in prompts {
-        generate_one(sess, &p, a, &sampler, &mut spec)?;
+        let toks = sess.tokenize(&p);
+        generate_one(sess, toks, a, &sampler, &mut spec)?;
     }
     Ok(())
 }
 
-fn generate_one(sess: &mut Session, prompt: &str, a: &RunArgs, sampler: &SamplerConfig, spec: &mut Spec<'_>) -> Result<String, Box<dyn std::error::Error>> {
-    let toks = sess.tokenize(prompt);
+/// `les run --mmproj F --image F -p TEXT`: the prompt as `llama-mtmd-cli -p` builds it (one
+/// user message through the chat template, the images' markers first unless the text places
+/// them), the images encoded, every chunk run, then generation.
+fn run_images(sess: &mut Session, prompt: &str, mmproj: &str, a: &RunArgs, sampler: &SamplerConfig, spec: &mut Spec<'_>) -> Res {
+    if spec.draft.is_some() {
+        return Err("--image is not supported with speculative decoding (--draft-model, --lookup) yet".into());
+    }
+    let t0 = les::engine::now_ms();
+    let mp = les::vision::Mmproj::load(&FileSource::open(mmproj).map_err(|e| format!("--mmproj {mmproj}: {e}"))?).map_err(|e| format!("--mmproj {mmproj}: {e}"))?;
+    eprintln!("les: vision tower {mmproj}: {}, {:.1} MiB of weights, loaded in {:.0} ms", mp.cfg.projector, mp.bytes as f64 / 1048576.0, les::engine::now_ms() - t0);
+    let mut images = Vec::new();
+    for f in &a.image {
+        images.push(std::fs::read(f).map_err(|e| format!("--image {f}: {e}"))?);
+    }
+    let marker = les::vision::layout::MARKER;
+    let content = if prompt.contains(marker) { prompt.to_string() } else { format!("{}{prompt}", marker.repeat(images.len())) };
+    let text = sess.chat_prompt(&[Message { role: "user".into(), content }])?;
+    let p = sess.mm_prompt(&mp, &text, &images)?;
+    eprintln!("les: {} image(s): {} embedding rows, encoded in {:.0} ms", images.len(), p.image_rows, p.encode_ms);
+    let toks = sess.prefill_mm(&p)?;
+    let was = sess.reuse_prefix;
+    sess.reuse_prefix = true;
+    let r = generate_one(sess, toks, a, sampler, spec);
+    sess.reuse_prefix = was;
+    r.map(|_| ())
+}
+
+fn generate_one(sess: &mut Session, toks: Vec<u32>, a: &RunArgs, sampler: &SamplerConfig, spec: &mut Spec<'_>) -> Result<String, Box<dyn std::error::Error>> {
     let mut out = std::io::stdout().lock();
     let mut text = String::new();
     let mut on_text = |_, s: &str| {

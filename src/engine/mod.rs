@@ -10,6 +10,7 @@ pub mod speculative;
 pub mod ladder;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod mixed;
+pub mod multimodal;
 pub mod stream;
 
 use crate::gguf::{GgufError, GgufFile};
@@ -38,6 +39,8 @@ pub enum EngineError {
     PromptTooLong(usize, usize),
     #[error(transparent)]
     Gpu(#[from] crate::backend::wgpu::GpuError),
+    #[error(transparent)]
+    Vision(#[from] crate::vision::VisionError),
 }
 
 /// Timing and counts of one generation.
@@ -214,7 +217,7 @@ impl Session {
 
     /// After a forward of `tokens` at `pos0`: on success the cache holds them; on an error (a GPU
     /// forward may have advanced by whole chunks) it holds what it held before.
-    fn commit(&mut self, pos0: usize, tokens: &[u32], r: Result<Vec<f32>, crate::model::ModelError>) -> Result<Vec<f32>, EngineError> {
+    pub(crate) fn commit(&mut self, pos0: usize, tokens: &[u32], r: Result<Vec<f32>, crate::model::ModelError>) -> Result<Vec<f32>, EngineError> {
         match r {
             Ok(l) => {
                 self.cached.extend_from_slice(tokens);

@@ -17,6 +17,9 @@ pub enum Arch {
     /// `qwen35moe` (Qwen3.5 / 3.6 MoE): Gated DeltaNet layers between gated full-attention
     /// layers, softmax top-k renormalised, a sigmoid-gated shared expert; IMROPE (= NEOX for text).
     Qwen35Moe,
+    /// `qwen35` (Qwen3.5 dense, the text tower of MiniCPM-V 4.6): as `qwen35moe` with a dense
+    /// SwiGLU FFN in every layer (llama.cpp `src/models/qwen35.cpp`).
+    Qwen35,
     /// `qwen3next` (Qwen3-Next): as `qwen35moe` with a fused `ssm_ba` and grouped v→k heads.
     Qwen3Next,
     /// `gpt-oss` (llama.cpp `openai-moe.cpp`): biased attention with sinks, sliding-window layers,
@@ -32,6 +35,7 @@ impl Arch {
             "qwen3moe" => Arch::Qwen3Moe,
             "olmoe" => Arch::Olmoe,
             "qwen35moe" => Arch::Qwen35Moe,
+            "qwen35" => Arch::Qwen35,
             "qwen3next" => Arch::Qwen3Next,
             "gpt-oss" => Arch::GptOss,
             _ => return None,
@@ -44,6 +48,7 @@ impl Arch {
             Arch::Qwen3Moe => "qwen3moe",
             Arch::Olmoe => "olmoe",
             Arch::Qwen35Moe => "qwen35moe",
+            Arch::Qwen35 => "qwen35",
             Arch::Qwen3Next => "qwen3next",
             Arch::GptOss => "gpt-oss",
         }
@@ -90,6 +95,9 @@ pub struct Config {
     pub rope_base_swa: f32,
     /// RoPE scaling (`rope.scaling.type` yarn or linear, `rope.scaling.factor`, …).
     pub yarn: Option<Yarn>,
+    /// IMROPE's sections (`rope.dimension_sections`: t, h, w, e pairs; `qwen35` / `qwen35moe`):
+    /// text positions rotate as NEOX; image embeddings take 2-D positions (mtmd M-RoPE).
+    pub rope_sections: Option<[usize; 4]>,
     /// How router logits become expert weights.
     pub gating: Gating,
     /// The experts' gated activation.
@@ -150,7 +158,7 @@ impl Ssm {
 pub enum ConfigError {
     #[error(transparent)]
     Gguf(#[from] GgufError),
-    #[error("unsupported architecture '{0}' (LES runs llama, qwen2moe, qwen3moe, olmoe, qwen35moe, qwen3next, gpt-oss)")]
+    #[error("unsupported architecture '{0}' (LES runs llama, qwen2moe, qwen3moe, olmoe, qwen35moe, qwen35, qwen3next, gpt-oss)")]
     UnsupportedArch(String),
     #[error("invalid hyper-parameter {key} = {value}: {why}")]
     Invalid { key: String, value: u64, why: &'static str },
@@ -178,7 +186,7 @@ impl Config {
         check("block_count", n_layer, n_layer > 0 && n_layer <= 1024, "must be in 1..=1024")?;
         // qwen35moe / qwen3next files may keep multi-token-prediction blocks after the trunk
         // (`nextn_predict_layers`, llama.cpp `n_layer() = block_count − nextn`); they are not run.
-        let nextn = if matches!(arch, Arch::Qwen35Moe | Arch::Qwen3Next) { opt("nextn_predict_layers").unwrap_or(0) } else { 0 };
+        let nextn = if matches!(arch, Arch::Qwen35Moe | Arch::Qwen35 | Arch::Qwen3Next) { opt("nextn_predict_layers").unwrap_or(0) } else { 0 };
         check("nextn_predict_layers", nextn, nextn < n_layer, "must be below block_count")?;
         let n_layer = n_layer - nextn;
         check("attention.head_count", n_head, n_head > 0 && n_head <= 1024, "must be in 1..=1024")?;
@@ -201,9 +209,15 @@ impl Config {
             Arch::Llama => RopeKind::Norm,
             _ => RopeKind::Neox,
         };
-        let hybrid = matches!(arch, Arch::Qwen35Moe | Arch::Qwen3Next);
+        let hybrid = matches!(arch, Arch::Qwen35Moe | Arch::Qwen35 | Arch::Qwen3Next);
+        let mut rope_sections = None;
         let (ssm, recurrent) = if hybrid {
-            check("expert_count", n_expert, n_expert > 0, "must be > 0 (this architecture is MoE only)")?;
+            if arch == Arch::Qwen35 {
+                check("expert_count", n_expert, n_expert == 0, "must be 0 (qwen35 is dense; MoE files are qwen35moe)")?;
+                check("feed_forward_length", n_ff, n_ff > 0 && n_ff <= 1 << 20, "must be in 1..=1048576")?;
+            } else {
+                check("expert_count", n_expert, n_expert > 0, "must be > 0 (this architecture is MoE only)")?;
+            }
             let ssm_key = |s: &str| -> Result<usize, ConfigError> { opt(s).ok_or_else(|| ConfigError::Missing(k(s))) };
             let ssm = Ssm {
                 d_conv: ssm_key("ssm.conv_kernel")?,
@@ -237,7 +251,7 @@ impl Config {
             };
             // Text positions only: IMROPE is NEOX when every rotated pair takes a t/h/w section
             // (ggml `ggml_mrope_cache_init`); a pair that falls to the e-section would not rotate.
-            if arch == Arch::Qwen35Moe {
+            if matches!(arch, Arch::Qwen35Moe | Arch::Qwen35) {
                 let key = k("rope.dimension_sections");
                 let secs: Vec<usize> = g.get(&key).and_then(|v| v.as_array()).ok_or_else(|| ConfigError::Missing(key.clone()))?
                     .iter().map(|v| v.as_u64().unwrap_or(u64::MAX) as usize).collect();
@@ -249,6 +263,7 @@ impl Config {
                     })
                 };
                 check("rope.dimension_sections", secs.iter().fold(0usize, |a, &b| a.saturating_add(b)), ok, "must be 4 sections whose t/h/w parts cover every rotated pair (text positions)")?;
+                rope_sections = Some([secs[0], secs[1], secs[2], secs[3]]);
             }
             (Some(ssm), recurrent)
         } else {
@@ -290,7 +305,8 @@ impl Config {
             rms_eps: g.get_f32(&k("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5),
             rope_base,
             rope,
-            norm_topk: matches!(arch, Arch::Llama | Arch::Qwen3Moe | Arch::Qwen35Moe | Arch::Qwen3Next),
+            norm_topk: matches!(arch, Arch::Llama | Arch::Qwen3Moe | Arch::Qwen35Moe | Arch::Qwen35 | Arch::Qwen3Next),
+            rope_sections,
             expert_weights_scale: g.get_f32(&k("expert_weights_scale")).unwrap_or(0.0),
             ssm,
             recurrent,

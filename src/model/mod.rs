@@ -200,6 +200,17 @@ impl<'a> Loader<'a> {
         Ok(self.w.add_mat(w))
     }
 
+    /// A tensor of `shape` (GGUF order, ≥ 2 dims) as a matrix: one row per index of the last
+    /// dimension, the others flattened into its columns (a conv kernel [kw, kh, c_in, c_out] as
+    /// `c_out` rows of `kw·kh·c_in`, as ggml's `im2col` + `mul_mat` reads it).
+    pub fn mat_nd(&mut self, name: &str, shape: &[usize]) -> Result<Mat, ModelError> {
+        let mut w = self.weight(name, shape)?;
+        let (last, rest) = shape.split_last().ok_or_else(|| ModelError::Internal("mat_nd without a shape".into()))?;
+        w.cols = rest.iter().product();
+        w.rows = *last;
+        Ok(self.w.add_mat(w))
+    }
+
     /// A one-row matrix of `cols` values (kept in its block format: a 1-row gate).
     pub fn row(&mut self, name: &str, cols: usize) -> Result<Mat, ModelError> {
         let w = self.weight(name, &[cols])?;
@@ -307,7 +318,7 @@ impl Model {
             Arch::Qwen3Moe => Layers::Llama(qwen3moe::load(&mut ld, &cfg)?),
             Arch::Olmoe => Layers::Llama(olmoe::load(&mut ld, &cfg)?),
             Arch::GptOss => Layers::Llama(gpt_oss::load(&mut ld, &cfg)?),
-            Arch::Qwen35Moe | Arch::Qwen3Next => Layers::Hybrid(qwen35moe::Hybrid::load(&mut ld, &cfg)?),
+            Arch::Qwen35Moe | Arch::Qwen35 | Arch::Qwen3Next => Layers::Hybrid(qwen35moe::Hybrid::load(&mut ld, &cfg)?),
         };
         // With an external expert source (a streaming cache, or a bundle whose dense GGUF has no
         // expert tensors) the model needs no expert tensor at all.
@@ -398,6 +409,37 @@ impl Model {
         };
         kv.len = pos0 + tokens.len();
         Ok(logits)
+    }
+
+    /// `n` rows of embeddings (`embd`: `n × n_embd`, an image's) at cache positions `kv.len..`,
+    /// with M-RoPE positions `mpos` (one per row; `None`: the cache positions) on the CPU, as llama.cpp decodes an image
+    /// chunk (`mtmd_helper_decode_image_chunk`: one batch, causal).
+    pub fn forward_embd(&self, embd: &[f32], n: usize, mpos: Option<&[[u32; 4]]>, kv: &mut KvCache, want: Logits) -> Result<Vec<f32>, ModelError> {
+        if embd.len() != n * self.cfg.n_embd || mpos.is_some_and(|m| m.len() != n) {
+            return Err(ModelError::Unsupported(format!("{} embedding values for {n} rows of {}", embd.len(), self.cfg.n_embd)));
+        }
+        let pos0 = kv.len;
+        if pos0 + n > kv.n_ctx {
+            return Err(ModelError::ContextFull(kv.n_ctx));
+        }
+        kv.take_events();
+        let logits = {
+            let mut b = CpuExec::new(&self.weights, kv, false);
+            let tokens = vec![0u32; n];
+            let mut f = blocks::Fwd::new(self, &mut b, pos0, n, Some(want));
+            f.embd = Some(embd);
+            f.mpos = mpos;
+            ops::ready(self.forward_fwd(&mut f, &tokens))??
+        };
+        kv.len = pos0 + n;
+        Ok(logits)
+    }
+
+    async fn forward_fwd<B: Ops>(&self, f: &mut blocks::Fwd<'_, B>, tokens: &[u32]) -> Result<Vec<f32>, ModelError> {
+        match &self.layers {
+            Layers::Llama(a) => a.forward(f, tokens).await,
+            Layers::Hybrid(a) => a.forward(f, tokens).await,
+        }
     }
 
     /// The forward pass on any backend: `tokens` at positions `pos0..`; logits as `want` says

@@ -1,7 +1,8 @@
-//! `qwen35moe` (Qwen3.5 / 3.6 MoE, llama.cpp `src/models/qwen35moe.cpp`) and `qwen3next`
+//! `qwen35moe` (Qwen3.5 / 3.6 MoE, llama.cpp `src/models/qwen35moe.cpp`), `qwen35` (Qwen3.5
+//! dense, `src/models/qwen35.cpp`: the same layers with a dense SwiGLU FFN) and `qwen3next`
 //! (Qwen3-Next, `src/models/qwen3next.cpp`): a hybrid of Gated DeltaNet (linear attention with a
 //! recurrent state, `src/models/delta-net-base.cpp`) and gated full attention, every layer with a
-//! MoE FFN plus a sigmoid-gated shared expert. Notes with file and line references:
+//! MoE FFN plus a sigmoid-gated shared expert (`qwen35`: a dense FFN). Notes with file and line references:
 //! `../shared/research/moe_archs.md` §1.
 //!
 //! Per layer: RMSNorm → (Gated DeltaNet | gated attention) → residual → RMSNorm
@@ -17,7 +18,7 @@
 //! - qwen3next differs in a fused `ssm_ba` (`[beta (r) | alpha (r)]` per key head, r = H_v/H_k,
 //!   split into the two projections here) and in the grouped value→key head mapping.
 
-use super::blocks::{Ffn, Fwd, Moe};
+use super::blocks::{Ffn, Fwd};
 use super::config::{HeadMap, Ssm};
 use super::{Config, Loader, ModelError};
 use crate::backend::ops::{DeltaNet, Mat, Ops, Vector};
@@ -54,7 +55,8 @@ pub struct Layer {
     pub attn_norm: Vector,
     pub mixer: Mixer,
     pub post_norm: Vector,
-    pub moe: Moe,
+    /// Routed experts + shared expert (`qwen35moe`, `qwen3next`), or dense SwiGLU (`qwen35`).
+    pub ffn: Ffn,
 }
 
 pub struct Hybrid {
@@ -122,10 +124,7 @@ impl Hybrid {
                 attn_norm: ld.vec(&n("attn_norm.weight"), e)?,
                 mixer,
                 post_norm: ld.vec(&n("post_attention_norm.weight"), e)?,
-                moe: match Ffn::load(ld, c, il)? {
-                    Ffn::Moe(m) => m,
-                    Ffn::Dense(_) => return Err(ModelError::NoExperts),
-                },
+                ffn: Ffn::load(ld, c, il)?,
             });
         }
         Ok(Self { layers, ssm })
@@ -141,7 +140,10 @@ impl Hybrid {
             };
             x = f.attn_residual(il, x, mixed).await?;
             let cur = f.norm(&x, l.post_norm, "attn_post_norm", il).await?;
-            let out = f.moe(il, &cur, &x, &l.moe).await?;
+            let out = match &l.ffn {
+                Ffn::Moe(w) => f.moe(il, &cur, &x, w).await?,
+                Ffn::Dense(w) => f.ffn(il, &cur, w).await?,
+            };
             f.layer_out(il, &mut x, out).await?;
         }
         f.output(x).await

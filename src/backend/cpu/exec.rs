@@ -96,6 +96,7 @@ pub fn expert_ffn(gate: WeightRef<'_>, up: WeightRef<'_>, down: WeightRef<'_>, x
 
 impl Ops for CpuExec<'_> {
     type T = CpuT;
+    const BACKEND: &'static str = "cpu";
 
     fn shape(t: &CpuT) -> (usize, usize) {
         (t.rows(), t.cols)
@@ -395,6 +396,97 @@ impl Ops for CpuExec<'_> {
             }
         }
         Ok(CpuT { v: out, cols: e })
+    }
+
+    fn rope_multi(&mut self, x: &mut CpuT, pos: &[[u32; 4]], sections: [usize; 4], p: &Rope) -> Result<(), OpError> {
+        if p.yarn.is_some() || pos.len() != x.rows() {
+            return Err(OpError::Unsupported { backend: "cpu", op: "rope_multi with YaRN or a position count other than the rows" });
+        }
+        let mut c = Vec::new();
+        for (r, &ps) in x.v.chunks_mut(x.cols).zip(pos) {
+            ops::rope_cache_imrope(ps, sections, p.n_rot, p.base, &mut c);
+            ops::rope(r, p.head_dim, p.n_rot, p.kind, &c);
+        }
+        Ok(())
+    }
+
+    fn layer_norm(&mut self, x: &CpuT, w: Vector, b: Option<Vector>, eps: f32) -> Result<CpuT, OpError> {
+        let (w, b) = (self.w.vec(w), b.map(|b| self.w.vec(b)));
+        let mut y = vec![0f32; x.v.len()];
+        let cols = x.cols;
+        par::for_each_chunk(&mut y, cols, |t, yr| ops::layer_norm_row(&x.v[t * cols..(t + 1) * cols], w, b, eps, yr));
+        Ok(CpuT { v: y, cols })
+    }
+
+    fn gelu(&mut self, x: &mut CpuT, kind: crate::backend::ops::Gelu) -> Result<(), OpError> {
+        const CHUNK: usize = 1 << 14; // element-wise: any split gives the same bits
+        par::for_each_chunk(&mut x.v, CHUNK, |_, c| match kind {
+            crate::backend::ops::Gelu::Tanh => ops::gelu_tanh(c),
+            crate::backend::ops::Gelu::Erf => ops::gelu_erf(c),
+        });
+        Ok(())
+    }
+
+    fn self_attention(&mut self, q: &CpuT, k: &CpuT, v: &CpuT, p: &crate::backend::ops::SelfAttn) -> Result<CpuT, OpError> {
+        let (n, hd, nh) = (q.rows(), p.head_dim, p.n_head);
+        let cols = nh * hd;
+        if q.cols != cols || k.cols != cols || v.cols != cols || k.rows() != n || v.rows() != n || (p.block > 0 && n % p.block != 0) {
+            return Err(OpError::Unsupported { backend: "cpu", op: "self_attention with these shapes" });
+        }
+        // K and V cast to f16, head-major (clip's flash-attention path: `ggml_cast(k, F16)`).
+        let to_heads = |x: &CpuT| -> Vec<half::f16> {
+            let mut o = vec![half::f16::ZERO; n * cols];
+            for h in 0..nh {
+                for t in 0..n {
+                    for d in 0..hd {
+                        o[(h * n + t) * hd + d] = half::f16::from_f32(x.v[t * cols + h * hd + d]);
+                    }
+                }
+            }
+            o
+        };
+        let (kh, vh) = (to_heads(k), to_heads(v));
+        let mut out = vec![0f32; n * cols];
+        par::for_each_chunk(&mut out, hd, |i, o| {
+            let (t, h) = (i / nh, i % nh);
+            let range = if p.block > 0 { (t / p.block) * p.block..(t / p.block + 1) * p.block } else { 0..n };
+            let (kr, vr) = (&kh[h * n * hd..(h + 1) * n * hd], &vh[h * n * hd..(h + 1) * n * hd]);
+            let (mut qb, mut acc) = (Vec::new(), Vec::new());
+            ops::attend_head_ext(&q.v[t * cols + h * hd..t * cols + (h + 1) * hd], kr, vr, hd, range, None, p.scale, o, &mut qb, &mut acc);
+        });
+        Ok(CpuT { v: out, cols })
+    }
+
+    fn gather_rows(&mut self, x: &CpuT, idx: &[u32]) -> Result<CpuT, OpError> {
+        let rows = x.rows();
+        let mut v = Vec::with_capacity(idx.len() * x.cols);
+        for &i in idx {
+            if i as usize >= rows {
+                return Err(OpError::Unsupported { backend: "cpu", op: "gather_rows with an index past the rows" });
+            }
+            v.extend_from_slice(x.row(i as usize));
+        }
+        Ok(CpuT { v, cols: x.cols })
+    }
+
+    fn concat_cols(&mut self, xs: &[&CpuT]) -> Result<CpuT, OpError> {
+        let rows = xs.first().map(|x| x.rows()).unwrap_or(0);
+        if xs.iter().any(|x| x.rows() != rows) {
+            return Err(OpError::Unsupported { backend: "cpu", op: "concat_cols of unequal row counts" });
+        }
+        let cols: usize = xs.iter().map(|x| x.cols).sum();
+        let mut v = Vec::with_capacity(rows * cols);
+        for t in 0..rows {
+            for x in xs {
+                v.extend_from_slice(x.row(t));
+            }
+        }
+        Ok(CpuT { v, cols })
+    }
+
+    fn scale(&mut self, x: &mut CpuT, s: f32) -> Result<(), OpError> {
+        x.v.iter_mut().for_each(|v| *v *= s);
+        Ok(())
     }
 
     async fn read(&mut self, parts: &[(&CpuT, Range<usize>)]) -> Result<Vec<Vec<f32>>, OpError> {

@@ -837,3 +837,88 @@ pub fn delta_rule_step(m: &mut [f32], q: &[f32], k: &[f32], v: &[f32], g: f32, b
         o[j] = dot_f32(&m[j * s..(j + 1) * s], q) * scale;
     }
 }
+
+// ---- Vision encoder ops (clip's graphs, llama.cpp `tools/mtmd`), ggml-cpu's scalar orders ----
+
+/// ggml `norm` of one row (`ggml_compute_forward_norm_f32`: the sum in f64, `mean = sum / n` in
+/// f32, the centred squares summed in f64, `1 / sqrtf(var + eps)`), then `· w (+ b)`.
+pub fn layer_norm_row(x: &[f32], w: &[f32], b: Option<&[f32]>, eps: f32, y: &mut [f32]) {
+    let n = x.len();
+    let sum: f64 = x.iter().map(|&v| v as f64).sum();
+    let mean = sum as f32 / n as f32;
+    let mut sq = 0f64;
+    for (o, &v) in y.iter_mut().zip(x) {
+        let d = v - mean;
+        *o = d;
+        sq += (d * d) as f64;
+    }
+    let var = (sq / n as f64) as f32;
+    let scale = 1.0 / (var + eps).sqrt();
+    for (i, o) in y.iter_mut().enumerate() {
+        *o = *o * scale * w[i];
+        if let Some(b) = b {
+            *o += b[i];
+        }
+    }
+}
+
+const GELU_COEF_A: f32 = 0.044715;
+const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+const SQRT_2_INV: f32 = std::f32::consts::FRAC_1_SQRT_2;
+
+/// ggml's `ggml_gelu_f32` (tanh form) at one value.
+fn gelu_tanh_f32(x: f32) -> f32 {
+    0.5 * x * (1.0 + libm::tanhf(SQRT_2_OVER_PI * x * (1.0 + GELU_COEF_A * x * x)))
+}
+
+/// GELU (tanh form) as ggml-cpu computes it (`GGML_GELU_FP16`): the f16 table of
+/// `ggml_gelu_f32` at x rounded to f16; x itself from 10 up, 0 from −10 down.
+pub fn gelu_tanh(x: &mut [f32]) {
+    for v in x {
+        *v = if *v <= -10.0 {
+            0.0
+        } else if *v >= 10.0 {
+            *v
+        } else {
+            f16::from_f32(gelu_tanh_f32(f16::from_f32(*v).to_f32())).to_f32()
+        };
+    }
+}
+
+/// GELU (erf form, ggml `gelu_erf`): `0.5·x·(1 + erff(x/√2))`.
+pub fn gelu_erf(x: &mut [f32]) {
+    for v in x {
+        *v = 0.5 * *v * (1.0 + libm::erff(*v * SQRT_2_INV));
+    }
+}
+
+/// The cos/sin table of one row for IMROPE (ggml `ggml_mrope_cache_init` with `is_imrope`):
+/// pair i takes the angle of the position its section names. Each section's angle is the
+/// cumulative product `p · θ_scale^i` ggml computes per section, i.e. the plain table of that
+/// position at pair i.
+pub fn rope_cache_imrope(pos: [u32; 4], sections: [usize; 4], n_rot: usize, base: f32, cache: &mut Vec<f32>) {
+    let total: usize = sections.iter().sum::<usize>().max(1);
+    let tabs: Vec<Vec<f32>> = pos
+        .iter()
+        .map(|&p| {
+            let mut c = Vec::new();
+            rope_cache_ext(p as usize, n_rot, base, None, &mut c);
+            c
+        })
+        .collect();
+    cache.clear();
+    for i in 0..n_rot / 2 {
+        let sector = i % total;
+        let s = if sector % 3 == 1 && sector < 3 * sections[1] {
+            1
+        } else if sector % 3 == 2 && sector < 3 * sections[2] {
+            2
+        } else if sector % 3 == 0 && sector < 3 * sections[0] {
+            0
+        } else {
+            3
+        };
+        cache.push(tabs[s][2 * i]);
+        cache.push(tabs[s][2 * i + 1]);
+    }
+}

@@ -445,6 +445,7 @@ impl<'a> GpuExec<'a> {
 }
 
 impl Ops for GpuExec<'_> {
+    const BACKEND: &'static str = "wgpu";
     type T = GpuT;
 
     fn shape(t: &GpuT) -> (usize, usize) {

@@ -1,0 +1,99 @@
+//! Where an image goes in the prompt, as llama.cpp's mtmd lays it out (`mtmd.cpp`,
+//! `mtmd_tokenize`, `MTMD_SLICE_TMPL_MINICPMV_2_6`; `mtmd-cli.cpp` `eval_message`):
+//!
+//! `<image>` overview `</image>` then, when sliced, per grid row `<slice>` slice `</slice>` for
+//! each column, rows separated by `"\n"` (none after the last). Each piece is one chunk of
+//! embeddings, decoded as its own batch. With an M-RoPE text model (`qwen35`, `qwen35moe`:
+//! IMROPE) a chunk of n rows at position p0 takes positions `[t, h, w, e] = [p0, p0, p0 + i, 0]`
+//! (`mtmd_image_tokens_get_decoder_pos` with nx = n, ny = 1; `set_position_mrope_2d` puts y in
+//! section 1 and x in section 2) and advances the position by n (`max(nx, ny)`); text tokens
+//! take `[p, p, p, p]`.
+
+use super::VisionError;
+
+/// The default media marker in prompts (`mtmd_default_marker()`).
+pub const MARKER: &str = "<__media__>";
+
+/// One chunk of a prompt: text tokens, or one image piece's embeddings.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Chunk {
+    Text(Vec<u32>),
+    /// `rows × n_embd` values; `id` names the image (its content hash) and piece.
+    Embd { rows: usize, embd: Vec<f32>, id: String },
+}
+
+impl Chunk {
+    pub fn n_tokens(&self) -> usize {
+        match self {
+            Chunk::Text(t) => t.len(),
+            Chunk::Embd { rows, .. } => *rows,
+        }
+    }
+}
+
+/// The marker tokens of MiniCPM-V 2.6 and later, looked up in the text model's vocabulary.
+#[derive(Clone, Copy, Debug)]
+pub struct Markers {
+    pub image_start: u32,
+    pub image_end: u32,
+    pub slice_start: u32,
+    pub slice_end: u32,
+    pub row_end: u32,
+}
+
+impl Markers {
+    /// `lookup(text)`: the token whose piece is exactly `text` (mtmd's `lookup_token`).
+    pub fn find(lookup: impl Fn(&str) -> Option<u32>) -> Result<Self, VisionError> {
+        let f = |s: &str| lookup(s).ok_or_else(|| VisionError::NoMarker(s.to_string()));
+        Ok(Self { image_start: f("<image>")?, image_end: f("</image>")?, slice_start: f("<slice>")?, slice_end: f("</slice>")?, row_end: f("\n")? })
+    }
+}
+
+/// The chunks of one image: its pieces' embeddings (overview first, then the slices row by row)
+/// between the marker tokens, appended to `out` (text tokens merge into a preceding text chunk).
+pub fn push_image(out: &mut Vec<Chunk>, m: &Markers, pieces: Vec<(usize, Vec<f32>)>, grid: (usize, usize), id: &str) {
+    let text = |out: &mut Vec<Chunk>, t: u32| match out.last_mut() {
+        Some(Chunk::Text(v)) => v.push(t),
+        _ => out.push(Chunk::Text(vec![t])),
+    };
+    let mut it = pieces.into_iter().enumerate();
+    if let Some((i, (rows, embd))) = it.next() {
+        text(out, m.image_start);
+        out.push(Chunk::Embd { rows, embd, id: format!("{id}/{i}") });
+        text(out, m.image_end);
+    }
+    let (cols, nrows) = grid;
+    for y in 0..nrows {
+        for _ in 0..cols {
+            if let Some((i, (rows, embd))) = it.next() {
+                text(out, m.slice_start);
+                out.push(Chunk::Embd { rows, embd, id: format!("{id}/{i}") });
+                text(out, m.slice_end);
+            }
+        }
+        if y + 1 != nrows {
+            text(out, m.row_end);
+        }
+    }
+}
+
+/// M-RoPE positions of an image chunk of `n` rows at `p0` (see the module's doc).
+pub fn image_positions(p0: usize, n: usize) -> Vec<[u32; 4]> {
+    (0..n).map(|i| [p0 as u32, p0 as u32, (p0 + i) as u32, 0]).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn markers_rows_and_positions_follow_mtmd() {
+        let m = Markers { image_start: 1, image_end: 2, slice_start: 3, slice_end: 4, row_end: 5 };
+        let mut out = vec![Chunk::Text(vec![9])];
+        let piece = |n: usize| (n, vec![0.0; n]);
+        push_image(&mut out, &m, vec![piece(4), piece(2), piece(2), piece(2), piece(2)], (2, 2), "x");
+        let shape: Vec<String> = out.iter().map(|c| match c { Chunk::Text(t) => format!("{t:?}"), Chunk::Embd { rows, .. } => format!("E{rows}") }).collect();
+        assert_eq!(shape, ["[9, 1]", "E4", "[2, 3]", "E2", "[4, 3]", "E2", "[4, 5, 3]", "E2", "[4, 3]", "E2", "[4]"]);
+        assert_eq!(image_positions(7, 3), vec![[7, 7, 7, 0], [7, 7, 8, 0], [7, 7, 9, 0]]);
+    }
+}

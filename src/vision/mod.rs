@@ -1,0 +1,189 @@
+//! Images in: a vision tower from an mmproj GGUF (llama.cpp `tools/mtmd`, `clip.cpp`), run once
+//! per image, whose output rows replace token embeddings in the text model's batch.
+//!
+//! - [`image`]: decoding, Pillow's bicubic resampling, MiniCPM-V's slicing, normalisation.
+//! - [`minicpmv`]: the `minicpmv4_6` projector (SigLIP ViT, a window-attention ViT merger after
+//!   `clip.vision.wa_layer_indexes[0]`, a 2×2 DownsampleMLP merger), written against the op
+//!   contract ([`crate::backend::ops::Ops`]).
+//! - [`Mmproj`]: the file's hyper-parameters (`clip.*` keys, `clip-impl.h`) and weights.
+//! - [`layout`]: where an image's pieces go in the prompt (mtmd's marker tokens around the
+//!   overview and slices, `mtmd.cpp` `MTMD_SLICE_TMPL_MINICPMV_2_6`) and their M-RoPE positions.
+
+pub mod image;
+pub mod layout;
+pub mod minicpmv;
+
+use crate::backend::cpu::exec::CpuExec;
+use crate::backend::cpu::kv::KvCache;
+use crate::backend::ops::{self, OpError, Weights};
+use crate::gguf::{GgufError, GgufFile};
+use crate::model::{Loader, ModelError};
+use crate::store::{ByteSource, StoreError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum VisionError {
+    #[error(transparent)]
+    Gguf(#[from] GgufError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error("not an mmproj file: general.architecture is '{0}' (expected 'clip')")]
+    NotClip(String),
+    #[error("the mmproj has no vision encoder (clip.has_vision_encoder is false)")]
+    NoVision,
+    #[error("unsupported projector type '{0}' (LES runs minicpmv4_6)")]
+    Projector(String),
+    #[error("invalid mmproj hyper-parameter {key} = {value}: {why}")]
+    Invalid { key: String, value: String, why: &'static str },
+    #[error("the mmproj's output width {mmproj} does not match the text model's embedding width {text}")]
+    Width { mmproj: usize, text: usize },
+    #[error("image format {0} is not supported (PNG and JPEG are)")]
+    Format(String),
+    #[error("the image could not be decoded: {0}")]
+    Decode(String),
+    #[error("the image is empty ({w}×{h})")]
+    Empty { w: u32, h: u32 },
+    #[error("the image is {w}×{h}; at most {max_side} pixels per side and {max_pixels} pixels are accepted")]
+    TooLarge { w: u32, h: u32, max_side: u32, max_pixels: u64 },
+    #[error("the text model has no token '{0}' (the marker mtmd puts around an image)")]
+    NoMarker(String),
+}
+
+impl From<OpError> for VisionError {
+    fn from(e: OpError) -> Self {
+        VisionError::Model(e.into())
+    }
+}
+
+/// The FFN activation of the ViT layers (`clip.use_gelu` → GELU tanh; `clip.use_silu`; else
+/// GELU-quick, llama.cpp's default).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VitAct {
+    Gelu,
+    Silu,
+    GeluQuick,
+}
+
+/// The vision hyper-parameters (`clip.vision.*`).
+#[derive(Clone, Debug)]
+pub struct VisionConfig {
+    pub projector: String,
+    pub image_size: usize,
+    pub patch_size: usize,
+    pub n_embd: usize,
+    pub n_ff: usize,
+    pub n_layer: usize,
+    pub n_head: usize,
+    pub eps: f32,
+    pub mean: [f32; 3],
+    pub std: [f32; 3],
+    pub act: VitAct,
+    /// `clip.vision.projector.scale_factor` (4: ViT merger + final merger; 2: final merger only).
+    pub n_merge: usize,
+    /// The layer after which the ViT merger runs (`clip.vision.wa_layer_indexes[0]`).
+    pub insert_layer: usize,
+}
+
+/// A loaded mmproj: hyper-parameters and the vision tower's weights.
+pub struct Mmproj {
+    pub cfg: VisionConfig,
+    pub weights: Weights,
+    pub tower: minicpmv::Tower,
+    /// The width of the embeddings it produces (`mm.down` rows).
+    pub n_embd_out: usize,
+    /// Bytes of weights held.
+    pub bytes: usize,
+}
+
+impl Mmproj {
+    pub fn load(src: &dyn ByteSource) -> Result<Self, VisionError> {
+        let g = GgufFile::read(src)?;
+        let arch = g.architecture().unwrap_or("").to_string();
+        if arch != "clip" {
+            return Err(VisionError::NotClip(arch));
+        }
+        if g.get("clip.has_vision_encoder").and_then(|v| v.as_bool()) == Some(false) {
+            return Err(VisionError::NoVision);
+        }
+        let proj = g.get_str("clip.vision.projector_type").or_else(|| g.get_str("clip.projector_type")).unwrap_or("").to_string();
+        if proj != "minicpmv4_6" {
+            return Err(VisionError::Projector(if proj.is_empty() { "(none)".into() } else { proj }));
+        }
+        let u = |k: &str| -> Result<usize, VisionError> { Ok(g.req_u64(k)? as usize) };
+        let inval = |key: &str, value: String, why: &'static str| VisionError::Invalid { key: key.into(), value, why };
+        let triple = |k: &str, def: [f32; 3]| -> Result<[f32; 3], VisionError> {
+            match g.get(k).and_then(|v| v.as_array()) {
+                None => Ok(def),
+                Some(a) if a.len() == 3 => Ok([0, 1, 2].map(|i| a[i].as_f64().unwrap_or(f64::NAN) as f32)),
+                Some(a) => Err(inval(k, format!("{} values", a.len()), "must have 3 values")),
+            }
+        };
+        let use_gelu = g.get("clip.use_gelu").and_then(|v| v.as_bool()).unwrap_or(false);
+        let use_silu = g.get("clip.use_silu").and_then(|v| v.as_bool()).unwrap_or(false);
+        let cfg = VisionConfig {
+            projector: proj,
+            image_size: u("clip.vision.image_size")?,
+            patch_size: u("clip.vision.patch_size")?,
+            n_embd: u("clip.vision.embedding_length")?,
+            n_ff: u("clip.vision.feed_forward_length")?,
+            n_layer: u("clip.vision.block_count")?,
+            n_head: u("clip.vision.attention.head_count")?,
+            eps: g.get_f32("clip.vision.attention.layer_norm_epsilon").unwrap_or(1e-6),
+            mean: triple("clip.vision.image_mean", [0.5; 3])?,
+            std: triple("clip.vision.image_std", [0.5; 3])?,
+            act: if use_gelu { VitAct::Gelu } else if use_silu { VitAct::Silu } else { VitAct::GeluQuick },
+            n_merge: g.get_u64("clip.vision.projector.scale_factor").unwrap_or(4) as usize,
+            insert_layer: match g.get("clip.vision.wa_layer_indexes").and_then(|v| v.as_array()) {
+                Some(a) if !a.is_empty() => a[0].as_i64().unwrap_or(-1).max(-1) as isize as usize,
+                _ => 0,
+            },
+        };
+        let c = &cfg;
+        let check = |key: &str, v: usize, ok: bool, why: &'static str| if ok { Ok(()) } else { Err(inval(key, v.to_string(), why)) };
+        check("clip.vision.patch_size", c.patch_size, (1..=64).contains(&c.patch_size), "must be in 1..=64")?;
+        check("clip.vision.image_size", c.image_size, c.image_size >= c.patch_size * 4 && c.image_size <= 4096, "must be in 4·patch_size..=4096")?;
+        check("clip.vision.embedding_length", c.n_embd, (1..=1 << 14).contains(&c.n_embd), "must be in 1..=16384")?;
+        check("clip.vision.feed_forward_length", c.n_ff, (1..=1 << 16).contains(&c.n_ff), "must be in 1..=65536")?;
+        check("clip.vision.block_count", c.n_layer, (1..=256).contains(&c.n_layer), "must be in 1..=256")?;
+        check("clip.vision.attention.head_count", c.n_head, c.n_head > 0 && c.n_embd % c.n_head == 0, "must divide embedding_length")?;
+        check("clip.vision.projector.scale_factor", c.n_merge, c.n_merge == 2 || c.n_merge == 4, "must be 2 or 4")?;
+        check("clip.vision.wa_layer_indexes", c.insert_layer, c.insert_layer < c.n_layer, "must name a layer")?;
+        if c.act != VitAct::Gelu {
+            return Err(inval("clip.use_gelu", "false".into(), "LES runs the ViT's FFN with GELU (tanh) only"));
+        }
+        if c.std.iter().any(|&s| !(s.is_finite() && s != 0.0)) || c.mean.iter().any(|m| !m.is_finite()) {
+            return Err(inval("clip.vision.image_std", format!("{:?}", c.std), "mean and std must be finite, std non-zero"));
+        }
+        let mut ld = Loader::new(src, &g);
+        let (tower, n_embd_out) = minicpmv::Tower::load(&mut ld, c)?;
+        let weights = ld.finish()?;
+        let bytes = g.tensors.iter().map(|t| t.size as usize).sum();
+        Ok(Self { cfg, weights, tower, n_embd_out, bytes })
+    }
+
+    /// The slicing this projector's preprocessing uses.
+    pub fn slicing(&self) -> image::Slicing {
+        let c = &self.cfg;
+        image::Slicing { image_size: c.image_size, align: c.patch_size * c.n_merge, small_keeps_aspect: c.n_merge == 2 }
+    }
+
+    /// Decode and prepare an image file's bytes (overview + slices).
+    pub fn prepare(&self, bytes: &[u8]) -> Result<image::Prepared, VisionError> {
+        let img = image::decode(bytes)?;
+        Ok(image::prepare(&img, &self.slicing(), self.cfg.mean, self.cfg.std))
+    }
+
+    /// The embeddings of one prepared image piece (`rows × n_embd_out`), on the CPU.
+    pub fn encode(&self, img: &image::RgbF32) -> Result<Vec<f32>, VisionError> {
+        let mut kv = KvCache::hybrid(&[], 0, 1, 2);
+        let mut b = CpuExec::new(&self.weights, &mut kv, false);
+        ops::ready(self.tower.encode(&mut b, &self.cfg, &self.weights, img))?
+    }
+
+    /// The number of embedding rows a piece of `w × h` pixels gives.
+    pub fn n_tokens(&self, w: usize, h: usize) -> usize {
+        let (pw, ph) = (w / self.cfg.patch_size, h / self.cfg.patch_size);
+        (pw / self.cfg.n_merge) * (ph / self.cfg.n_merge)
+    }
+}
