@@ -359,13 +359,6 @@ pub trait Ops {
 
     // ---- Vision encoders (`src/vision`): defaults refuse, backends override what they run ----
 
-    /// IMROPE / M-RoPE in place (ggml `rope_multi`, `GGML_ROPE_TYPE_IMROPE`): row t rotates each
-    /// pair i with the position of its section (`sector = i % Σsections`: t if `sector % 3 == 0`,
-    /// h if 1, w if 2, within `3·sections[s]`; e otherwise), `pos[t] = [t, h, w, e]`.
-    fn rope_multi(&mut self, x: &mut Self::T, pos: &[[u32; 4]], sections: [usize; 4], p: &Rope) -> Result<(), OpError> {
-        let _ = (x, pos, sections, p);
-        Err(OpError::Unsupported { backend: Self::BACKEND, op: "rope_multi" })
-    }
     /// Layer norm of each row: `(x − mean) / sqrt(var + eps) · w + b` (ggml `norm`, `mul`, `add`).
     fn layer_norm(&mut self, x: &Self::T, w: Vector, b: Option<Vector>, eps: f32) -> Result<Self::T, OpError> {
         let _ = (x, w, b, eps);

@@ -121,9 +121,6 @@ impl<B: Ops> Ops for Profiled<'_, B> {
     fn experts(&mut self, il: usize, src: &dyn ExpertSource, x: &B::T, r: Route<'_>, f: &ExpertFfn, partial: Option<&B::T>) -> Result<B::T, OpError> {
         timed("experts", || self.0.experts(il, src, x, r, f, partial))
     }
-    fn rope_multi(&mut self, x: &mut B::T, pos: &[[u32; 4]], sections: [usize; 4], p: &Rope) -> Result<(), OpError> {
-        timed("rope_multi", || self.0.rope_multi(x, pos, sections, p))
-    }
     fn layer_norm(&mut self, x: &B::T, w: Vector, b: Option<Vector>, eps: f32) -> Result<B::T, OpError> {
         timed("layer_norm", || self.0.layer_norm(x, w, b, eps))
     }

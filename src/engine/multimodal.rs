@@ -1,7 +1,7 @@
 //! Prompts with images (llama.cpp `tools/mtmd`): the text split at each media marker, each
 //! image encoded by the vision tower into embedding chunks between its marker tokens
 //! ([`crate::vision::layout`]), then every chunk run through the text model in order, an image
-//! chunk as one batch of embeddings at its M-RoPE positions.
+//! chunk as one batch of embeddings.
 //!
 //! The session's token record holds a placeholder per image row (an id above the vocabulary
 //! derived from the image's content and the row), so prefix reuse works across turns as
@@ -155,11 +155,9 @@ impl Session {
     fn forward_embd(&mut self, embd: &[f32], rows: usize, ids: &[u32]) -> Result<(), EngineError> {
         self.cached.truncate(self.kv.len);
         let pos0 = self.kv.len;
-        let mpos = layout::image_positions(pos0, rows);
-        let mpos = self.model.cfg.rope_sections.map(|_| mpos);
         let r = match &self.gpu {
             Some(_) => Err(crate::model::ModelError::Unsupported("images on the wgpu backend (run with --backend cpu)".into())),
-            None => self.model.forward_embd(embd, rows, mpos.as_deref(), &mut self.kv, Logits::Last),
+            None => self.model.forward_embd(embd, rows, &mut self.kv, Logits::Last),
         };
         self.commit(pos0, ids, r).map(|_| ())
     }

@@ -147,14 +147,11 @@ pub struct Fwd<'a, B: Ops> {
     pub want: Option<Logits>,
     /// Rows given as embeddings instead of tokens (an image's, `t_n × n_embd`).
     pub embd: Option<&'a [f32]>,
-    /// M-RoPE positions per row (`[t, h, w, e]`, IMROPE models with image rows); `None`: row t
-    /// is at `pos0 + t` in every section.
-    pub mpos: Option<&'a [[u32; 4]]>,
 }
 
 impl<'a, B: Ops> Fwd<'a, B> {
     pub fn new(m: &'a Model, b: &'a mut B, pos0: usize, t_n: usize, want: Option<Logits>) -> Self {
-        Self { m, b, pos0, t_n, want, embd: None, mpos: None }
+        Self { m, b, pos0, t_n, want, embd: None }
     }
 
     fn rows(t: &B::T) -> usize {
@@ -236,17 +233,8 @@ impl<'a, B: Ops> Fwd<'a, B> {
         let swa = c.is_swa(il);
         let base = if swa { c.rope_base_swa } else { c.rope_base };
         let rope = Rope { head_dim: c.head_dim, n_rot: c.n_rot, base, kind: c.rope, yarn: c.yarn };
-        match (self.mpos, c.rope_sections) {
-            (Some(mp), Some(sec)) => {
-                self.b.rope_multi(&mut q, mp, sec, &rope)?;
-                self.b.rope_multi(&mut k, mp, sec, &rope)?;
-            }
-            (Some(_), None) => return Err(ModelError::Unsupported("2-D (M-RoPE) positions on a model without rope.dimension_sections".into())),
-            _ => {
-                self.b.rope(&mut q, self.pos0, &rope)?;
-                self.b.rope(&mut k, self.pos0, &rope)?;
-            }
-        }
+        self.b.rope(&mut q, self.pos0, &rope)?;
+        self.b.rope(&mut k, self.pos0, &rope)?;
         self.dump("Qrope", il, &q).await?;
         self.dump("Krope", il, &k).await?;
         let window = if swa { c.n_swa } else { 0 };

@@ -95,9 +95,6 @@ pub struct Config {
     pub rope_base_swa: f32,
     /// RoPE scaling (`rope.scaling.type` yarn or linear, `rope.scaling.factor`, …).
     pub yarn: Option<Yarn>,
-    /// IMROPE's sections (`rope.dimension_sections`: t, h, w, e pairs; `qwen35` / `qwen35moe`):
-    /// text positions rotate as NEOX; image embeddings take 2-D positions (mtmd M-RoPE).
-    pub rope_sections: Option<[usize; 4]>,
     /// How router logits become expert weights.
     pub gating: Gating,
     /// The experts' gated activation.
@@ -210,7 +207,6 @@ impl Config {
             _ => RopeKind::Neox,
         };
         let hybrid = matches!(arch, Arch::Qwen35Moe | Arch::Qwen35 | Arch::Qwen3Next);
-        let mut rope_sections = None;
         let (ssm, recurrent) = if hybrid {
             if arch == Arch::Qwen35 {
                 check("expert_count", n_expert, n_expert == 0, "must be 0 (qwen35 is dense; MoE files are qwen35moe)")?;
@@ -263,7 +259,6 @@ impl Config {
                     })
                 };
                 check("rope.dimension_sections", secs.iter().fold(0usize, |a, &b| a.saturating_add(b)), ok, "must be 4 sections whose t/h/w parts cover every rotated pair (text positions)")?;
-                rope_sections = Some([secs[0], secs[1], secs[2], secs[3]]);
             }
             (Some(ssm), recurrent)
         } else {
@@ -306,7 +301,6 @@ impl Config {
             rope_base,
             rope,
             norm_topk: matches!(arch, Arch::Llama | Arch::Qwen3Moe | Arch::Qwen35Moe | Arch::Qwen35 | Arch::Qwen3Next),
-            rope_sections,
             expert_weights_scale: g.get_f32(&k("expert_weights_scale")).unwrap_or(0.0),
             ssm,
             recurrent,

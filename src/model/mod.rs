@@ -411,11 +411,11 @@ impl Model {
         Ok(logits)
     }
 
-    /// `n` rows of embeddings (`embd`: `n × n_embd`, an image's) at cache positions `kv.len..`,
-    /// with M-RoPE positions `mpos` (one per row; `None`: the cache positions) on the CPU, as llama.cpp decodes an image
-    /// chunk (`mtmd_helper_decode_image_chunk`: one batch, causal).
-    pub fn forward_embd(&self, embd: &[f32], n: usize, mpos: Option<&[[u32; 4]]>, kv: &mut KvCache, want: Logits) -> Result<Vec<f32>, ModelError> {
-        if embd.len() != n * self.cfg.n_embd || mpos.is_some_and(|m| m.len() != n) {
+    /// `n` rows of embeddings (`embd`: `n × n_embd`, an image's) at positions `kv.len..` on the
+    /// CPU, as llama.cpp decodes an image chunk (`mtmd_helper_decode_image_chunk`: one batch,
+    /// causal; a MiniCPM-V piece's rows take consecutive positions in every M-RoPE section).
+    pub fn forward_embd(&self, embd: &[f32], n: usize, kv: &mut KvCache, want: Logits) -> Result<Vec<f32>, ModelError> {
+        if embd.len() != n * self.cfg.n_embd {
             return Err(ModelError::Unsupported(format!("{} embedding values for {n} rows of {}", embd.len(), self.cfg.n_embd)));
         }
         let pos0 = kv.len;
@@ -428,7 +428,6 @@ impl Model {
             let tokens = vec![0u32; n];
             let mut f = blocks::Fwd::new(self, &mut b, pos0, n, Some(want));
             f.embd = Some(embd);
-            f.mpos = mpos;
             ops::ready(self.forward_fwd(&mut f, &tokens))??
         };
         kv.len = pos0 + n;

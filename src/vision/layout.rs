@@ -3,11 +3,10 @@
 //!
 //! `<image>` overview `</image>` then, when sliced, per grid row `<slice>` slice `</slice>` for
 //! each column, rows separated by `"\n"` (none after the last). Each piece is one chunk of
-//! embeddings, decoded as its own batch. With an M-RoPE text model (`qwen35`, `qwen35moe`:
-//! IMROPE) a chunk of n rows at position p0 takes positions `[t, h, w, e] = [p0, p0, p0 + i, 0]`
-//! (`mtmd_image_tokens_get_decoder_pos` with nx = n, ny = 1; `set_position_mrope_2d` puts y in
-//! section 1 and x in section 2) and advances the position by n (`max(nx, ny)`); text tokens
-//! take `[p, p, p, p]`.
+//! embeddings, decoded as its own batch at the next positions: mtmd's llava-uhd chunks keep the
+//! default `MTMD_POS_TYPE_NORMAL` (`split_batch_to_chunk` sets no M-RoPE layout), so even with
+//! an IMROPE text model (`qwen35`, `qwen35moe`) row i of a chunk at p0 is at `p0 + i` in every
+//! section: the text model's plain RoPE (checked against llama.cpp's decoder positions).
 
 use super::VisionError;
 
@@ -77,23 +76,17 @@ pub fn push_image(out: &mut Vec<Chunk>, m: &Markers, pieces: Vec<(usize, Vec<f32
     }
 }
 
-/// M-RoPE positions of an image chunk of `n` rows at `p0` (see the module's doc).
-pub fn image_positions(p0: usize, n: usize) -> Vec<[u32; 4]> {
-    (0..n).map(|i| [p0 as u32, p0 as u32, (p0 + i) as u32, 0]).collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn markers_rows_and_positions_follow_mtmd() {
+    fn markers_and_rows_follow_mtmd() {
         let m = Markers { image_start: 1, image_end: 2, slice_start: 3, slice_end: 4, row_end: 5 };
         let mut out = vec![Chunk::Text(vec![9])];
         let piece = |n: usize| (n, vec![0.0; n]);
         push_image(&mut out, &m, vec![piece(4), piece(2), piece(2), piece(2), piece(2)], (2, 2), "x");
         let shape: Vec<String> = out.iter().map(|c| match c { Chunk::Text(t) => format!("{t:?}"), Chunk::Embd { rows, .. } => format!("E{rows}") }).collect();
         assert_eq!(shape, ["[9, 1]", "E4", "[2, 3]", "E2", "[4, 3]", "E2", "[4, 5, 3]", "E2", "[4, 3]", "E2", "[4]"]);
-        assert_eq!(image_positions(7, 3), vec![[7, 7, 7, 0], [7, 7, 8, 0], [7, 7, 9, 0]]);
     }
 }

@@ -24,5 +24,6 @@ mod speculative;
 mod streaming;
 mod tokenizer;
 mod tokenizer_unicode;
+mod vision;
 mod wgpu_kernels;
 mod wgpu_no_adapter;

@@ -398,18 +398,6 @@ impl Ops for CpuExec<'_> {
         Ok(CpuT { v: out, cols: e })
     }
 
-    fn rope_multi(&mut self, x: &mut CpuT, pos: &[[u32; 4]], sections: [usize; 4], p: &Rope) -> Result<(), OpError> {
-        if p.yarn.is_some() || pos.len() != x.rows() {
-            return Err(OpError::Unsupported { backend: "cpu", op: "rope_multi with YaRN or a position count other than the rows" });
-        }
-        let mut c = Vec::new();
-        for (r, &ps) in x.v.chunks_mut(x.cols).zip(pos) {
-            ops::rope_cache_imrope(ps, sections, p.n_rot, p.base, &mut c);
-            ops::rope(r, p.head_dim, p.n_rot, p.kind, &c);
-        }
-        Ok(())
-    }
-
     fn layer_norm(&mut self, x: &CpuT, w: Vector, b: Option<Vector>, eps: f32) -> Result<CpuT, OpError> {
         let (w, b) = (self.w.vec(w), b.map(|b| self.w.vec(b)));
         let mut y = vec![0f32; x.v.len()];
@@ -447,12 +435,31 @@ impl Ops for CpuExec<'_> {
         };
         let (kh, vh) = (to_heads(k), to_heads(v));
         let mut out = vec![0f32; n * cols];
+        let range = |t: usize| if p.block > 0 { (t / p.block) * p.block..(t / p.block + 1) * p.block } else { 0..n };
+        if n >= ops::FA_TILE_Q && crate::quant::Simd::best() == crate::quant::Simd::Avx2 {
+            // ggml's tiled flash attention on x86 for ≥ 64 query rows, as the text path.
+            let n_tiles = n.div_ceil(ops::FA_TILE_Q);
+            let y = par::SharedMut::new(&mut out);
+            par::for_each(n_tiles * nh, |i| {
+                let (tile, h) = (i / nh, i % nh);
+                let t0 = tile * ops::FA_TILE_Q;
+                let rows = (n - t0).min(ops::FA_TILE_Q);
+                let (kr, vr) = (&kh[h * n * hd..(h + 1) * n * hd], &vh[h * n * hd..(h + 1) * n * hd]);
+                thread_local!(static SCRATCH: std::cell::RefCell<ops::FaScratch> = Default::default());
+                SCRATCH.with(|sc| {
+                    ops::attend_tiled(&q.v[t0 * cols + h * hd..], cols, rows, &|r| range(t0 + r), kr, vr, hd, None, p.scale, &mut |r, o| {
+                        // SAFETY: row t0 + r, head h: each (row, head) is written by one task only.
+                        unsafe { y.slice((t0 + r) * cols + h * hd, hd) }.copy_from_slice(o)
+                    }, &mut sc.borrow_mut());
+                });
+            });
+            return Ok(CpuT { v: out, cols });
+        }
         par::for_each_chunk(&mut out, hd, |i, o| {
             let (t, h) = (i / nh, i % nh);
-            let range = if p.block > 0 { (t / p.block) * p.block..(t / p.block + 1) * p.block } else { 0..n };
             let (kr, vr) = (&kh[h * n * hd..(h + 1) * n * hd], &vh[h * n * hd..(h + 1) * n * hd]);
             let (mut qb, mut acc) = (Vec::new(), Vec::new());
-            ops::attend_head_ext(&q.v[t * cols + h * hd..t * cols + (h + 1) * hd], kr, vr, hd, range, None, p.scale, o, &mut qb, &mut acc);
+            ops::attend_head_ext(&q.v[t * cols + h * hd..t * cols + (h + 1) * hd], kr, vr, hd, range(t), None, p.scale, o, &mut qb, &mut acc);
         });
         Ok(CpuT { v: out, cols })
     }

@@ -891,34 +891,3 @@ pub fn gelu_erf(x: &mut [f32]) {
         *v = 0.5 * *v * (1.0 + libm::erff(*v * SQRT_2_INV));
     }
 }
-
-/// The cos/sin table of one row for IMROPE (ggml `ggml_mrope_cache_init` with `is_imrope`):
-/// pair i takes the angle of the position its section names. Each section's angle is the
-/// cumulative product `p · θ_scale^i` ggml computes per section, i.e. the plain table of that
-/// position at pair i.
-pub fn rope_cache_imrope(pos: [u32; 4], sections: [usize; 4], n_rot: usize, base: f32, cache: &mut Vec<f32>) {
-    let total: usize = sections.iter().sum::<usize>().max(1);
-    let tabs: Vec<Vec<f32>> = pos
-        .iter()
-        .map(|&p| {
-            let mut c = Vec::new();
-            rope_cache_ext(p as usize, n_rot, base, None, &mut c);
-            c
-        })
-        .collect();
-    cache.clear();
-    for i in 0..n_rot / 2 {
-        let sector = i % total;
-        let s = if sector % 3 == 1 && sector < 3 * sections[1] {
-            1
-        } else if sector % 3 == 2 && sector < 3 * sections[2] {
-            2
-        } else if sector % 3 == 0 && sector < 3 * sections[0] {
-            0
-        } else {
-            3
-        };
-        cache.push(tabs[s][2 * i]);
-        cache.push(tabs[s][2 * i + 1]);
-    }
-}

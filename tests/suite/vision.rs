@@ -1,0 +1,235 @@
+//! Images in (issue 36): the `minicpmv4_6` vision tower and the `qwen35` / `qwen35moe` text
+//! towers against llama.cpp's mtmd. References: `tests/data/vision/refs.json` + `refs.bin`
+//! (`tools/make_vision_refs.sh`: `tools/mtmd_ref.cpp` against libmtmd, and `llama-mtmd-cli`;
+//! the commands and llama.cpp's version are recorded there), fixtures from `tools/make_vlm.py`
+//! (`./build.sh models`).
+
+use crate::common::*;
+use les::engine::sampling::SamplerConfig;
+use les::engine::stream::{open_streaming, StreamOptions};
+use les::engine::{GenOptions, Session};
+use les::expert::stream::StreamConfig;
+use les::model::ExpertMode;
+use les::store::FileSource;
+use les::vision::{Mmproj, VisionError};
+use serde_json::Value;
+
+/// Bound on |Δ| between LES's image embeddings and llama.cpp's (values of magnitude ~2.5; F32
+/// tower weights, llama.cpp's flash attention with K/V in f16 on both sides; the sum orders of
+/// the f32 products differ). Measured 2026-12-04: 8.6e-4 to 1.2e-3 on the PNG pieces.
+const EMBD_DELTA: f32 = 2e-3;
+/// JPEG: stb_image and the `image` crate's decoder (zune-jpeg) differ by up to 3 levels in
+/// some pixels of the JPEG (refs.json `stb_vs_pillow`), so its embeddings differ more: measured
+/// 4.8e-3 to 7.1e-3.
+const EMBD_DELTA_JPEG: f32 = 2e-2;
+/// Greedy text may part from llama.cpp's only where llama.cpp's top-2 logit margin is below this.
+const MARGIN: f32 = 0.1;
+
+struct Refs {
+    json: Value,
+    bin: Vec<f32>,
+}
+
+fn refs() -> Refs {
+    let dir = root().join("tests/data/vision");
+    let json: Value = serde_json::from_slice(&std::fs::read(dir.join("refs.json")).unwrap()).unwrap();
+    let bin = std::fs::read(dir.join("refs.bin")).unwrap().chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+    Refs { json, bin }
+}
+
+fn image_bytes(run: &Value) -> Vec<Vec<u8>> {
+    run["images"].as_array().unwrap().iter().map(|i| std::fs::read(root().join("tests/data/vision").join(i["file"].as_str().unwrap())).unwrap()).collect()
+}
+
+fn loaded(run: &Value) -> bool {
+    let ims = run["images"].as_array().unwrap();
+    !ims.is_empty() && ims.iter().all(|i| i["loaded"].as_bool() == Some(true))
+}
+
+fn mmproj() -> Mmproj {
+    Mmproj::load(&FileSource::open(model("rand-minicpmv-mmproj.gguf")).unwrap()).unwrap()
+}
+
+/// Every piece of every image (overview, slices) in llama.cpp's order: the prepared pixels'
+/// per-channel sums and the embeddings, against `mtmd_encode_chunk`'s.
+#[test]
+fn image_embeddings_match_llama_cpp() {
+    let r = refs();
+    let mp = mmproj();
+    for run in r.json["runs"]["qwen35"].as_array().unwrap().iter().filter(|r| loaded(r)) {
+        let name = run["name"].as_str().unwrap();
+        let chunks: Vec<&Value> = run["chunks"].as_array().unwrap().iter().filter(|c| c["type"] == "image").collect();
+        let mut pieces = Vec::new();
+        for (bytes, im) in image_bytes(run).iter().zip(run["images"].as_array().unwrap()) {
+            let p = mp.prepare(bytes).unwrap();
+            let jpeg = im["file"].as_str().unwrap().ends_with(".jpg");
+            pieces.push((p.overview, jpeg));
+            pieces.extend(p.slices.into_iter().map(|s| (s, jpeg)));
+        }
+        assert_eq!(pieces.len(), chunks.len(), "{name}: pieces (overview + slices)");
+        for (i, ((img, jpeg), c)) in pieces.iter().zip(&chunks).enumerate() {
+            let ne = &c["inp_raw"]["ne"];
+            assert_eq!((img.w as u64, img.h as u64), (ne[0].as_u64().unwrap(), ne[1].as_u64().unwrap()), "{name} piece {i}: size");
+            // Per-channel sums of the normalised pixels (f64, llama.cpp's graph input).
+            for ch in 0..3 {
+                let ours: f64 = img.px.iter().skip(ch).step_by(3).map(|&v| v as f64).sum();
+                let want = c["inp_raw"]["channel_sums"][ch].as_f64().unwrap();
+                let tol = if *jpeg { 2e-3 * img.px.len() as f64 } else { 1e-6 * img.px.len() as f64 };
+                assert!((ours - want).abs() <= tol, "{name} piece {i} channel {ch}: pixel sum {ours} vs llama.cpp {want}");
+            }
+            let e = mp.encode(img).unwrap();
+            let (off, n) = (c["embd"]["bin_offset"].as_u64().unwrap() as usize, c["embd"]["count"].as_u64().unwrap() as usize);
+            assert_eq!(e.len(), n, "{name} piece {i}: embedding values");
+            assert_eq!(e.len() / mp.n_embd_out, c["n_tokens"].as_u64().unwrap() as usize);
+            let d = e.iter().zip(&r.bin[off..off + n]).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            eprintln!("{name} piece {i} ({}×{}): max |Δ| {d:e}", img.w, img.h);
+            assert!(d <= if *jpeg { EMBD_DELTA_JPEG } else { EMBD_DELTA }, "{name} piece {i}: max |Δ| {d} vs llama.cpp");
+        }
+    }
+}
+
+/// Greedy tokens equal llama.cpp's (`mtmd_ref`, the same as `llama-mtmd-cli`'s text) up to the
+/// first place llama.cpp's own top-2 margin is below [`MARGIN`].
+fn check_greedy(name: &str, got: &[u32], run: &Value) {
+    let want: Vec<u32> = run["generated"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+    for (i, w) in want.iter().enumerate() {
+        let margin = run["rows"][i]["margin"].as_f64().unwrap() as f32;
+        if got.get(i) != Some(w) {
+            assert!(margin < MARGIN, "{name}: token {i} is {:?}, llama.cpp's {w} (margin {margin}); ours {got:?} vs {want:?}", got.get(i));
+            eprintln!("{name}: parts from llama.cpp at token {i} (margin {margin})");
+            return;
+        }
+    }
+}
+
+fn generate(s: &mut Session, mp: &Mmproj, run: &Value) -> Vec<u32> {
+    let p = s.mm_prompt(mp, run["prompt"].as_str().unwrap(), &image_bytes(run)).unwrap();
+    let want: Vec<u32> = run["chunks"].as_array().unwrap().iter().flat_map(|c| c["tokens"].as_array().map(|t| t.iter().map(|v| v.as_u64().unwrap() as u32).collect::<Vec<_>>()).unwrap_or_default()).collect();
+    let got: Vec<u32> = p.chunks.iter().flat_map(|c| match c {
+        les::vision::layout::Chunk::Text(t) => t.clone(),
+        _ => vec![],
+    }).collect();
+    assert_eq!(got, want, "{}: text tokens around the images", run["name"]);
+    let toks = s.prefill_mm(&p).unwrap();
+    s.reuse_prefix = true;
+    let o = GenOptions { n: 16, sampler: SamplerConfig { temperature: 0.0, ..Default::default() }, ..Default::default() };
+    let (ids, _) = s.generate_with(&toks, &o, &mut |_, _| true).unwrap();
+    ids
+}
+
+#[test]
+fn greedy_text_after_an_image_matches_llama_mtmd_cli() {
+    let r = refs();
+    let mp = mmproj();
+    for (tower, file) in [("qwen35", "rand-qwen35-vl.gguf"), ("qwen35moe", "rand-qwen35moe-vl.gguf")] {
+        let src = FileSource::open(model(file)).unwrap();
+        for run in r.json["runs"][tower].as_array().unwrap().iter().filter(|r| loaded(r)) {
+            let mut s = Session::load(&src, ExpertMode::Resident, 512).unwrap();
+            let ids = generate(&mut s, &mp, run);
+            check_greedy(&format!("{tower}/{}", run["name"]), &ids, run);
+        }
+    }
+}
+
+/// The MoE text tower with its experts streamed at the smallest budget the plan accepts gives
+/// the resident run's tokens.
+#[test]
+fn greedy_text_after_an_image_streamed_at_the_minimum_budget() {
+    let r = refs();
+    let mp = mmproj();
+    let path = model("rand-qwen35moe-vl.gguf");
+    let opts = |budget: u64| StreamOptions { budget, n_ctx: 512, direct: false, profile: None, cache: StreamConfig::default(), slots: None, gpu_pool: false, dense: Default::default() };
+    let minimum = match open_streaming(path.to_str().unwrap(), &opts(1 << 20)) {
+        Err(les::engine::stream::OpenError::Budget(les::engine::stream::BudgetError::TooSmall { minimum, .. })) => minimum,
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("1 MiB cannot hold the dense weights"),
+    };
+    let src = FileSource::open(&path).unwrap();
+    for run in r.json["runs"]["qwen35moe"].as_array().unwrap().iter().filter(|r| loaded(r)).take(2) {
+        let mut st = open_streaming(path.to_str().unwrap(), &opts(minimum)).unwrap();
+        let streamed = generate(&mut st.session, &mp, run);
+        let mut s = Session::load(&src, ExpertMode::Resident, 512).unwrap();
+        let resident = generate(&mut s, &mp, run);
+        assert_eq!(streamed, resident, "{}: streamed at {minimum} B vs resident", run["name"]);
+    }
+}
+
+/// A second turn with the same image reuses the cached prefix up to the new text (the image is
+/// neither run again nor mistaken for another: a different image ends the shared prefix).
+#[test]
+fn prefix_reuse_is_keyed_on_the_image() {
+    let r = refs();
+    let mp = mmproj();
+    let src = FileSource::open(model("rand-qwen35-vl.gguf")).unwrap();
+    let runs = r.json["runs"]["qwen35"].as_array().unwrap();
+    let run = runs.iter().find(|r| r["name"] == "square_224").unwrap();
+    let other = runs.iter().find(|r| r["name"] == "wide_200x150_rgba").unwrap();
+    let mut s = Session::load(&src, ExpertMode::Resident, 512).unwrap();
+    let cold = generate(&mut s, &mp, run);
+    let again = generate(&mut s, &mp, run);
+    assert_eq!(cold, again, "the same prompt again gives the same tokens");
+    let p = s.mm_prompt(&mp, other["prompt"].as_str().unwrap(), &image_bytes(other)).unwrap();
+    let kept = les::engine::common_prefix(s.cached_tokens(), &p.tokens);
+    assert!(kept <= 5, "another image shares only the text before it ({kept} positions)");
+}
+
+fn prepare_err(bytes: &[u8]) -> VisionError {
+    mmproj().prepare(bytes).err().expect("an error")
+}
+
+/// A PNG whose header claims `w × h`, with a few bytes of pixel data (a decompression bomb's
+/// shape: the header promises far more than the file holds).
+fn png_header(w: u32, h: u32) -> Vec<u8> {
+    fn crc(b: &[u8]) -> u32 {
+        let mut c = 0xffff_ffffu32;
+        for &x in b {
+            c ^= x as u32;
+            for _ in 0..8 {
+                c = if c & 1 != 0 { 0xedb8_8320 ^ (c >> 1) } else { c >> 1 };
+            }
+        }
+        !c
+    }
+    let mut ihdr = b"IHDR".to_vec();
+    ihdr.extend(w.to_be_bytes());
+    ihdr.extend(h.to_be_bytes());
+    ihdr.extend([8, 2, 0, 0, 0]);
+    let mut v = b"\x89PNG\r\n\x1a\n".to_vec();
+    for c in [ihdr, b"IDAT\x78\x9c\x63\x00\x00\x00\x01\x00\x01".to_vec(), b"IEND".to_vec()] {
+        v.extend((c.len() as u32 - 4).to_be_bytes());
+        v.extend(&c);
+        v.extend(crc(&c).to_be_bytes());
+    }
+    v
+}
+
+#[test]
+fn bad_images_are_typed_errors() {
+    let dir = root().join("tests/data/vision");
+    let read = |f: &str| std::fs::read(dir.join(f)).unwrap();
+    assert!(matches!(prepare_err(&read("bad_truncated.png")), VisionError::Decode(_)), "truncated PNG");
+    assert!(matches!(prepare_err(&read("bad_empty.png")), VisionError::Format(_) | VisionError::Decode(_)), "empty file");
+    assert!(matches!(prepare_err(&read("bad_zero_dims.png")), VisionError::Empty { .. } | VisionError::Decode(_)), "0×0 PNG");
+    assert!(matches!(prepare_err(&read("bad_garbage.jpg")), VisionError::Decode(_) | VisionError::Format(_)), "garbage after a JPEG marker");
+    // A decompression bomb: refused from its header, before any pixel is allocated.
+    let t0 = std::time::Instant::now();
+    let e = prepare_err(&png_header(30000, 30000));
+    assert!(matches!(e, VisionError::TooLarge { w: 30000, h: 30000, .. }), "{e}");
+    assert!(t0.elapsed().as_millis() < 1000);
+    assert!(matches!(prepare_err(&png_header(0, 7)), VisionError::Empty { .. } | VisionError::Decode(_)));
+    // Not an image format LES reads.
+    assert!(matches!(prepare_err(b"GIF89a\x01\x00\x01\x00\x00\x00\x00;"), VisionError::Format(_)));
+}
+
+#[test]
+fn an_mmproj_of_another_width_or_a_text_model_without_markers_is_refused() {
+    let mp = mmproj();
+    let img = std::fs::read(root().join("tests/data/vision/square_224.png")).unwrap();
+    // SmolLM2: width 576 against the tower's 128.
+    let s = Session::load(&FileSource::open(model("SmolLM2-135M-Instruct.Q4_1.gguf")).unwrap(), ExpertMode::Resident, 256).unwrap();
+    let e = s.mm_prompt(&mp, "x", &[img]).err().expect("a width mismatch");
+    assert!(e.to_string().contains("576") && e.to_string().contains("128"), "{e}");
+    // Not an mmproj at all.
+    let e = Mmproj::load(&FileSource::open(model("rand-qwen35-vl.gguf")).unwrap()).err().expect("a text model is not an mmproj");
+    assert!(matches!(e, VisionError::NotClip(_)), "{e}");
+}
