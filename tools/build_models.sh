@@ -4,6 +4,8 @@
 #   tools/build_models.sh [small|smolmoe|all] [--check] [--force]
 #
 #   small   models/rand-{llama-moe,qwen2moe,qwen3moe,olmoe,qwen35moe,qwen3next,gpt-oss}.gguf (19-45 MB, ~3 s each)
+#           and the vision-language fixtures (tools/make_vlm.py, issue 36: 4-7 MB each):
+#           models/rand-minicpmv-mmproj.gguf, rand-qwen35-vl.gguf, rand-qwen35moe-vl.gguf
 #   smolmoe small + models/smolmoe-32x2.gguf                        (1.6 GB, ~1-2 min)
 #   all     smolmoe + models/smolmoe-64x4.gguf                      (3.3 GB, ~3-4 min)
 #
@@ -31,6 +33,7 @@ for a in "$@"; do
 done
 
 small=(rand-llama-moe rand-qwen2moe rand-qwen3moe rand-olmoe rand-qwen35moe rand-qwen3next rand-gpt-oss)
+vlm=(rand-minicpmv-mmproj rand-qwen35-vl rand-qwen35moe-vl)
 big=()
 [ "$what" = smolmoe ] && big=(smolmoe-32x2)
 [ "$what" = all ] && big=(smolmoe-32x2 smolmoe-64x4)
@@ -40,7 +43,7 @@ actual_sum() { sha256sum "models/$1.gguf" | cut -d' ' -f1; }
 
 if [ "$check" = 1 ]; then
   bad=0
-  for m in "${small[@]}" "${big[@]}"; do
+  for m in "${small[@]}" "${vlm[@]}" "${big[@]}"; do
     want=$(committed_sum "$m")
     if [ ! -f "models/$m.gguf" ]; then echo "MISSING  models/$m.gguf" >&2; bad=1; continue; fi
     got=$(actual_sum "$m")
@@ -62,6 +65,11 @@ mkdir -p models
 build() {  # name, make_moe args...
   local m=$1; shift
   $PY tools/make_moe.py "$@" --src "$SRC" --out "models/$m.gguf.part"
+  finish "$m"
+}
+
+finish() {  # name: move the part file in place, compare with the committed hash
+  local m=$1
   mv "models/$m.gguf.part" "models/$m.gguf"
   local want got
   want=$(committed_sum "$m"); got=$(actual_sum "$m")
@@ -76,6 +84,17 @@ for m in "${small[@]}"; do
     continue
   fi
   build "$m" random --arch "$arch"
+done
+for m in "${vlm[@]}"; do
+  if [ "$force" = 0 ] && [ -f "models/$m.gguf" ] && [ "$(actual_sum "$m")" = "$(committed_sum "$m")" ]; then
+    continue
+  fi
+  case $m in
+    rand-minicpmv-mmproj) $PY tools/make_vlm.py mmproj --out "models/$m.gguf.part" ;;
+    rand-qwen35-vl) $PY tools/make_vlm.py text --arch qwen35 --src "$SRC" --out "models/$m.gguf.part" ;;
+    rand-qwen35moe-vl) $PY tools/make_vlm.py text --arch qwen35moe --src "$SRC" --out "models/$m.gguf.part" ;;
+  esac
+  finish "$m"
 done
 for m in "${big[@]}"; do
   if [ "$force" = 0 ] && [ -f "models/$m.gguf" ]; then echo "kept models/$m.gguf (--force rebuilds, --check verifies)" >&2; continue; fi

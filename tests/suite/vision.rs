@@ -41,9 +41,9 @@ fn image_bytes(run: &Value) -> Vec<Vec<u8>> {
     run["images"].as_array().unwrap().iter().map(|i| std::fs::read(root().join("tests/data/vision").join(i["file"].as_str().unwrap())).unwrap()).collect()
 }
 
+/// Runs whose images llama.cpp loaded (and the text-only run).
 fn loaded(run: &Value) -> bool {
-    let ims = run["images"].as_array().unwrap();
-    !ims.is_empty() && ims.iter().all(|i| i["loaded"].as_bool() == Some(true))
+    run["images"].as_array().unwrap().iter().all(|i| i["loaded"].as_bool() == Some(true))
 }
 
 fn mmproj() -> Mmproj {
@@ -56,7 +56,7 @@ fn mmproj() -> Mmproj {
 fn image_embeddings_match_llama_cpp() {
     let r = refs();
     let mp = mmproj();
-    for run in r.json["runs"]["qwen35"].as_array().unwrap().iter().filter(|r| loaded(r)) {
+    for run in r.json["runs"]["qwen35"].as_array().unwrap().iter().filter(|r| loaded(r) && !r["images"].as_array().unwrap().is_empty()) {
         let name = run["name"].as_str().unwrap();
         let chunks: Vec<&Value> = run["chunks"].as_array().unwrap().iter().filter(|c| c["type"] == "image").collect();
         let mut pieces = Vec::new();
@@ -67,6 +67,22 @@ fn image_embeddings_match_llama_cpp() {
             pieces.extend(p.slices.into_iter().map(|s| (s, jpeg)));
         }
         assert_eq!(pieces.len(), chunks.len(), "{name}: pieces (overview + slices)");
+        // Resizing and slicing give llama.cpp's pixels exactly (`preproc/*.png`: each clip input
+        // as 8-bit pixels; the JPEG's differ where the decoders do).
+        let pre: Vec<&Value> = run["images"].as_array().unwrap().iter().flat_map(|im| {
+            let file = im["file"].as_str().unwrap();
+            let per = r.json["images"].as_array().unwrap().iter().find(|x| x["file"] == file).unwrap();
+            per["preprocessed"].as_array().unwrap().iter().collect::<Vec<_>>()
+        }).collect();
+        assert_eq!(pre.len(), pieces.len(), "{name}: preprocessed pieces recorded");
+        for (i, ((img, jpeg), p)) in pieces.iter().zip(&pre).enumerate() {
+            let png = std::fs::read(root().join("tests/data/vision").join(p["png"].as_str().unwrap())).unwrap();
+            let want = les::vision::image::decode(&png).unwrap();
+            let ours: Vec<u8> = img.px.iter().map(|&v| ((v * 0.5 + 0.5) * 255.0).round() as u8).collect();
+            let diff = ours.iter().zip(&want.px).filter(|(a, b)| a != b).count();
+            assert_eq!((img.w, img.h), (want.w, want.h), "{name} piece {i}: size");
+            assert!(diff == 0 || *jpeg, "{name} piece {i}: {diff} pixel values differ from llama.cpp's");
+        }
         for (i, ((img, jpeg), c)) in pieces.iter().zip(&chunks).enumerate() {
             let ne = &c["inp_raw"]["ne"];
             assert_eq!((img.w as u64, img.h as u64), (ne[0].as_u64().unwrap(), ne[1].as_u64().unwrap()), "{name} piece {i}: size");
