@@ -9,7 +9,8 @@
 //              in f16 (VKQ16) with fma, output acc * (1 / sum).
 //
 // Sliding window (P.window > 0): query t sees positions n_kv - window .. n_kv only (ggml skips
-// masked positions). Attention sinks (P.sinks = 1): one logit per head, SINKS[h], joins the
+// masked positions). Blocks (P.block > 0, no causal mask: a vision encoder's self-attention with
+// pos0 = 0): query t sees the rows of its block, (t / block) * block .. + block, within n_tok. Attention sinks (P.sinks = 1): one logit per head, SINKS[h], joins the
 // softmax's sum after the last position (ggml's flash-attention `sinks`): its factor is the
 // extra last score of each row, and a new maximum rescales the accumulator in f32.
 //
@@ -32,7 +33,7 @@ struct Params {
     _p1: u32,
     window: u32,
     sinks: u32,
-    _p2: u32,
+    block: u32,
     _p3: u32,
 }
 
@@ -48,6 +49,16 @@ struct Params {
 fn kv_lo(n_kv: u32) -> u32 {
     if (P.window > 0u && n_kv > P.window) { return n_kv - P.window; }
     return 0u;
+}
+
+// The positions query t sees: [lo, hi).
+fn kv_span(t: u32) -> vec2<u32> {
+    if (P.block > 0u) {
+        let lo = (t / P.block) * P.block;
+        return vec2<u32>(lo, min(lo + P.block, P.n_tok));
+    }
+    let n_kv = P.pos0 + t + 1u;
+    return vec2<u32>(kv_lo(n_kv), n_kv);
 }
 
 fn kv_base(h: u32) -> u32 {
@@ -69,7 +80,8 @@ fn scores(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
     let th = i / n_kv_max;
     let t = th / P.n_head;
     let h = th % P.n_head;
-    if (j >= P.pos0 + t + 1u || j < kv_lo(P.pos0 + t + 1u)) { return; }
+    let span = kv_span(t);
+    if (j >= span.y || j < span.x) { return; }
     let base = kv_base(h);
     let qb = P.q_off + (t * P.n_head + h) * P.head_dim;
     let np = P.head_dim & ~63u;
@@ -107,11 +119,11 @@ fn factors(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (th >= P.n_tok * P.n_head) { return; }
     let t = th / P.n_head;
     let n_kv_max = P.pos0 + P.n_tok;
-    let n_kv = P.pos0 + t + 1u;
+    let span = kv_span(t);
     let sb = th * (n_kv_max + 1u);
     var m = 0.0;
     var first = true;
-    for (var j = kv_lo(n_kv); j < n_kv; j++) {
+    for (var j = span.x; j < span.y; j++) {
         let sc = S[sb + j];
         if (first || sc > m) {
             var ms = 0.0;
@@ -139,14 +151,14 @@ fn softmax_v(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
     let h = wid.y;
     let hp = P.head_dim / 2u;
     let n_kv_max = P.pos0 + P.n_tok;
-    let n_kv = P.pos0 + t + 1u;
+    let span = kv_span(t);
     let base = kv_base(h);
     let sb = (t * P.n_head + h) * (n_kv_max + 1u);
     // Each thread owns pairs p = lid, lid + 64, ... (head_dim <= 512).
     var acc: array<vec2<f32>, 4>;
     for (var i = 0u; i < 4u; i++) { acc[i] = vec2<f32>(0.0); }
     var s_sum = 0.0;
-    for (var j = kv_lo(n_kv); j < n_kv; j++) {
+    for (var j = span.x; j < span.y; j++) {
         let f = bitcast<u32>(S[sb + j]);
         var ms = 1.0;
         var vs = 1.0;

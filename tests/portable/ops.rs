@@ -16,7 +16,7 @@ use crate::common::WEIGHT_TYPES as TYPES;
 use les::backend::cpu::exec::CpuExec;
 use les::backend::cpu::kv::KvCache;
 use les::backend::cpu::matmul::Weight;
-use les::backend::ops::{ready, Attn, RopeKind, ExpertAct, ExpertFfn, Mat, OpError, Ops, Rope, Route, Vector, Weights, Yarn};
+use les::backend::ops::{ready, Attn, ExpertAct, ExpertFfn, Gelu, Mat, OpError, Ops, Rope, RopeKind, Route, SelfAttn, Vector, Weights, Yarn};
 use les::backend::wgpu::exec::{GpuBackend, GpuOptions, GpuShapes};
 use les::backend::wgpu::{block_on, GpuContext};
 use les::expert::{ExpertBlock, ExpertError, ExpertLayout, ExpertSource};
@@ -251,6 +251,55 @@ async fn case_last_row<B: Ops>(b: &mut B) -> Out {
     let x = b.input(rows_of(5, E, 3), E)?;
     let y = b.last_row(x)?;
     read_all(b, &[&y]).await
+}
+
+// ---- Vision encoder ops (src/vision: the minicpmv4_6 tower) ----
+
+async fn case_layer_norm<B: Ops>(b: &mut B) -> Out {
+    let x = b.input(rows_of(4, E, 13), E)?;
+    let y = b.layer_norm(&x, fx().norm, Some(fx().bias), 1e-6)?;
+    let z = b.layer_norm(&x, fx().norm, None, 1e-5)?;
+    read_all(b, &[&y, &z]).await
+}
+
+/// Values over every branch of both GELUs: |x| < 2^-28, the polynomial ranges of erf, the tail,
+/// the table's range and beyond ±10.
+fn gelu_inputs() -> Vec<f32> {
+    let mut v: Vec<f32> = stream(40, 3 * E, 1.0).iter().enumerate().map(|(i, x)| x * [0.5, 2.0, 4.0, 9.0, 14.0][i % 5]).collect();
+    v[..8].copy_from_slice(&[0.0, 1e-9, -3e-9, 10.0, -10.0, 9.999, -9.999, f32::from_bits(0x3f58_0000)]);
+    v
+}
+
+async fn case_gelu<B: Ops>(b: &mut B, kind: Gelu) -> Out {
+    let mut x = b.input(gelu_inputs(), E)?;
+    b.gelu(&mut x, kind)?;
+    read_all(b, &[&x]).await
+}
+
+/// Non-causal attention among 8 rows: 4 heads of 64 and 3 heads of 32 (the fixture tower's),
+/// over all rows and in blocks of 4 (the ViT merger's windows).
+async fn case_self_attention<B: Ops>(b: &mut B, block: usize) -> Out {
+    let mut outs = Vec::new();
+    for (nh, hd) in [(4, 64), (3, 32)] {
+        let c = nh * hd;
+        let q = b.input(rows_of(8, c, 0), c)?;
+        let k = b.input(rows_of(8, c, 333), c)?;
+        let v = b.input(rows_of(8, c, 777), c)?;
+        let p = SelfAttn { n_head: nh, head_dim: hd, scale: 1.0 / (hd as f32).sqrt(), block };
+        let o = b.self_attention(&q, &k, &v, &p)?;
+        outs.extend(read_all(b, &[&o]).await?);
+    }
+    Ok(outs)
+}
+
+/// Rows gathered (repeats, any order), concatenated side by side, scaled.
+async fn case_gather_concat_scale<B: Ops>(b: &mut B) -> Out {
+    let x = b.input(rows_of(4, E, 21), E)?;
+    let y = b.input(rows_of(3, 96, 5), 96)?;
+    let g = b.gather_rows(&x, &[3, 0, 2])?;
+    let mut c = b.concat_cols(&[&g, &y, &g])?;
+    b.scale(&mut c, 0.25)?;
+    read_all(b, &[&g, &c]).await
 }
 
 async fn case_rope<B: Ops>(b: &mut B, kind: RopeKind) -> Out {
@@ -498,6 +547,16 @@ fn gpt_oss_rope_and_attention() {
     assert_conforms("attention (window, sinks)", &conform!(case_attention_oai));
 }
 
+#[test]
+fn vision_ops() {
+    assert_conforms("layer_norm", &conform!(case_layer_norm));
+    assert_conforms("gelu (tanh)", &conform!(|b| case_gelu(b, Gelu::Tanh)));
+    assert_conforms("gelu (erf)", &conform!(|b| case_gelu(b, Gelu::Erf)));
+    assert_conforms("self_attention", &conform!(|b| case_self_attention(b, 0)));
+    assert_conforms("self_attention (blocks of 4)", &conform!(|b| case_self_attention(b, 4)));
+    assert_conforms("gather_rows, concat_cols, scale", &conform!(case_gather_concat_scale));
+}
+
 fn cell(v: Option<Verdict>) -> &'static str {
     match v {
         Some(Verdict::Exact) => "✅ bit-exact",
@@ -535,6 +594,12 @@ fn ops_table_is_current() {
     rows.push(("last_row".into(), conform!(case_last_row)));
     rows.push(("experts".into(), conform!(case_experts)));
     rows.push(("experts (biases, swiglu_oai)".into(), conform!(case_experts_oai)));
+    rows.push(("layer_norm".into(), conform!(case_layer_norm)));
+    rows.push(("gelu (tanh)".into(), conform!(|b| case_gelu(b, Gelu::Tanh))));
+    rows.push(("gelu (erf)".into(), conform!(|b| case_gelu(b, Gelu::Erf))));
+    rows.push(("self_attention".into(), conform!(|b| case_self_attention(b, 0))));
+    rows.push(("self_attention (blocks of 4)".into(), conform!(|b| case_self_attention(b, 4))));
+    rows.push(("gather_rows, concat_cols, scale".into(), conform!(case_gather_concat_scale)));
     if gpus().is_empty() {
         eprintln!("no GPU adapter: docs/ops.md not checked");
         return;

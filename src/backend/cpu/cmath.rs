@@ -274,3 +274,92 @@ mod tests {
         }
     }
 }
+
+// erf: the Sun / FreeBSD `s_erff.c` (as the libm crate and glibc 2.36's flt-32 carry it) with
+// this file's (glibc's) `expf`, every operation an f32 operation in source order. The wgpu
+// backend's `gelu_erf` (shaders/vision.wgsl) reproduces it bit for bit.
+const ERX: f32 = f32::from_bits(0x3f58_560b);
+const EFX8: f32 = f32::from_bits(0x3f83_75d4);
+const PP: [f32; 5] = [f32::from_bits(0x3e03_75d4), f32::from_bits(0xbea6_6beb), f32::from_bits(0xbce9_528f), f32::from_bits(0xbbbd_1489), f32::from_bits(0xb7c7_56b1)];
+const QQ: [f32; 5] = [f32::from_bits(0x3ecb_bbce), f32::from_bits(0x3d85_2a63), f32::from_bits(0x3ba6_8116), f32::from_bits(0x390a_ee49), f32::from_bits(0xb684_e21a)];
+const PA: [f32; 7] = [
+    f32::from_bits(0xbb1a_cdc6), f32::from_bits(0x3ed4_6805), f32::from_bits(0xbebe_9208), f32::from_bits(0x3ea2_fe54),
+    f32::from_bits(0xbde3_1cc2), f32::from_bits(0x3d11_51b3), f32::from_bits(0xbb0d_f9c0),
+];
+const QA: [f32; 6] = [f32::from_bits(0x3dd9_f331), f32::from_bits(0x3f0a_5785), f32::from_bits(0x3d93_1ae7), f32::from_bits(0x3e01_3307), f32::from_bits(0x3c5f_6e13), f32::from_bits(0x3c44_5aa3)];
+const RA: [f32; 8] = [
+    f32::from_bits(0xbc21_a093), f32::from_bits(0xbf31_a0b7), f32::from_bits(0xc128_f022), f32::from_bits(0xc279_8057),
+    f32::from_bits(0xc322_658c), f32::from_bits(0xc338_9ae7), f32::from_bits(0xc2a2_932b), f32::from_bits(0xc11d_077e),
+];
+const SA: [f32; 8] = [
+    f32::from_bits(0x419d_35ce), f32::from_bits(0x4309_a863), f32::from_bits(0x43d9_486f), f32::from_bits(0x4421_58c9),
+    f32::from_bits(0x43d6_810b), f32::from_bits(0x42d9_451f), f32::from_bits(0x40d2_3f7c), f32::from_bits(0xbd77_7f97),
+];
+const RB: [f32; 7] = [
+    f32::from_bits(0xbc21_a092), f32::from_bits(0xbf4c_9dd4), f32::from_bits(0xc18e_104b), f32::from_bits(0xc320_a2ea),
+    f32::from_bits(0xc41f_6441), f32::from_bits(0xc480_230b), f32::from_bits(0xc3f1_c275),
+];
+const SB: [f32; 7] = [
+    f32::from_bits(0x41f2_b459), f32::from_bits(0x43a2_e571), f32::from_bits(0x44c0_1759), f32::from_bits(0x4547_fdbb),
+    f32::from_bits(0x451f_90ce), f32::from_bits(0x43ed_43a7), f32::from_bits(0xc1b3_8712),
+];
+
+/// `c[0] + s·(c[1] + s·(… + s·c[n−1]))`, innermost first (Horner, no fused products).
+fn horner(c: &[f32], s: f32) -> f32 {
+    c.iter().rev().copied().reduce(|acc, k| k + s * acc).unwrap_or(0.0)
+}
+
+/// erf(x) (see above).
+pub fn erff(x: f32) -> f32 {
+    let hx = x.to_bits();
+    let sign = hx >> 31 != 0;
+    let ix = hx & 0x7fff_ffff;
+    if ix >= 0x7f80_0000 {
+        return 1.0 - 2.0 * (sign as u32 as f32) + 1.0 / x;
+    }
+    if ix < 0x3f58_0000 {
+        if ix < 0x3180_0000 {
+            return 0.125 * (8.0 * x + EFX8 * x);
+        }
+        let z = x * x;
+        let r = horner(&PP, z);
+        let s = 1.0 + z * horner(&QQ, z);
+        return x + x * (r / s);
+    }
+    let y = if ix < 0x40c0_0000 {
+        let a = f32::from_bits(ix);
+        let erfc = if ix < 0x3fa0_0000 {
+            let s = a - 1.0;
+            let p = horner(&PA, s);
+            let q = 1.0 + s * horner(&QA, s);
+            1.0 - ERX - p / q
+        } else {
+            let s = 1.0 / (a * a);
+            let (r, big_s) = if ix < 0x4036_db6d { (horner(&RA, s), 1.0 + s * horner(&SA, s)) } else { (horner(&RB, s), 1.0 + s * horner(&SB, s)) };
+            let z = f32::from_bits(ix & 0xffff_e000);
+            expf(-z * z - 0.5625) * expf((z - a) * (z + a) + r / big_s) / a
+        };
+        1.0 - erfc
+    } else {
+        1.0 - f32::from_bits(0x0380_0000)
+    };
+    if sign { -y } else { y }
+}
+
+#[cfg(test)]
+mod erf_tests {
+    #[test]
+    fn erff_is_within_an_ulp_or_two_of_libm() {
+        let mut worst = 0i64;
+        let mut x = -7.0f32;
+        while x < 7.0 {
+            let (a, b) = (super::erff(x), libm::erff(x));
+            worst = worst.max((a.to_bits() as i64 - b.to_bits() as i64).abs());
+            x += 0.000_37;
+        }
+        assert!(worst <= 2, "{worst} ulp");
+        assert_eq!(super::erff(0.0), 0.0);
+        assert_eq!(super::erff(f32::INFINITY), 1.0);
+        assert_eq!(super::erff(f32::NEG_INFINITY), -1.0);
+    }
+}

@@ -885,9 +885,15 @@ pub fn gelu_tanh(x: &mut [f32]) {
     }
 }
 
-/// GELU (erf form, ggml `gelu_erf`): `0.5·x·(1 + erff(x/√2))`.
+/// `ggml_table_gelu_f16`: the f16 bits of GELU (tanh form) at every f16 value (what the wgpu
+/// backend looks [`gelu_tanh`] up in).
+pub fn gelu_tanh_table() -> Vec<u16> {
+    (0..=u16::MAX).map(|h| f16::from_f32(gelu_tanh_f32(f16::from_bits(h).to_f32())).to_bits()).collect()
+}
+
+/// GELU (erf form, ggml `gelu_erf`): `0.5·x·(1 + erff(x/√2))` ([`super::cmath::erff`]: glibc's).
 pub fn gelu_erf(x: &mut [f32]) {
     for v in x {
-        *v = 0.5 * *v * (1.0 + libm::erff(*v * SQRT_2_INV));
+        *v = 0.5 * *v * (1.0 + super::cmath::erff(*v * SQRT_2_INV));
     }
 }

@@ -116,6 +116,8 @@ pub struct GpuBackend {
     /// Recurrent states of Gated DeltaNet layers (conv, delta rule), zeroed when first used, and
     /// their saved copies ([`StateEvent::Checkpoint`]).
     rs: Mutex<RecStates>,
+    /// GELU's f16 table (ggml `ggml_table_gelu_f16`, made on the host), uploaded on first use.
+    gelu_tab: std::sync::OnceLock<wgpu::Buffer>,
 }
 
 /// Per layer: conv state and delta-rule state buffers, and the saved copy of each.
@@ -189,6 +191,7 @@ impl GpuBackend {
             pool: Mutex::new(pool),
             stats: Default::default(),
             rs: Default::default(),
+            gelu_tab: Default::default(),
             ctx,
         })
     }
@@ -587,6 +590,76 @@ impl Ops for GpuExec<'_> {
     fn norm_gated(&mut self, x: &mut GpuT, w: Vector, z: &GpuT, eps: f32) -> Result<(), OpError> {
         self.rms_norm_groups(x, w, eps)?;
         self.g.k.mul_silu(&mut self.rec, z.buf(), x.buf(), x.rows * x.cols);
+        Ok(())
+    }
+
+    fn layer_norm(&mut self, x: &GpuT, w: Vector, b: Option<Vector>, eps: f32) -> Result<GpuT, OpError> {
+        let y = self.alloc(x.rows, x.cols)?;
+        let (wb, bb) = (self.vec(w), b.map(|b| self.vec(b)));
+        self.g.k.layer_norm(&mut self.rec, x.buf(), wb, bb, y.buf(), x.cols, x.rows, eps);
+        Ok(y)
+    }
+
+    fn gelu(&mut self, x: &mut GpuT, kind: crate::backend::ops::Gelu) -> Result<(), OpError> {
+        let tab = match kind {
+            crate::backend::ops::Gelu::Tanh => {
+                if self.g.gelu_tab.get().is_none() {
+                    let t = crate::backend::cpu::ops::gelu_tanh_table();
+                    let buf = self.g.ctx.scratch("gelu-f16", 2 * t.len())?;
+                    self.g.ctx.queue.write_buffer(&buf, 0, bytemuck::cast_slice(&t));
+                    let _ = self.g.gelu_tab.set(buf);
+                }
+                self.g.gelu_tab.get()
+            }
+            crate::backend::ops::Gelu::Erf => None,
+        };
+        self.g.k.gelu(&mut self.rec, x.buf(), x.rows * x.cols, tab);
+        Ok(())
+    }
+
+    fn self_attention(&mut self, q: &GpuT, k: &GpuT, v: &GpuT, p: &crate::backend::ops::SelfAttn) -> Result<GpuT, OpError> {
+        let (n, cols, hd, nh) = (q.rows, q.cols, p.head_dim, p.n_head);
+        if cols != nh * hd || k.cols != cols || v.cols != cols || k.rows != n || v.rows != n || hd % 2 != 0 || (p.block > 0 && n % p.block != 0) {
+            return Err(OpError::Unsupported { backend: "wgpu", op: "self_attention with these shapes" });
+        }
+        // K and V as an f16 cache of one layer and n positions, then the cache attention kernel
+        // with blocks instead of the causal mask.
+        let (kc, vc) = (self.alloc(n, cols / 2)?, self.alloc(n, cols / 2)?);
+        let scores = self.alloc(n * nh, n + 1)?;
+        let o = self.alloc(n, cols)?;
+        let kk = &self.g.k;
+        kk.kv_store(&mut self.rec, k.buf(), v.buf(), kc.buf(), vc.buf(), nh, hd, n, 0, 0, n);
+        let block = if p.block > 0 { p.block } else { n };
+        kk.attention_blocks(&mut self.rec, q.buf(), kc.buf(), vc.buf(), o.buf(), scores.buf(), [nh, nh, hd, n, 0, 0, n], p.scale, 0, None, block);
+        Ok(o)
+    }
+
+    fn gather_rows(&mut self, x: &GpuT, idx: &[u32]) -> Result<GpuT, OpError> {
+        if idx.iter().any(|&i| i as usize >= x.rows) {
+            return Err(OpError::Unsupported { backend: "wgpu", op: "gather_rows with an index past the rows" });
+        }
+        let y = self.alloc(idx.len(), x.cols)?;
+        self.g.k.gather(&mut self.rec, x.buf(), y.buf(), x.cols, idx);
+        Ok(y)
+    }
+
+    fn concat_cols(&mut self, xs: &[&GpuT]) -> Result<GpuT, OpError> {
+        let rows = xs.first().map(|x| x.rows).unwrap_or(0);
+        if xs.iter().any(|x| x.rows != rows) {
+            return Err(OpError::Unsupported { backend: "wgpu", op: "concat_cols of unequal row counts" });
+        }
+        let k: usize = xs.iter().map(|x| x.cols).sum();
+        let y = self.alloc(rows, k)?;
+        let mut c0 = 0;
+        for x in xs {
+            self.g.k.place(&mut self.rec, x.buf(), y.buf(), x.cols, rows, k, c0);
+            c0 += x.cols;
+        }
+        Ok(y)
+    }
+
+    fn scale(&mut self, x: &mut GpuT, s: f32) -> Result<(), OpError> {
+        self.g.k.scale(&mut self.rec, x.buf(), x.rows * x.cols, s);
         Ok(())
     }
 

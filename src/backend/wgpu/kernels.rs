@@ -25,6 +25,7 @@ const KV_STORE: &str = include_str!("../../../shaders/kv_store.wgsl");
 const ATTENTION: &str = include_str!("../../../shaders/attention.wgsl");
 const ELEMENTWISE: &str = include_str!("../../../shaders/elementwise.wgsl");
 const DELTA_NET: &str = include_str!("../../../shaders/delta_net.wgsl");
+const VISION: &str = include_str!("../../../shaders/vision.wgsl");
 
 /// The WGSL block-dot source for a weight type (appended to matvec.wgsl).
 fn quant_source(ty: GgmlType) -> Option<String> {
@@ -131,6 +132,8 @@ pub struct Kernels {
     ew: Kernel,
     /// Gated DeltaNet kernels, compiled on first use (only hybrid models need them).
     dn: std::sync::OnceLock<Kernel>,
+    /// Vision encoder kernels (shaders/vision.wgsl), compiled on first use.
+    vis: std::sync::OnceLock<Kernel>,
     /// Bound where a kernel does not use a binding.
     pub dummy: wgpu::Buffer,
     pub dummy2: wgpu::Buffer,
@@ -209,6 +212,7 @@ impl Kernels {
             attn,
             ew,
             dn: std::sync::OnceLock::new(),
+            vis: std::sync::OnceLock::new(),
             dummy: mk("dummy"),
             dummy2: mk("dummy2"),
             max_tpr: Self::default_tpr(ctx),
@@ -357,12 +361,55 @@ impl Kernels {
     #[allow(clippy::too_many_arguments)]
     /// `window`: sliding window (0: none); `sinks`: one logit per head (attention sinks).
     pub fn attention(&self, rec: &mut Recorder<'_>, q: Buf, kc: Buf, vc: Buf, o: Buf, scores: Buf, n_head: usize, n_head_kv: usize, head_dim: usize, n_ctx: usize, layer: usize, pos0: usize, n_tok: usize, scale: f32, window: usize, sinks: Option<Buf>) {
-        let words = [n_head as u32, n_head_kv as u32, head_dim as u32, n_ctx as u32, layer as u32, pos0 as u32, n_tok as u32, scale.to_bits(), 0, 0, 0, 0, window as u32, sinks.is_some() as u32, 0, 0];
+        self.attention_blocks(rec, q, kc, vc, o, scores, [n_head, n_head_kv, head_dim, n_ctx, layer, pos0, n_tok], scale, window, sinks, 0);
+    }
+
+    /// [`Self::attention`] with `block` > 0: no causal mask, query t sees the rows of its block of
+    /// `block` (pos0 0; a vision encoder's self-attention: block = n_tok for all rows).
+    /// `dims`: n_head, n_head_kv, head_dim, n_ctx, layer, pos0, n_tok.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention_blocks(&self, rec: &mut Recorder<'_>, q: Buf, kc: Buf, vc: Buf, o: Buf, scores: Buf, dims: [usize; 7], scale: f32, window: usize, sinks: Option<Buf>, block: usize) {
+        let [n_head, n_head_kv, head_dim, n_ctx, layer, pos0, n_tok] = dims;
+        let words = [n_head as u32, n_head_kv as u32, head_dim as u32, n_ctx as u32, layer as u32, pos0 as u32, n_tok as u32, scale.to_bits(), 0, 0, 0, 0, window as u32, sinks.is_some() as u32, block as u32, 0];
         let prm = rec.push(&bytes_of(&words));
         let bg = self.bind(rec, &self.attn.layout, vec![entire(q), entire(kc), entire(vc), entire(o), entire(scores), rec.arena_binding(prm), entire(sinks.unwrap_or(&self.dummy))]);
         rec.dispatch(&self.attn.pipelines["scores"], &bg, groups_1d(n_tok * n_head * (pos0 + n_tok)));
         rec.dispatch(&self.attn.pipelines["factors"], &bg, groups_1d(n_tok * n_head));
         rec.dispatch(&self.attn.pipelines["softmax_v"], &bg, (n_tok as u32, n_head as u32, 1));
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn vision(&self, rec: &mut Recorder<'_>, entry: &str, x: Buf, a: Buf, b: Buf, y: Buf, words: [u32; 8], groups: (u32, u32, u32)) {
+        use Bind::*;
+        let k = self.vis.get_or_init(|| Kernel::new(rec.ctx, &self.prelude, "vision", &format!("{EXACT}\n{VISION}"), &[Read, Read, Read, ReadWrite, Uniform], &["layer_norm", "gelu_tanh", "gelu_erf", "place", "scale"]));
+        let prm = rec.push(&bytes_of(&words));
+        let bg = self.bind(rec, &k.layout, vec![entire(x), entire(a), entire(b), entire(y), rec.arena_binding(prm)]);
+        rec.dispatch(&k.pipelines[entry], &bg, groups);
+    }
+
+    /// Layer norm of `rows` rows of `n` (shaders/vision.wgsl): `y = norm(x) · w (+ b)`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn layer_norm(&self, rec: &mut Recorder<'_>, x: Buf, w: Buf, b: Option<Buf>, y: Buf, n: usize, rows: usize, eps: f32) {
+        let words = [n as u32, rows as u32, eps.to_bits(), b.is_some() as u32, 0, 0, 0, 0];
+        self.vision(rec, "layer_norm", x, w, b.unwrap_or(&self.dummy), y, words, (rows as u32, 1, 1));
+    }
+
+    /// GELU in place on `n` values: `tab` (the f16 table, two per u32) for the tanh form, `None`
+    /// for the erf form.
+    pub fn gelu(&self, rec: &mut Recorder<'_>, y: Buf, n: usize, tab: Option<Buf>) {
+        let entry = if tab.is_some() { "gelu_tanh" } else { "gelu_erf" };
+        self.vision(rec, entry, &self.dummy, tab.unwrap_or(&self.dummy), &self.dummy, y, [n as u32, 1, 0, 0, 0, 0, 0, 0], groups_1d(n));
+    }
+
+    /// `y[r · k + c0 + c] = x[r · n + c]` for `rows` rows (a part of a column concatenation).
+    #[allow(clippy::too_many_arguments)]
+    pub fn place(&self, rec: &mut Recorder<'_>, x: Buf, y: Buf, n: usize, rows: usize, k: usize, c0: usize) {
+        self.vision(rec, "place", x, &self.dummy, &self.dummy, y, [n as u32, rows as u32, 0, 0, k as u32, c0 as u32, 0, 0], groups_1d(n * rows));
+    }
+
+    /// `y[i] *= s` for `n` values.
+    pub fn scale(&self, rec: &mut Recorder<'_>, y: Buf, n: usize, s: f32) {
+        self.vision(rec, "scale", &self.dummy, &self.dummy, &self.dummy, y, [n as u32, 1, s.to_bits(), 0, 0, 0, 0, 0], groups_1d(n));
     }
 
     #[allow(clippy::too_many_arguments)]
