@@ -3,6 +3,9 @@
 //! chat turn reuses the first's cache; bad requests (invalid JSON, an oversized body, a bad
 //! parameter, a prompt longer than the context, an unknown path) get OpenAI-style JSON errors
 //! with the right status; a client that disconnects mid-stream does not take the server down.
+//! With `--mmproj`: an image sent as a data URL gives llama.cpp's greedy text, a second turn with
+//! the same image reuses the cache past it, and remote URLs, bad data URLs and bad images are
+//! refused (as is any image on a server without a vision tower).
 //! The `openai` Python client and curl run against it in `tests/e2e/serve_clients.sh`.
 
 use crate::common::*;
@@ -33,11 +36,16 @@ impl Drop for Server {
 }
 
 fn start() -> Server {
+    start_with(MODEL, &[])
+}
+
+fn start_with(file: &str, extra: &[&str]) -> Server {
     // Portable kernels on both sides (see `engine_greedy`).
     les::quant::Simd::force(les::quant::Simd::Scalar);
     let mut child = Command::new(env!("CARGO_BIN_EXE_les"))
         .env("LES_NO_SIMD", "1")
-        .args(["serve", "--model", model(MODEL).to_str().unwrap(), "--port", "0", "-c", &CTX.to_string(), "-t", "2"])
+        .args(["serve", "--model", model(file).to_str().unwrap(), "--port", "0", "-c", &CTX.to_string(), "-t", "2"])
+        .args(extra)
         .stderr(Stdio::piped())
         .stdout(Stdio::null())
         .spawn()
@@ -101,12 +109,12 @@ fn http(addr: &str, method: &str, path: &str, body: Option<&[u8]>) -> Resp {
     Resp { status, body }
 }
 
-/// A 5 MiB body, written by another thread while the response is read (the server answers 413
-/// without reading it all).
+/// A 21 MiB body (the limit is 20 MiB), written by another thread while the response is read
+/// (the server answers 413 without reading it all).
 fn oversized(addr: &str) -> Resp {
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    let n = 5 << 20;
+    let n = 21 << 20;
     write!(s, "POST /v1/chat/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {n}\r\nConnection: close\r\n\r\n").unwrap();
     let mut w = s.try_clone().unwrap();
     std::thread::spawn(move || {
@@ -170,6 +178,7 @@ fn serve_end_to_end() {
     assert_eq!((h.status, h.json()["status"].as_str()), (200, Some("ok")));
     let m = http(a, "GET", "/v1/models", None).json();
     assert_eq!(m["data"][0]["id"], MODEL);
+    assert_eq!(m["models"][0]["capabilities"], json!(["completion"]));
 
     // Chat, whole: the engine's greedy text on the rendered conversation.
     let q = "What is the capital of France?";
@@ -232,6 +241,8 @@ fn serve_end_to_end() {
     assert_error(&post(a, "/v1/chat/completions", &json!({ "messages": [] })), 400, "no messages");
     assert_error(&post(a, "/v1/chat/completions", &json!({ "messages": "hello" })), 400, "messages not a list");
     assert_error(&post(a, "/v1/completions", &json!({ "prompt": 42 })), 400, "prompt not a string");
+    let e = assert_error(&post(a, "/v1/chat/completions", &image_request(&[], "data:image/png;base64,iVBORw0KGgo=", "Describe", 2)), 400, "an image without --mmproj");
+    assert!(e["error"]["message"].as_str().unwrap().contains("--mmproj"), "{e}");
     let long = "word ".repeat(4 * CTX);
     let e = assert_error(&post(a, "/v1/completions", &json!({ "prompt": long, "max_tokens": 4 })), 400, "prompt longer than the context");
     assert_eq!(e["error"]["code"], "context_length_exceeded");
@@ -267,4 +278,122 @@ fn serve_end_to_end() {
         assert_eq!(h.join().unwrap(), 200);
     }
     assert_eq!(http(a, "GET", "/health", None).status, 200);
+}
+
+const VL_MODEL: &str = "rand-qwen35-vl.gguf";
+const MMPROJ: &str = "rand-minicpmv-mmproj.gguf";
+
+fn vision_file(name: &str) -> Vec<u8> {
+    std::fs::read(root().join("tests/data/vision").join(name)).unwrap()
+}
+
+fn base64(b: &[u8]) -> String {
+    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for c in b.chunks(3) {
+        let n = c.iter().enumerate().fold(0u32, |n, (i, &x)| n | (x as u32) << (16 - 8 * i));
+        for i in 0..4 {
+            out.push(if i <= c.len() { A[(n >> (18 - 6 * i) & 63) as usize] as char } else { '=' });
+        }
+    }
+    out
+}
+
+/// A PNG whose header claims 30000×30000 pixels (a decompression bomb's shape).
+fn png_bomb() -> Vec<u8> {
+    let mut ihdr = b"IHDR".to_vec();
+    ihdr.extend(30000u32.to_be_bytes());
+    ihdr.extend(30000u32.to_be_bytes());
+    ihdr.extend([8, 2, 0, 0, 0]);
+    let mut v = b"\x89PNG\r\n\x1a\n".to_vec();
+    for c in [ihdr, b"IDAT\x78\x9c\x63\x00\x00\x00\x01\x00\x01".to_vec(), b"IEND".to_vec()] {
+        v.extend((c.len() as u32 - 4).to_be_bytes());
+        v.extend(&c);
+        v.extend(crc32fast::hash(&c).to_be_bytes());
+    }
+    v
+}
+
+fn data_url(mime: &str, b: &[u8]) -> String {
+    format!("data:{mime};base64,{}", base64(b))
+}
+
+/// A user message of an image part then a text part (as `les run --image F -p TEXT` lays it
+/// out), after the earlier `history` messages.
+fn image_request(history: &[Value], url: &str, text: &str, n: usize) -> Value {
+    let mut messages = history.to_vec();
+    messages.push(json!({ "role": "user", "content": [{ "type": "image_url", "image_url": { "url": url, "detail": "low" } }, { "type": "text", "text": text }] }));
+    json!({ "messages": messages, "max_tokens": n, "temperature": 0 })
+}
+
+/// `les serve --mmproj`: the first 8 greedy tokens' text after `square_224.png` + "Describe" is
+/// llama.cpp's (`tests/data/vision/refs.json`, the same run as `les run --mmproj … --image …
+/// -p Describe -n 8 --temp 0`; its top-2 margins there are all above 0.2, so the portable
+/// kernels agree); the next turn reuses the cache past the image; bad images are refused.
+#[test]
+fn serve_images() {
+    let refs: Value = serde_json::from_slice(&vision_file("refs.json")).unwrap();
+    let run = refs["runs"]["qwen35"].as_array().unwrap().iter().find(|r| r["name"] == "square_224").unwrap();
+    let ids: Vec<u32> = run["generated"].as_array().unwrap()[..8].iter().map(|v| v.as_u64().unwrap() as u32).collect();
+    assert!(run["rows"].as_array().unwrap()[..8].iter().all(|r| r["margin"].as_f64().unwrap() > 0.1));
+    let s = Session::load(&FileSource::open(model(VL_MODEL)).unwrap(), ExpertMode::Resident, CTX).unwrap();
+    let want = s.tokenizer.decode(&ids, false);
+    // The image's last position (its `</image>` marker follows).
+    let image_end = run["chunks"].as_array().unwrap().iter().filter(|c| c["type"] == "image").map(|c| c["pos_0"].as_u64().unwrap() + c["n_tokens"].as_u64().unwrap()).max().unwrap();
+
+    let srv = start_with(VL_MODEL, &["--mmproj", model(MMPROJ).to_str().unwrap()]);
+    let a = srv.addr.as_str();
+    let m = http(a, "GET", "/v1/models", None).json();
+    assert_eq!(m["models"][0]["capabilities"], json!(["completion", "multimodal"]));
+
+    let png = data_url("image/png", &vision_file("square_224.png"));
+    let r = post(a, "/v1/chat/completions", &image_request(&[], &png, "Describe", 8));
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let v = r.json();
+    let content = v["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    assert_eq!(content, want);
+    assert_eq!(v["usage"]["prompt_tokens"].as_u64(), run["n_tokens_total"].as_u64(), "{v}");
+    // Streamed: the same text (the same prompt again, from the cache).
+    let mut sreq = image_request(&[], &png, "Describe", 8);
+    sreq["stream"] = json!(true);
+    let ev = post(a, "/v1/chat/completions", &sreq).events();
+    let streamed: String = ev[..ev.len() - 1].iter().filter_map(|e| serde_json::from_str::<Value>(e).unwrap()["choices"][0]["delta"]["content"].as_str().map(String::from)).collect();
+    assert_eq!(streamed, want);
+
+    // The next turn: the same image again, so the cache is reused past it.
+    let turn1 = image_request(&[], &png, "Describe", 8)["messages"][0].clone();
+    let req2 = json!({ "messages": [turn1, { "role": "assistant", "content": content }, { "role": "user", "content": "More?" }], "max_tokens": 4, "temperature": 0 });
+    let v2 = post(a, "/v1/chat/completions", &req2).json();
+    let cached = v2["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+    assert!(cached > image_end && cached < v2["usage"]["prompt_tokens"].as_u64().unwrap(), "second turn reused {cached} tokens (the image ends at {image_end}): {v2}");
+    assert_eq!(v2["les"]["prompt_reused"].as_u64(), Some(cached));
+    // Another image in its place: only the text before it is shared.
+    let jpg = data_url("image/jpeg", &vision_file("slice_400x240.jpg"));
+    let v3 = post(a, "/v1/chat/completions", &image_request(&[], &jpg, "Describe", 2)).json();
+    let cached = v3["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+    assert!(cached < 5, "another image reused {cached} tokens: {v3}");
+    // Text alone still works.
+    assert_eq!(post(a, "/v1/chat/completions", &json!({ "messages": [{ "role": "user", "content": "Hi" }], "max_tokens": 2 })).status, 200);
+
+    // Refused: each a 400 on `messages` naming the problem.
+    for (url, what, says) in [
+        ("https://example.com/cat.png".to_string(), "a remote URL", "fetches nothing"),
+        ("cat.png".to_string(), "a bare path", "data: URLs"),
+        ("data:image/png;base64,iVBOR@@".to_string(), "bad base64", "base64"),
+        ("data:image/png,iVBORw0KGgo=".to_string(), "not base64-encoded", "base64"),
+        (data_url("image/gif", b"GIF89a"), "a GIF", "image/gif"),
+        (data_url("image/png", &vision_file("bad_truncated.png")), "a truncated PNG", "decoded"),
+        (data_url("image/jpeg", &vision_file("bad_garbage.jpg")), "a garbage JPEG", "image"),
+        (data_url("image/png", &png_bomb()), "a 30000×30000 PNG", "at most"),
+        (data_url("image/png", b""), "an empty image", "image"),
+    ] {
+        let e = assert_error(&post(a, "/v1/chat/completions", &image_request(&[], &url, "Describe", 2)), 400, what);
+        assert_eq!((e["error"]["type"].as_str(), e["error"]["param"].as_str()), (Some("invalid_request_error"), Some("messages")), "{what}: {e}");
+        assert!(e["error"]["message"].as_str().unwrap().contains(says), "{what}: {e}");
+    }
+    let e = assert_error(&post(a, "/v1/chat/completions", &json!({ "messages": [{ "role": "user", "content": [{ "type": "image_url" }] }] })), 400, "no url");
+    assert_eq!(e["error"]["param"], "messages");
+    // The server still answers as before.
+    let v = post(a, "/v1/chat/completions", &image_request(&[], &png, "Describe", 8)).json();
+    assert_eq!(v["choices"][0]["message"]["content"].as_str(), Some(want.as_str()));
 }

@@ -9,6 +9,14 @@
 //! cached_tokens`). A request whose client goes away (a closed stream, a dropped connection)
 //! stops after the current token. Bad requests get OpenAI-style JSON errors
 //! (`{"error": {"message", "type", "param", "code"}}`) with 400, 404, 413 or 503.
+//!
+//! Images (`--mmproj`, llama-server's flag): chat messages may hold `image_url` content parts
+//! with `data:image/png;base64,…` or `image/jpeg` URLs (the server fetches nothing: any other URL
+//! is refused). Each becomes a media marker at its place in the message's text (text parts are
+//! joined by newlines, none beside a marker, as llama-server joins them); the rendered
+//! conversation is encoded with its images (`Session::mm_prompt`) and run by
+//! `Session::prefill_mm`, whose token record keys each image on its content, so a next turn with
+//! the same image reuses the cache past it.
 
 use super::{open_session, GenArgs, ModelArgs, Res, StreamArgs};
 use axum::body::Bytes;
@@ -21,15 +29,21 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use clap::Args;
 use les::engine::chat::Message;
+use les::engine::multimodal::MmPrompt;
 use les::engine::sampling::SamplerConfig;
 use les::engine::{FinishReason, GenOptions, Session};
 use les::expert::stream::StreamingExperts;
+use les::store::FileSource;
+use les::vision::layout::{Chunk, MARKER};
+use les::vision::Mmproj;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::Arc;
 
-/// Largest request body accepted (413 above it).
-const MAX_BODY: usize = 4 << 20;
+/// Largest request body accepted (413 above it): room for images sent as base64 data URLs (4/3
+/// of their size), about 15 MiB of PNG / JPEG files per request (llama-server takes remote images
+/// of up to 10 MB each).
+const MAX_BODY: usize = 20 << 20;
 /// Requests waiting for the worker at most (503 above it).
 const QUEUE: usize = 64;
 /// Most stop strings per request.
@@ -52,6 +66,10 @@ pub struct ServeArgs {
     /// Model name in responses and `/v1/models` (default: the model file's name).
     #[arg(long)]
     alias: Option<String>,
+    /// A vision tower (mmproj GGUF, llama-server's `--mmproj`: projector `minicpmv4_6`): chat
+    /// messages may then carry images as `image_url` parts with base64 `data:` URLs.
+    #[arg(long, value_name = "FILE")]
+    mmproj: Option<String>,
 }
 
 /// An OpenAI-style error.
@@ -67,6 +85,9 @@ struct ApiError {
 impl ApiError {
     fn bad(message: impl Into<String>, param: Option<&'static str>) -> Self {
         Self { status: StatusCode::BAD_REQUEST, message: message.into(), kind: "invalid_request_error", param, code: None }
+    }
+    fn server(message: String) -> Self {
+        Self { status: StatusCode::INTERNAL_SERVER_ERROR, message, kind: "server_error", param: None, code: None }
     }
     fn json(&self) -> Value {
         json!({ "error": { "message": self.message, "type": self.kind, "param": self.param, "code": self.code } })
@@ -135,7 +156,8 @@ struct CompletionReq {
 }
 
 enum Prompt {
-    Chat(Vec<Message>),
+    /// The messages (a media marker where each image goes) and the images' file bytes in order.
+    Chat(Vec<Message>, Vec<Vec<u8>>),
     Text(String),
 }
 
@@ -175,6 +197,8 @@ struct App {
     created: u64,
     next_id: std::sync::atomic::AtomicU64,
     defaults: GenArgs,
+    /// A vision tower was loaded (`--mmproj`): images are accepted.
+    vision: bool,
 }
 
 fn unix_now() -> u64 {
@@ -184,15 +208,17 @@ fn unix_now() -> u64 {
 pub fn cmd_serve(a: ServeArgs) -> Res {
     let (mut sess, experts) = open_session(&a.m, &a.s, 0)?;
     sess.reuse_prefix = true;
+    let mmproj = a.mmproj.as_deref().map(|f| load_mmproj(&sess, f)).transpose()?;
     let model = a.alias.clone().unwrap_or_else(|| std::path::Path::new(&a.m.model).file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_else(|| "les".into()));
     let (tx, rx) = std::sync::mpsc::sync_channel::<Job>(QUEUE);
     let alive = Arc::new(std::sync::atomic::AtomicBool::new(true));
     let flag = alive.clone();
+    let vision = mmproj.is_some();
     std::thread::Builder::new().name("les-worker".into()).spawn(move || {
-        worker(sess, experts, rx);
+        worker(sess, experts, mmproj, rx);
         flag.store(false, std::sync::atomic::Ordering::Relaxed);
     })?;
-    let app = Arc::new(App { jobs: tx, alive, model, created: unix_now(), next_id: 0.into(), defaults: a.g.clone() });
+    let app = Arc::new(App { jobs: tx, alive, model, created: unix_now(), next_id: 0.into(), defaults: a.g.clone(), vision });
     let router = Router::new()
         .route("/health", get(health))
         .route("/v1/models", get(models))
@@ -210,6 +236,19 @@ pub fn cmd_serve(a: ServeArgs) -> Res {
     Ok(())
 }
 
+/// The vision tower for `--mmproj FILE`, checked against the text model at startup (width,
+/// marker tokens), so that a request's image errors are the client's own.
+fn load_mmproj(sess: &Session, file: &str) -> Result<Mmproj, Box<dyn std::error::Error>> {
+    let t0 = les::engine::now_ms();
+    let mp = Mmproj::load(&FileSource::open(file).map_err(|e| format!("--mmproj {file}: {e}"))?).map_err(|e| format!("--mmproj {file}: {e}"))?;
+    if mp.n_embd_out != sess.model.cfg.n_embd {
+        return Err(format!("--mmproj {file}: {}", les::vision::VisionError::Width { mmproj: mp.n_embd_out, text: sess.model.cfg.n_embd }).into());
+    }
+    les::vision::layout::Markers::find(|s| sess.lookup_token(s)).map_err(|e| format!("--mmproj {file}: {e}"))?;
+    eprintln!("les serve: vision tower {file} ({}, {:.1} MiB, loaded in {:.0} ms): accepts images (image_url parts with data: URLs)", mp.cfg.projector, mp.bytes as f64 / 1048576.0, les::engine::now_ms() - t0);
+    Ok(mp)
+}
+
 async fn health(State(app): State<Arc<App>>) -> Response {
     if app.alive.load(std::sync::atomic::Ordering::Relaxed) {
         Json(json!({ "status": "ok" })).into_response()
@@ -220,12 +259,12 @@ async fn health(State(app): State<Arc<App>>) -> Response {
 
 /// The session's thread: one request at a time, in arrival order. A request that panics in the
 /// engine is answered with a 500 and the session starts over from an empty cache.
-fn worker(mut sess: Session, experts: Option<Arc<StreamingExperts>>, rx: std::sync::mpsc::Receiver<Job>) {
+fn worker(mut sess: Session, experts: Option<Arc<StreamingExperts>>, mmproj: Option<Mmproj>, rx: std::sync::mpsc::Receiver<Job>) {
     while let Ok(job) = rx.recv() {
         if job.tx.is_closed() {
             continue; // the client left while the request waited
         }
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_job(&mut sess, experts.as_deref(), &job)));
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_job(&mut sess, experts.as_deref(), mmproj.as_ref(), &job)));
         let msg = match r {
             Ok(Ok(d)) => Msg::Done(d),
             Ok(Err(e)) => Msg::Error(e),
@@ -260,12 +299,22 @@ fn send(tx: &tokio::sync::mpsc::Sender<Msg>, mut m: Msg) -> bool {
     }
 }
 
-fn run_job(sess: &mut Session, experts: Option<&StreamingExperts>, job: &Job) -> Result<Done, ApiError> {
-    let text = match &job.prompt {
-        Prompt::Chat(m) => sess.chat_prompt(m).map_err(|e| ApiError::bad(e.to_string(), Some("messages")))?,
-        Prompt::Text(t) => t.clone(),
+fn run_job(sess: &mut Session, experts: Option<&StreamingExperts>, mmproj: Option<&Mmproj>, job: &Job) -> Result<Done, ApiError> {
+    let t0 = les::engine::now_ms();
+    let (text, images) = match &job.prompt {
+        Prompt::Chat(m, images) => (sess.chat_prompt(m).map_err(|e| ApiError::bad(e.to_string(), Some("messages")))?, images.as_slice()),
+        Prompt::Text(t) => (t.clone(), &[][..]),
     };
-    let toks = sess.tokenize(&text);
+    // With images: encoded here (`image_error` tells the request's errors from the server's).
+    let mm = match (images.is_empty(), mmproj) {
+        (true, _) => None,
+        (false, Some(mp)) => Some(sess.mm_prompt(mp, &text, images).map_err(image_error)?),
+        (false, None) => return Err(no_vision()),
+    };
+    let toks = match &mm {
+        Some(p) => p.tokens.clone(),
+        None => sess.tokenize(&text),
+    };
     let n_ctx = sess.kv.n_ctx;
     if toks.is_empty() {
         return Err(ApiError::bad("the prompt is empty after tokenization", Some("messages")));
@@ -277,32 +326,82 @@ fn run_job(sess: &mut Session, experts: Option<&StreamingExperts>, job: &Job) ->
     if !job.n_given {
         opts.n = n_ctx - toks.len();
     }
+    if mm.is_some() {
+        // A context shift recomputes the kept tokens from their ids, which an image's rows are not
+        // (llama-server turns the shift off with --mmproj).
+        opts.context = les::engine::ContextMode::Stop;
+    }
     // With a context shift a generation could run on without end: at most 8 contexts' worth.
     opts.n = opts.n.min(8 * n_ctx);
     if let Some(e) = experts {
         e.reset_stats();
     }
+    // All but the last token run here (the cached prefix kept); `generate_with` runs the last one
+    // and generates.
+    let mm_run = match &mm {
+        Some(p) => {
+            let kept = keep_prefix(sess, p);
+            sess.prefill_mm(p).map_err(image_error)?;
+            Some((kept, les::engine::now_ms() - t0))
+        }
+        None => None,
+    };
     let tx = &job.tx;
     if !send(tx, Msg::Started) {
         return Err(ApiError::bad("the client went away", None));
     }
     let r = sess.generate_with(&toks, &opts, &mut |_, t| if t.is_empty() { !tx.is_closed() } else { send(tx, Msg::Text(t.to_string())) });
-    let (ids, st) = r.map_err(|e| ApiError { status: StatusCode::INTERNAL_SERVER_ERROR, message: e.to_string(), kind: "server_error", param: None, code: None })?;
+    let (ids, st) = r.map_err(|e| ApiError::server(e.to_string()))?;
     let es = experts.map(|e| e.stats());
     Ok(Done {
         prompt_tokens: st.prompt_tokens,
         completion_tokens: ids.len(),
-        reused: st.prompt_reused,
+        reused: mm_run.map_or(st.prompt_reused, |(kept, _)| kept),
         finish: st.finish_reason.unwrap_or(FinishReason::Length),
-        prompt_ms: st.prompt_ms,
+        // With images: encoding and the prefill above, too.
+        prompt_ms: st.prompt_ms + mm_run.map_or(0.0, |(_, ms)| ms),
         gen_ms: st.gen_ms,
         hit_rate: es.as_ref().map(|s| s.hit_rate()),
         mb_per_token: es.as_ref().map(|s| s.bytes_per_token() / 1e6),
     })
 }
 
+/// An image's error: the request's own (400: an image that does not decode, a format LES does
+/// not read, too large, markers that do not match the images) or the server's (500).
+fn image_error(e: les::engine::EngineError) -> ApiError {
+    use les::vision::VisionError as V;
+    match e {
+        les::engine::EngineError::Vision(v @ (V::Decode(_) | V::Format(_) | V::Empty { .. } | V::TooLarge { .. } | V::Invalid { .. })) => ApiError::bad(v.to_string(), Some("messages")),
+        e => ApiError::server(e.to_string()),
+    }
+}
+
+/// The prompt positions [`Session::prefill_mm`] keeps from the cache: the shared prefix, cut
+/// back to the start of an image chunk it ends inside (as `prefill_mm` cuts it). Cut here
+/// through `Session::reuse`, so the count is what stays, also where a recurrent state goes back
+/// to its checkpoint; `prefill_mm` then finds exactly that prefix cached.
+fn keep_prefix(sess: &mut Session, p: &MmPrompt) -> usize {
+    let kept = sess.reuse(&p.tokens);
+    let mut s = 0;
+    for c in &p.chunks {
+        let e = s + c.n_tokens();
+        if matches!(c, Chunk::Embd { .. }) && s < kept && kept < e {
+            return sess.reuse(&p.tokens[..=s]);
+        }
+        s = e;
+    }
+    kept
+}
+
+/// `/v1/models`: OpenAI's list, plus llama-server's `models` entry whose `capabilities` name
+/// `multimodal` when a vision tower is loaded.
 async fn models(State(app): State<Arc<App>>) -> Json<Value> {
-    Json(json!({ "object": "list", "data": [{ "id": app.model, "object": "model", "created": app.created, "owned_by": "les" }] }))
+    let caps = if app.vision { json!(["completion", "multimodal"]) } else { json!(["completion"]) };
+    Json(json!({
+        "object": "list",
+        "data": [{ "id": app.model, "object": "model", "created": app.created, "owned_by": "les" }],
+        "models": [{ "name": app.model, "model": app.model, "type": "model", "capabilities": caps }],
+    }))
 }
 
 fn parse<T: for<'de> Deserialize<'de>>(body: Result<Bytes, BytesRejection>) -> Result<T, ApiError> {
@@ -357,20 +456,106 @@ fn options(app: &App, c: &Common) -> Result<(GenOptions, bool), ApiError> {
     Ok((GenOptions { n, sampler, ignore_eos: false, stop, context: app.defaults.context() }, max.is_some()))
 }
 
-fn content_text(v: &Value) -> Result<String, ApiError> {
-    match v {
-        Value::Null => Ok(String::new()),
-        Value::String(s) => Ok(s.clone()),
-        // Content parts: the text ones, concatenated.
-        Value::Array(parts) => parts
-            .iter()
-            .map(|p| match (p.get("type").and_then(|t| t.as_str()), p.get("text").and_then(|t| t.as_str())) {
-                (Some("text"), Some(t)) => Ok(t.to_string()),
-                _ => Err(ApiError::bad("only text content parts are supported", Some("messages"))),
-            })
-            .collect(),
-        _ => Err(ApiError::bad("message content must be a string or a list of text parts", Some("messages"))),
+fn no_vision() -> ApiError {
+    ApiError::bad("this server has no vision tower: image input needs les serve started with --mmproj FILE", Some("messages"))
+}
+
+/// A message's text: a string, or content parts as llama-server joins them (text parts with
+/// newlines between them, none beside an image's media marker). Images (`vision`: the server
+/// has a tower) go to `images` in order.
+fn content_text(v: &Value, vision: bool, images: &mut Vec<Vec<u8>>) -> Result<String, ApiError> {
+    let bad = |m: &str| ApiError::bad(m, Some("messages"));
+    let parts = match v {
+        Value::Null => return Ok(String::new()),
+        Value::String(s) => return Ok(s.clone()),
+        Value::Array(parts) => parts,
+        _ => return Err(bad("message content must be a string or a list of content parts")),
+    };
+    let mut text = String::new();
+    let mut after_marker = false;
+    for p in parts {
+        match p.get("type").and_then(|t| t.as_str()) {
+            Some("text") => {
+                let t = p.get("text").and_then(|t| t.as_str()).ok_or_else(|| bad("a text content part needs a string 'text'"))?;
+                if !after_marker && !text.is_empty() {
+                    text.push('\n');
+                }
+                text.push_str(t);
+                after_marker = false;
+            }
+            Some("image_url") => {
+                if !vision {
+                    return Err(no_vision());
+                }
+                // `{"url": …, "detail": …}` (`detail` ignored), or the URL alone.
+                let url = match p.get("image_url") {
+                    Some(Value::String(u)) => Some(u.as_str()),
+                    Some(o) => o.get("url").and_then(|u| u.as_str()),
+                    None => None,
+                };
+                images.push(data_url(url.ok_or_else(|| bad("an image_url content part needs 'image_url.url'"))?)?);
+                text.push_str(MARKER);
+                after_marker = true;
+            }
+            _ => return Err(bad(if vision { "only text and image_url content parts are supported" } else { "only text content parts are supported" })),
+        }
     }
+    Ok(text)
+}
+
+/// The file bytes of a `data:image/png;base64,…` (or `image/jpeg`) URL. Nothing is fetched: any
+/// other URL is refused.
+fn data_url(url: &str) -> Result<Vec<u8>, ApiError> {
+    let bad = |m: String| ApiError::bad(m, Some("messages"));
+    let rest = match url.get(..5) {
+        Some(s) if s.eq_ignore_ascii_case("data:") => &url[5..],
+        _ => return Err(bad("image URLs must be data: URLs (data:image/png;base64,… or data:image/jpeg;base64,…): les serve fetches nothing, so remote (http, https) URLs are refused".into())),
+    };
+    let (head, data) = rest.split_once(',').ok_or_else(|| bad("malformed data: URL (no ',' before the data)".into()))?;
+    let mut params = head.split(';');
+    let mime = params.next().unwrap_or("").trim().to_ascii_lowercase();
+    if !matches!(mime.as_str(), "image/png" | "image/jpeg" | "image/jpg") {
+        return Err(bad(format!("image type '{mime}' is not supported (image/png and image/jpeg are)")));
+    }
+    if !params.any(|p| p.trim().eq_ignore_ascii_case("base64")) {
+        return Err(bad("image data: URLs must be base64-encoded (data:image/png;base64,…)".into()));
+    }
+    base64_decode(data).map_err(|e| bad(format!("the image's base64 data is invalid: {e}")))
+}
+
+/// Standard base64 (RFC 4648 §4); padding optional, ASCII whitespace skipped (as browsers' `atob`).
+fn base64_decode(s: &str) -> Result<Vec<u8>, String> {
+    let mut out = Vec::with_capacity(s.len() / 4 * 3 + 2);
+    let (mut acc, mut bits, mut n, mut pad) = (0u32, 0u32, 0usize, 0usize);
+    for (i, c) in s.bytes().enumerate() {
+        let v = match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'+' => 62,
+            b'/' => 63,
+            b'=' => {
+                pad += 1;
+                continue;
+            }
+            b' ' | b'\t' | b'\n' | b'\r' | b'\x0c' => continue,
+            _ => return Err(format!("character {i} is '{}'", c.escape_ascii())),
+        };
+        if pad > 0 {
+            return Err("data after the '=' padding".into());
+        }
+        acc = (acc << 6 | v as u32) & 0xfff;
+        bits += 6;
+        n += 1;
+        if bits >= 8 {
+            bits -= 8;
+            out.push((acc >> bits) as u8);
+        }
+    }
+    if n % 4 == 1 || pad > 2 || (pad > 0 && (n + pad) % 4 != 0) {
+        return Err(format!("{n} characters and {pad} '=' are not a whole number of base64 groups"));
+    }
+    Ok(out)
 }
 
 async fn chat(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejection>) -> Response {
@@ -383,6 +568,7 @@ async fn chat(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejection>) 
         return ApiError::bad("messages must not be empty", Some("messages")).into_response();
     }
     let mut msgs = Vec::with_capacity(req.messages.len());
+    let mut images = Vec::new();
     for m in &req.messages {
         let role = match m.role.as_str() {
             "system" | "developer" => "system",
@@ -390,12 +576,12 @@ async fn chat(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejection>) 
             "assistant" => "assistant",
             other => return ApiError::bad(format!("unsupported role '{other}'"), Some("messages")).into_response(),
         };
-        match content_text(&m.content) {
+        match content_text(&m.content, app.vision, &mut images) {
             Ok(c) => msgs.push(Message { role: role.into(), content: c }),
             Err(e) => return e.into_response(),
         }
     }
-    submit(app, Prompt::Chat(msgs), &req.c, true).await
+    submit(app, Prompt::Chat(msgs, images), &req.c, true).await
 }
 
 async fn completions(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejection>) -> Response {
