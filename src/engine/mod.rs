@@ -115,6 +115,8 @@ pub struct Session {
     pub chat_template: Option<String>,
     /// The tokens at positions `0..kv.len` of the cache (valid up to `kv.len`).
     cached: Vec<u32>,
+    /// The options the GPU backend was made with (a vision tower uses the same).
+    pub gpu_opts: crate::backend::wgpu::exec::GpuOptions,
 }
 
 /// Current and peak resident memory of this process in bytes (Linux; `None` elsewhere).
@@ -144,7 +146,7 @@ impl Session {
         let model = Model::load_with(src, &gguf, mode, dense)?;
         let n_ctx = n_ctx.min(model.cfg.n_ctx_train.max(1));
         let kv = model.new_kv(n_ctx);
-        Ok(Self { model, tokenizer, kv, gguf, prefill_batch, gpu: None, reuse_prefix: false, chat_template: None, cached: Vec::new() })
+        Ok(Self { model, tokenizer, kv, gguf, prefill_batch, gpu: None, reuse_prefix: false, chat_template: None, cached: Vec::new(), gpu_opts: Default::default() })
     }
 
     /// Run on `kind`: `Cpu` keeps the CPU; `Wgpu` uploads the dense weights to the GPU (an error
@@ -186,6 +188,7 @@ impl Session {
     pub fn use_gpu(&mut self, ctx: crate::backend::wgpu::GpuContext, opts: &crate::backend::wgpu::exec::GpuOptions) -> Result<(), EngineError> {
         let m = &self.model;
         let gpu = GpuBackend::new(std::sync::Arc::new(ctx), &m.weights, m.gpu_shapes(self.kv.n_ctx), m.experts(), opts)?;
+        self.gpu_opts = opts.clone();
         // Keys and values live on the GPU; the CPU cache keeps only the position count.
         // (Recurrent states too; the cache keeps the checkpoint bookkeeping the GPU mirrors.)
         let c = &self.model.cfg;

@@ -78,7 +78,7 @@ impl Session {
                 let prep = mmproj.prepare(img)?;
                 let mut pieces = Vec::with_capacity(1 + prep.slices.len());
                 for p in std::iter::once(&prep.overview).chain(&prep.slices) {
-                    let e = mmproj.encode(p)?;
+                    let e = self.encode_piece(mmproj, p)?;
                     let rows = e.len() / mmproj.n_embd_out.max(1);
                     image_rows += rows;
                     pieces.push((rows, e));
@@ -151,14 +151,26 @@ impl Session {
         Ok(all.clone())
     }
 
+    /// One image piece's embeddings, on the session's backend.
+    fn encode_piece(&self, mmproj: &Mmproj, p: &crate::vision::image::RgbF32) -> Result<Vec<f32>, EngineError> {
+        #[cfg(not(target_arch = "wasm32"))]
+        if let Some(g) = &self.gpu {
+            return Ok(crate::backend::wgpu::block_on(mmproj.encode_gpu(&g.ctx, &self.gpu_opts, p))?);
+        }
+        Ok(mmproj.encode(p)?)
+    }
+
     /// One image chunk (`rows` embeddings) at the cache's end, recorded as `ids`.
     fn forward_embd(&mut self, embd: &[f32], rows: usize, ids: &[u32]) -> Result<(), EngineError> {
         self.cached.truncate(self.kv.len);
         let pos0 = self.kv.len;
+        #[cfg(not(target_arch = "wasm32"))]
         let r = match &self.gpu {
-            Some(_) => Err(crate::model::ModelError::Unsupported("images on the wgpu backend (run with --backend cpu)".into())),
+            Some(g) => crate::backend::wgpu::block_on(self.model.forward_gpu_embd(g, embd, rows, &mut self.kv, Logits::Last)),
             None => self.model.forward_embd(embd, rows, &mut self.kv, Logits::Last),
         };
+        #[cfg(target_arch = "wasm32")]
+        let r = self.model.forward_embd(embd, rows, &mut self.kv, Logits::Last);
         self.commit(pos0, ids, r).map(|_| ())
     }
 }

@@ -434,6 +434,39 @@ impl Model {
         Ok(logits)
     }
 
+    /// [`Self::forward_embd`] on the wgpu backend `g`, in chunks of [`GPU_BATCH`] rows.
+    pub async fn forward_gpu_embd(&self, g: &GpuBackend, embd: &[f32], n: usize, kv: &mut KvCache, want: Logits) -> Result<Vec<f32>, ModelError> {
+        let e = self.cfg.n_embd;
+        if embd.len() != n * e {
+            return Err(ModelError::Unsupported(format!("{} embedding values for {n} rows of {e}", embd.len())));
+        }
+        let n_ctx = g.n_ctx().min(kv.n_ctx);
+        if kv.len + n > n_ctx {
+            return Err(ModelError::ContextFull(n_ctx));
+        }
+        let mut out = Vec::new();
+        let mut events = kv.take_events();
+        let n_chunks = n.div_ceil(GPU_BATCH);
+        for (i, ch) in embd.chunks(GPU_BATCH * e).enumerate() {
+            let rows = ch.len() / e;
+            let w = match want {
+                Logits::All => Some(Logits::All),
+                Logits::Last if i + 1 == n_chunks => Some(Logits::Last),
+                Logits::Last => None,
+            };
+            let mut b = g.exec()?;
+            b.apply_state_events(&std::mem::take(&mut events))?;
+            let tokens = vec![0u32; rows];
+            let mut f = blocks::Fwd::new(self, &mut b, kv.len, rows, w);
+            f.embd = Some(ch);
+            let l = self.forward_fwd(&mut f, &tokens).await?;
+            b.finish()?;
+            kv.len += rows;
+            out.extend_from_slice(&l);
+        }
+        Ok(out)
+    }
+
     async fn forward_fwd<B: Ops>(&self, f: &mut blocks::Fwd<'_, B>, tokens: &[u32]) -> Result<Vec<f32>, ModelError> {
         match &self.layers {
             Layers::Llama(a) => a.forward(f, tokens).await,

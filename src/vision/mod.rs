@@ -16,6 +16,9 @@ pub mod minicpmv;
 use crate::backend::cpu::exec::CpuExec;
 use crate::backend::cpu::kv::KvCache;
 use crate::backend::ops::{self, OpError, Weights};
+use crate::backend::wgpu::exec::{GpuBackend, GpuOptions, GpuShapes};
+use crate::backend::wgpu::GpuContext;
+use std::sync::Arc;
 use crate::gguf::{GgufError, GgufFile};
 use crate::model::{Loader, ModelError};
 use crate::store::{ByteSource, StoreError};
@@ -48,6 +51,8 @@ pub enum VisionError {
     TooLarge { w: u32, h: u32, max_side: u32, max_pixels: u64 },
     #[error("the text model has no token '{0}' (the marker mtmd puts around an image)")]
     NoMarker(String),
+    #[error(transparent)]
+    Gpu(#[from] crate::backend::wgpu::GpuError),
 }
 
 impl From<OpError> for VisionError {
@@ -94,6 +99,9 @@ pub struct Mmproj {
     pub n_embd_out: usize,
     /// Bytes of weights held.
     pub bytes: usize,
+    /// The tower's weights on a GPU (uploaded at the first image encoded there; made again
+    /// for a piece with more patches than it was made for).
+    gpu: std::sync::Mutex<Option<Arc<GpuBackend>>>,
 }
 
 impl Mmproj {
@@ -159,7 +167,7 @@ impl Mmproj {
         let (tower, n_embd_out) = minicpmv::Tower::load(&mut ld, c)?;
         let weights = ld.finish()?;
         let bytes = g.tensors.iter().map(|t| t.size as usize).sum();
-        Ok(Self { cfg, weights, tower, n_embd_out, bytes })
+        Ok(Self { cfg, weights, tower, n_embd_out, bytes, gpu: std::sync::Mutex::new(None) })
     }
 
     /// The slicing this projector's preprocessing uses.
@@ -179,6 +187,24 @@ impl Mmproj {
         let mut kv = KvCache::hybrid(&[], 0, 1, 2);
         let mut b = CpuExec::new(&self.weights, &mut kv, false);
         ops::ready(self.tower.encode(&mut b, &self.cfg, &self.weights, img))?
+    }
+
+    /// [`Self::encode`] on the GPU of `ctx` (the weights go there at the first call; every op
+    /// is the CPU's portable kernels' bits on the exact path, `tests/portable/ops.rs`).
+    pub async fn encode_gpu(&self, ctx: &Arc<GpuContext>, opts: &GpuOptions, img: &image::RgbF32) -> Result<Vec<f32>, VisionError> {
+        let rows = (img.w / self.cfg.patch_size) * (img.h / self.cfg.patch_size);
+        let mut slot = self.gpu.lock().unwrap_or_else(|e| e.into_inner());
+        if slot.as_ref().is_none_or(|g| g.max_rows() < rows) {
+            let side = self.cfg.image_size / self.cfg.patch_size + self.cfg.n_merge;
+            let s = GpuShapes { n_layer: 0, n_head_kv: 1, head_dim: 2, n_ctx: 1, n_expert: 0, n_expert_used: 0 };
+            *slot = Some(Arc::new(GpuBackend::with_rows(ctx.clone(), &self.weights, s, None, opts, rows.max(side * side))?));
+        }
+        let g = slot.clone().ok_or_else(|| VisionError::Model(ModelError::Internal("the vision tower's GPU backend".into())))?;
+        drop(slot);
+        let mut b = g.exec()?;
+        let out = self.tower.encode(&mut b, &self.cfg, &self.weights, img).await?;
+        b.finish()?;
+        Ok(out)
     }
 
     /// The number of embedding rows a piece of `w × h` pixels gives.

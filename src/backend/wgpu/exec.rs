@@ -118,6 +118,8 @@ pub struct GpuBackend {
     rs: Mutex<RecStates>,
     /// GELU's f16 table (ggml `ggml_table_gelu_f16`, made on the host), uploaded on first use.
     gelu_tab: std::sync::OnceLock<wgpu::Buffer>,
+    /// Most rows in one forward ([`GPU_BATCH`] unless made [`Self::with_rows`]).
+    max_rows: usize,
 }
 
 /// Per layer: conv state and delta-rule state buffers, and the saved copy of each.
@@ -132,6 +134,13 @@ impl GpuBackend {
     /// Upload `w`'s device matrices and vectors, make a KV cache of `s.n_ctx` positions and, for
     /// a MoE model, an expert slot pool fed by `experts`.
     pub fn new(ctx: Arc<GpuContext>, w: &Weights, s: GpuShapes, experts: Option<&Arc<dyn ExpertSource>>, opts: &GpuOptions) -> Result<Self, GpuError> {
+        Self::with_rows(ctx, w, s, experts, opts, GPU_BATCH)
+    }
+
+    /// [`Self::new`] for forwards of up to `max_rows` rows (a vision tower's patches) instead of
+    /// [`GPU_BATCH`] (the activation scratch grows with it).
+    pub fn with_rows(ctx: Arc<GpuContext>, w: &Weights, s: GpuShapes, experts: Option<&Arc<dyn ExpertSource>>, opts: &GpuOptions, max_rows: usize) -> Result<Self, GpuError> {
+        let max_rows = max_rows.max(1);
         if w.has_streamed() {
             return Err(GpuError::StreamedDense(w.streamed_bytes() >> 20));
         }
@@ -162,7 +171,7 @@ impl GpuBackend {
             .iter()
             .map(|ty| {
                 let row = ty.row_bytes(max_cols.div_ceil(256) as u64 * 256).unwrap_or(4 * max_cols as u64) as usize;
-                g.scratch(ty.name(), GPU_BATCH * row + 4)
+                g.scratch(ty.name(), max_rows * row + 4)
             })
             .collect::<Result<Vec<_>, _>>()?;
         let pool = match experts {
@@ -192,6 +201,7 @@ impl GpuBackend {
             stats: Default::default(),
             rs: Default::default(),
             gelu_tab: Default::default(),
+            max_rows,
             ctx,
         })
     }
@@ -236,7 +246,12 @@ impl GpuBackend {
         self.pool.lock().unwrap().as_ref().map(|p| p.n_slots()).unwrap_or(0)
     }
 
-    /// An executor for one forward pass of at most [`GPU_BATCH`] rows.
+    /// The most rows one forward takes.
+    pub fn max_rows(&self) -> usize {
+        self.max_rows
+    }
+
+    /// An executor for one forward pass of at most [`Self::max_rows`] rows.
     pub fn exec(&self) -> Result<GpuExec<'_>, GpuError> {
         self.ctx.check()?;
         Ok(GpuExec { g: self, rec: Recorder::new(&self.ctx, &self.arena), readbacks: 0, rb_ms: 0.0, rope_pos: Vec::new() })
@@ -457,8 +472,8 @@ impl Ops for GpuExec<'_> {
 
     fn input(&mut self, x: Vec<f32>, cols: usize) -> Result<GpuT, OpError> {
         let rows = x.len() / cols.max(1);
-        if rows > GPU_BATCH {
-            return Err(GpuError::Validation(format!("{rows} rows in one GPU forward (at most {GPU_BATCH})")).into());
+        if rows > self.g.max_rows {
+            return Err(GpuError::Validation(format!("{rows} rows in one GPU forward (at most {})", self.g.max_rows)).into());
         }
         // `write_buffer` lands before the next submit: recorded commands that still use a
         // pooled buffer must run first.
