@@ -749,8 +749,17 @@ fn run_images(sess: &mut Session, prompt: &str, mmproj: &str, a: &RunArgs, sampl
     let content = if prompt.contains(marker) { prompt.to_string() } else { format!("{}{prompt}", marker.repeat(images.len())) };
     let text = sess.chat_prompt(&[Message { role: "user".into(), content }])?;
     let p = sess.mm_prompt(&mp, &text, &images)?;
-    eprintln!("les: {} image(s): {} embedding rows, encoded in {:.0} ms", images.len(), p.image_rows, p.encode_ms);
-    let toks = sess.prefill_mm(&p)?;
+    let run = sess.prefill_mm(&mp, &p)?;
+    eprintln!(
+        "les: {} image(s): {} embedding rows; {} pieces encoded in {:.0} ms; prompt of {} positions run in {:.0} ms",
+        images.len(),
+        p.image_rows,
+        run.encoded,
+        run.encode_ms,
+        run.tokens.len() - 1 - run.reused,
+        run.ms
+    );
+    let toks = run.tokens;
     let was = sess.reuse_prefix;
     sess.reuse_prefix = true;
     let r = generate_one(sess, toks, a, sampler, spec);

@@ -17,9 +17,20 @@ use crate::vision::Mmproj;
 pub struct MmPrompt {
     pub chunks: Vec<Chunk>,
     pub tokens: Vec<u32>,
-    /// Time spent encoding images (ms) and the number of image rows.
-    pub encode_ms: f64,
+    /// The number of image rows (embeddings) in the prompt.
     pub image_rows: usize,
+}
+
+/// What [`Session::prefill_mm`] did.
+pub struct MmPrefill {
+    /// The token record to pass to [`Session::generate_with`].
+    pub tokens: Vec<u32>,
+    /// Positions kept from the cache (not run again; their images not encoded again).
+    pub reused: usize,
+    /// Image pieces encoded and the time it took (ms); the whole prefill's time (ms).
+    pub encoded: usize,
+    pub encode_ms: f64,
+    pub ms: f64,
 }
 
 /// FNV-1a over the image file's bytes: the image's identity in the token record.
@@ -45,8 +56,9 @@ impl Session {
     }
 
     /// Tokenize `text` (with [`MARKER`] where each image goes, in order; markers missing for
-    /// some images are put at the start, as `llama-mtmd-cli` does) and encode `images` (PNG /
-    /// JPEG file bytes) with `mmproj`.
+    /// some images are put at the start, as `llama-mtmd-cli` does) and prepare `images` (PNG /
+    /// JPEG file bytes: decoded, resized, sliced) for `mmproj`; [`Self::prefill_mm`] encodes
+    /// the pieces the cache does not hold.
     pub fn mm_prompt(&self, mmproj: &Mmproj, text: &str, images: &[Vec<u8>]) -> Result<MmPrompt, EngineError> {
         if mmproj.n_embd_out != self.model.cfg.n_embd {
             return Err(crate::vision::VisionError::Width { mmproj: mmproj.n_embd_out, text: self.model.cfg.n_embd }.into());
@@ -62,7 +74,6 @@ impl Session {
             }));
         }
         let markers = Markers::find(|s| self.lookup_token(s))?;
-        let t0 = super::now_ms();
         let mut chunks: Vec<Chunk> = Vec::new();
         let mut image_rows = 0;
         for (i, seg) in segs.iter().enumerate() {
@@ -77,11 +88,10 @@ impl Session {
             if let Some(img) = images.get(i) {
                 let prep = mmproj.prepare(img)?;
                 let mut pieces = Vec::with_capacity(1 + prep.slices.len());
-                for p in std::iter::once(&prep.overview).chain(&prep.slices) {
-                    let e = self.encode_piece(mmproj, p)?;
-                    let rows = e.len() / mmproj.n_embd_out.max(1);
+                for p in std::iter::once(prep.overview).chain(prep.slices) {
+                    let rows = mmproj.n_tokens(p.w, p.h);
                     image_rows += rows;
-                    pieces.push((rows, e));
+                    pieces.push((rows, p));
                 }
                 layout::push_image(&mut chunks, &markers, pieces, prep.grid, &format!("{:016x}", content_hash(img)));
             }
@@ -90,20 +100,21 @@ impl Session {
         for c in &chunks {
             match c {
                 Chunk::Text(t) => tokens.extend_from_slice(t),
-                Chunk::Embd { rows, id, .. } => {
+                Chunk::Image { rows, id, .. } => {
                     let h = content_hash(id.as_bytes());
                     tokens.extend((0..*rows).map(|r| placeholder(h, r)));
                 }
             }
         }
-        Ok(MmPrompt { chunks, tokens, encode_ms: super::now_ms() - t0, image_rows })
+        Ok(MmPrompt { chunks, tokens, image_rows })
     }
 
     /// Run every chunk of `p` but its last token into the cache (reusing the cached prefix the
-    /// prompt shares), checkpoint the recurrent state there, and return the token record: pass
-    /// it to [`Session::generate_with`] (with [`Session::reuse_prefix`] on), which runs the last
-    /// token and generates.
-    pub fn prefill_mm(&mut self, p: &MmPrompt) -> Result<Vec<u32>, EngineError> {
+    /// prompt shares; the image pieces it covers are not encoded), checkpoint the recurrent
+    /// state there, and return the token record: pass it to [`Session::generate_with`] (with
+    /// [`Session::reuse_prefix`] on), which runs the last token and generates.
+    pub fn prefill_mm(&mut self, mmproj: &Mmproj, p: &MmPrompt) -> Result<MmPrefill, EngineError> {
+        let t0 = super::now_ms();
         let all = &p.tokens;
         if all.is_empty() {
             return Err(EngineError::EmptyPrompt);
@@ -122,13 +133,15 @@ impl Session {
         let mut s = 0;
         for c in &p.chunks {
             let e = s + c.n_tokens();
-            if matches!(c, Chunk::Embd { .. }) && s < kept && kept < e {
+            if matches!(c, Chunk::Image { .. }) && s < kept && kept < e {
                 kept = self.kv.truncate(s);
                 self.cached.truncate(kept);
                 break;
             }
             s = e;
         }
+        let reused = kept;
+        let (mut encoded, mut encode_ms) = (0, 0.0);
         let end = all.len() - 1;
         let batch = if self.prefill_batch == 0 { usize::MAX } else { self.prefill_batch };
         let mut s = 0;
@@ -142,13 +155,21 @@ impl Session {
                             self.forward(part, Logits::Last)?;
                         }
                     }
-                    Chunk::Embd { rows, embd, .. } => self.forward_embd(embd, *rows, &all[s..e])?,
+                    Chunk::Image { rows, piece, .. } => {
+                        let t = super::now_ms();
+                        let embd = self.encode_piece(mmproj, piece)?;
+                        (encoded, encode_ms) = (encoded + 1, encode_ms + super::now_ms() - t);
+                        if embd.len() != rows * self.model.cfg.n_embd {
+                            return Err(crate::model::ModelError::Internal(format!("{} embedding values for {rows} rows", embd.len())).into());
+                        }
+                        self.forward_embd(&embd, *rows, &all[s..e])?
+                    }
                 }
             }
             s = e;
         }
         self.kv.checkpoint();
-        Ok(all.clone())
+        Ok(MmPrefill { tokens: all.clone(), reused, encoded, encode_ms, ms: super::now_ms() - t0 })
     }
 
     /// One image piece's embeddings, on the session's backend.

@@ -8,24 +8,26 @@
 //! an IMROPE text model (`qwen35`, `qwen35moe`) row i of a chunk at p0 is at `p0 + i` in every
 //! section: the text model's plain RoPE (checked against llama.cpp's decoder positions).
 
+use super::image::RgbF32;
 use super::VisionError;
 
 /// The default media marker in prompts (`mtmd_default_marker()`).
 pub const MARKER: &str = "<__media__>";
 
-/// One chunk of a prompt: text tokens, or one image piece's embeddings.
+/// One chunk of a prompt: text tokens, or one image piece (its prepared pixels, encoded into
+/// `rows` embeddings when the chunk has to run: a cached image is not encoded again).
 #[derive(Clone, Debug, PartialEq)]
 pub enum Chunk {
     Text(Vec<u32>),
-    /// `rows × n_embd` values; `id` names the image (its content hash) and piece.
-    Embd { rows: usize, embd: Vec<f32>, id: String },
+    /// `id` names the image (its content hash) and piece.
+    Image { rows: usize, piece: RgbF32, id: String },
 }
 
 impl Chunk {
     pub fn n_tokens(&self) -> usize {
         match self {
             Chunk::Text(t) => t.len(),
-            Chunk::Embd { rows, .. } => *rows,
+            Chunk::Image { rows, .. } => *rows,
         }
     }
 }
@@ -48,25 +50,26 @@ impl Markers {
     }
 }
 
-/// The chunks of one image: its pieces' embeddings (overview first, then the slices row by row)
-/// between the marker tokens, appended to `out` (text tokens merge into a preceding text chunk).
-pub fn push_image(out: &mut Vec<Chunk>, m: &Markers, pieces: Vec<(usize, Vec<f32>)>, grid: (usize, usize), id: &str) {
+/// The chunks of one image: its pieces (overview first, then the slices row by row; each with
+/// its embedding rows) between the marker tokens, appended to `out` (text tokens merge into a
+/// preceding text chunk).
+pub fn push_image(out: &mut Vec<Chunk>, m: &Markers, pieces: Vec<(usize, RgbF32)>, grid: (usize, usize), id: &str) {
     let text = |out: &mut Vec<Chunk>, t: u32| match out.last_mut() {
         Some(Chunk::Text(v)) => v.push(t),
         _ => out.push(Chunk::Text(vec![t])),
     };
     let mut it = pieces.into_iter().enumerate();
-    if let Some((i, (rows, embd))) = it.next() {
+    if let Some((i, (rows, piece))) = it.next() {
         text(out, m.image_start);
-        out.push(Chunk::Embd { rows, embd, id: format!("{id}/{i}") });
+        out.push(Chunk::Image { rows, piece, id: format!("{id}/{i}") });
         text(out, m.image_end);
     }
     let (cols, nrows) = grid;
     for y in 0..nrows {
         for _ in 0..cols {
-            if let Some((i, (rows, embd))) = it.next() {
+            if let Some((i, (rows, piece))) = it.next() {
                 text(out, m.slice_start);
-                out.push(Chunk::Embd { rows, embd, id: format!("{id}/{i}") });
+                out.push(Chunk::Image { rows, piece, id: format!("{id}/{i}") });
                 text(out, m.slice_end);
             }
         }
@@ -84,9 +87,9 @@ mod tests {
     fn markers_and_rows_follow_mtmd() {
         let m = Markers { image_start: 1, image_end: 2, slice_start: 3, slice_end: 4, row_end: 5 };
         let mut out = vec![Chunk::Text(vec![9])];
-        let piece = |n: usize| (n, vec![0.0; n]);
+        let piece = |n: usize| (n, RgbF32 { w: 1, h: 1, px: vec![0.0; 3] });
         push_image(&mut out, &m, vec![piece(4), piece(2), piece(2), piece(2), piece(2)], (2, 2), "x");
-        let shape: Vec<String> = out.iter().map(|c| match c { Chunk::Text(t) => format!("{t:?}"), Chunk::Embd { rows, .. } => format!("E{rows}") }).collect();
+        let shape: Vec<String> = out.iter().map(|c| match c { Chunk::Text(t) => format!("{t:?}"), Chunk::Image { rows, .. } => format!("E{rows}") }).collect();
         assert_eq!(shape, ["[9, 1]", "E4", "[2, 3]", "E2", "[4, 3]", "E2", "[4, 5, 3]", "E2", "[4, 3]", "E2", "[4]"]);
     }
 }

@@ -338,7 +338,7 @@ fn gpu_image_embeddings_and_logits_equal_cpu() {
             s.set_backend(BackendKind::Wgpu, &opts).unwrap();
         }
         let p = s.mm_prompt(&mp, prompt, std::slice::from_ref(&img)).unwrap();
-        let toks = s.prefill_mm(&p).unwrap();
+        let toks = s.prefill_mm(&mp, &p).unwrap().tokens;
         let last = *toks.last().unwrap();
         let mut logits = s.forward(&[last], Logits::Last).unwrap();
         let mut seq = vec![logits.clone()];

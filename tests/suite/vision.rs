@@ -126,7 +126,7 @@ fn generate(s: &mut Session, mp: &Mmproj, run: &Value) -> Vec<u32> {
         _ => vec![],
     }).collect();
     assert_eq!(got, want, "{}: text tokens around the images", run["name"]);
-    let toks = s.prefill_mm(&p).unwrap();
+    let toks = s.prefill_mm(mp, &p).unwrap().tokens;
     s.reuse_prefix = true;
     let o = GenOptions { n: 16, sampler: SamplerConfig { temperature: 0.0, ..Default::default() }, ..Default::default() };
     let (ids, _) = s.generate_with(&toks, &o, &mut |_, _| true).unwrap();
@@ -184,6 +184,11 @@ fn prefix_reuse_is_keyed_on_the_image() {
     let cold = generate(&mut s, &mp, run);
     let again = generate(&mut s, &mp, run);
     assert_eq!(cold, again, "the same prompt again gives the same tokens");
+    // The image is neither encoded nor run again.
+    let p = s.mm_prompt(&mp, run["prompt"].as_str().unwrap(), &image_bytes(run)).unwrap();
+    let pre = s.prefill_mm(&mp, &p).unwrap();
+    assert_eq!(pre.encoded, 0, "a cached image is not encoded again");
+    assert_eq!(pre.reused, p.tokens.len() - 1);
     let p = s.mm_prompt(&mp, other["prompt"].as_str().unwrap(), &image_bytes(other)).unwrap();
     let kept = les::engine::common_prefix(s.cached_tokens(), &p.tokens);
     assert!(kept <= 5, "another image shares only the text before it ({kept} positions)");

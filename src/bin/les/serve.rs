@@ -29,12 +29,11 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use clap::Args;
 use les::engine::chat::Message;
-use les::engine::multimodal::MmPrompt;
 use les::engine::sampling::SamplerConfig;
 use les::engine::{FinishReason, GenOptions, Session};
 use les::expert::stream::StreamingExperts;
 use les::store::FileSource;
-use les::vision::layout::{Chunk, MARKER};
+use les::vision::layout::MARKER;
 use les::vision::Mmproj;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -338,13 +337,12 @@ fn run_job(sess: &mut Session, experts: Option<&StreamingExperts>, mmproj: Optio
     }
     // All but the last token run here (the cached prefix kept); `generate_with` runs the last one
     // and generates.
-    let mm_run = match &mm {
-        Some(p) => {
-            let kept = keep_prefix(sess, p);
-            sess.prefill_mm(p).map_err(image_error)?;
-            Some((kept, les::engine::now_ms() - t0))
+    let mm_run = match (&mm, mmproj) {
+        (Some(p), Some(mp)) => {
+            let run = sess.prefill_mm(mp, p).map_err(image_error)?;
+            Some((run.reused, les::engine::now_ms() - t0))
         }
-        None => None,
+        _ => None,
     };
     let tx = &job.tx;
     if !send(tx, Msg::Started) {
@@ -374,23 +372,6 @@ fn image_error(e: les::engine::EngineError) -> ApiError {
         les::engine::EngineError::Vision(v @ (V::Decode(_) | V::Format(_) | V::Empty { .. } | V::TooLarge { .. } | V::Invalid { .. })) => ApiError::bad(v.to_string(), Some("messages")),
         e => ApiError::server(e.to_string()),
     }
-}
-
-/// The prompt positions [`Session::prefill_mm`] keeps from the cache: the shared prefix, cut
-/// back to the start of an image chunk it ends inside (as `prefill_mm` cuts it). Cut here
-/// through `Session::reuse`, so the count is what stays, also where a recurrent state goes back
-/// to its checkpoint; `prefill_mm` then finds exactly that prefix cached.
-fn keep_prefix(sess: &mut Session, p: &MmPrompt) -> usize {
-    let kept = sess.reuse(&p.tokens);
-    let mut s = 0;
-    for c in &p.chunks {
-        let e = s + c.n_tokens();
-        if matches!(c, Chunk::Embd { .. }) && s < kept && kept < e {
-            return sess.reuse(&p.tokens[..=s]);
-        }
-        s = e;
-    }
-    kept
 }
 
 /// `/v1/models`: OpenAI's list, plus llama-server's `models` entry whose `capabilities` name
