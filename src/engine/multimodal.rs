@@ -114,6 +114,15 @@ impl Session {
     /// state there, and return the token record: pass it to [`Session::generate_with`] (with
     /// [`Session::reuse_prefix`] on), which runs the last token and generates.
     pub fn prefill_mm(&mut self, mmproj: &Mmproj, p: &MmPrompt) -> Result<MmPrefill, EngineError> {
+        #[cfg(not(target_arch = "wasm32"))]
+        return crate::backend::wgpu::block_on(self.prefill_mm_async(mmproj, p));
+        #[cfg(target_arch = "wasm32")]
+        return crate::backend::ops::ready(self.prefill_mm_async(mmproj, p)).map_err(crate::model::ModelError::from)?;
+    }
+
+    /// [`Self::prefill_mm`] as a future: on the GPU it awaits the readbacks (the browser cannot
+    /// block); on the CPU it is ready at once.
+    pub async fn prefill_mm_async(&mut self, mmproj: &Mmproj, p: &MmPrompt) -> Result<MmPrefill, EngineError> {
         let t0 = super::now_ms();
         let all = &p.tokens;
         if all.is_empty() {
@@ -152,17 +161,17 @@ impl Session {
                 match c {
                     Chunk::Text(t) => {
                         for part in t[from - s..to - s].chunks(batch) {
-                            self.forward(part, Logits::Last)?;
+                            self.forward_async(part, Logits::Last).await?;
                         }
                     }
                     Chunk::Image { rows, piece, .. } => {
                         let t = super::now_ms();
-                        let embd = self.encode_piece(mmproj, piece)?;
+                        let embd = self.encode_piece(mmproj, piece).await?;
                         (encoded, encode_ms) = (encoded + 1, encode_ms + super::now_ms() - t);
                         if embd.len() != rows * self.model.cfg.n_embd {
                             return Err(crate::model::ModelError::Internal(format!("{} embedding values for {rows} rows", embd.len())).into());
                         }
-                        self.forward_embd(&embd, *rows, &all[s..e])?
+                        self.forward_embd(&embd, *rows, &all[s..e]).await?
                     }
                 }
             }
@@ -173,25 +182,21 @@ impl Session {
     }
 
     /// One image piece's embeddings, on the session's backend.
-    fn encode_piece(&self, mmproj: &Mmproj, p: &crate::vision::image::RgbF32) -> Result<Vec<f32>, EngineError> {
-        #[cfg(not(target_arch = "wasm32"))]
-        if let Some(g) = &self.gpu {
-            return Ok(crate::backend::wgpu::block_on(mmproj.encode_gpu(&g.ctx, &self.gpu_opts, p))?);
+    async fn encode_piece(&self, mmproj: &Mmproj, p: &crate::vision::image::RgbF32) -> Result<Vec<f32>, EngineError> {
+        match &self.gpu {
+            Some(g) => Ok(mmproj.encode_gpu(&g.ctx, &self.gpu_opts, p).await?),
+            None => Ok(mmproj.encode(p)?),
         }
-        Ok(mmproj.encode(p)?)
     }
 
     /// One image chunk (`rows` embeddings) at the cache's end, recorded as `ids`.
-    fn forward_embd(&mut self, embd: &[f32], rows: usize, ids: &[u32]) -> Result<(), EngineError> {
+    async fn forward_embd(&mut self, embd: &[f32], rows: usize, ids: &[u32]) -> Result<(), EngineError> {
         self.cached.truncate(self.kv.len);
         let pos0 = self.kv.len;
-        #[cfg(not(target_arch = "wasm32"))]
         let r = match &self.gpu {
-            Some(g) => crate::backend::wgpu::block_on(self.model.forward_gpu_embd(g, embd, rows, &mut self.kv, Logits::Last)),
+            Some(g) => self.model.forward_gpu_embd(g, embd, rows, &mut self.kv, Logits::Last).await,
             None => self.model.forward_embd(embd, rows, &mut self.kv, Logits::Last),
         };
-        #[cfg(target_arch = "wasm32")]
-        let r = self.model.forward_embd(embd, rows, &mut self.kv, Logits::Last);
         self.commit(pos0, ids, r).map(|_| ())
     }
 }
