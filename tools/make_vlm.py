@@ -6,6 +6,8 @@ test images (llama.cpp references: tools/make_vision_refs.sh).
   make_vlm.py text     --arch {qwen35,qwen35moe} [--src models/SmolLM2-135M-Instruct.Q4_1.gguf]
                        [--out models/rand-qwen35-vl.gguf | models/rand-qwen35moe-vl.gguf]
   make_vlm.py images   [--dir tests/data/vision]
+  make_vlm.py mmproj --bench --out models/bench-minicpmv46-mmproj.gguf   (MiniCPM-V 4.6's tower size)
+  make_vlm.py bench-images [--dir target/bench-vision]
   make_vlm.py all      (the three models and the images, default paths)
 
 mmproj: a small `minicpmv4_6` projector (general.architecture "clip", llama.cpp
@@ -69,11 +71,20 @@ MMPROJ_SPEC = dict(
     image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5],
     n_pos=70 * 70,
     res_gain=0.5,          # std gain of every residual branch (attn_out, ffn_down)
+    wtype="F32",
 )
 
+# The vision tower at MiniCPM-V 4.6's scale (SigLIP-400M: 27 layers of 1152, 16 heads, FFN 4304,
+# patch 14, slice size 448; F16 matrices as converted mmproj files hold them) for benchmarks
+# (tools/bench_vision.sh); its output width stays the fixture text towers' 128, so it pairs with
+# models/rand-qwen35-vl.gguf. About 0.8 GB, never committed.
+MMPROJ_BENCH_SPEC = dict(MMPROJ_SPEC, seed=4610, image_size=448, n_embd=1152, n_head=16, n_ff=4304,
+                         n_layer=27, insert_layer=6, ds_ff=4608, mm_ff=4608, wtype="F16")
 
-def build_mmproj(out: str, seed: int | None = None):
-    sp = MMPROJ_SPEC
+
+def build_mmproj(out: str, seed: int | None = None, bench: bool = False):
+    sp = MMPROJ_BENCH_SPEC if bench else MMPROJ_SPEC
+    WT = F16 if sp["wtype"] == "F16" else F32
     seed = sp["seed"] if seed is None else seed
     W, H, FF, L = sp["n_embd"], sp["n_head"], sp["n_ff"], sp["n_layer"]
     P, D, DS, MM = sp["patch_size"], sp["n_embd_text"], sp["ds_ff"], sp["mm_ff"]
@@ -81,10 +92,10 @@ def build_mmproj(out: str, seed: int | None = None):
     assert sp["image_size"] % (P * sp["scale_factor"]) == 0
     sw = StreamWriter(out, "clip")
     sw.s("general.type", "mmproj")
-    sw.s("general.name", "rand-minicpmv-mmproj")
+    sw.s("general.name", "rand-minicpmv-mmproj-bench" if bench else "rand-minicpmv-mmproj")
     sw.s("general.description",
          f"LES random MiniCPM-V 4.6-style mmproj (minicpmv4_6), tools/make_vlm.py mmproj --seed {seed}")
-    sw.u32("general.file_type", int(gguf.LlamaFileType.ALL_F32))
+    sw.u32("general.file_type", int(gguf.LlamaFileType.MOSTLY_F16 if WT == F16 else gguf.LlamaFileType.ALL_F32))
     sw.s("clip.projector_type", "minicpmv4_6")
     sw.kv("clip.has_vision_encoder", True, gguf.GGUFValueType.BOOL)
     sw.kv("clip.use_gelu", True, gguf.GGUFValueType.BOOL)
@@ -110,11 +121,11 @@ def build_mmproj(out: str, seed: int | None = None):
         rnd(name + ".bias", F32, (n,), 0.05)
 
     def lin(name, n_in, n_out, std, bias_std=0.05):
-        rnd(name + ".weight", F32, (n_in, n_out), std)
+        rnd(name + ".weight", WT, (n_in, n_out), std)
         rnd(name + ".bias", F32, (n_out,), bias_std)
 
     # conv kernel, ggml ne = [KW, KH, C_in, C_out]; the normalized pixels have std ~0.5-0.6
-    rnd("v.patch_embd.weight", F32, (P, P, 3, W), 1.5 / math.sqrt(3 * P * P))
+    rnd("v.patch_embd.weight", WT, (P, P, 3, W), 1.5 / math.sqrt(3 * P * P))
     rnd("v.patch_embd.bias", F32, (W,), 0.1)
     rnd("v.position_embd.weight", F16, (W, sp["n_pos"]), 0.5)
     for il in range(L):
@@ -352,12 +363,33 @@ def build_images(d: str):
             print(f"  {p} {p.stat().st_size} bytes", file=sys.stderr)
 
 
+def write_png(path: Path, px: np.ndarray):
+    """An RGB PNG without Pillow (filter 0 per row, zlib level 6)."""
+    h, w, _ = px.shape
+    raw = b"".join(b"\x00" + px[y].tobytes() for y in range(h))
+    ihdr = struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", ihdr) + png_chunk(b"IDAT", zlib.compress(raw, 6)) +
+                     png_chunk(b"IEND", b""))
+
+
+# Benchmark images (tools/bench_vision.sh): one slice at MiniCPM-V's slice size, one sliced photo size.
+BENCH_IMAGES = [("bench_448x448.png", (448, 448), 21), ("bench_1000x700.png", (1000, 700), 22)]
+
+
+def build_bench_images(d: str):
+    out = Path(d)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, (w, h), seed in BENCH_IMAGES:
+        write_png(out / name, pattern(w, h, seed))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("mmproj")
     s.add_argument("--out", default="models/rand-minicpmv-mmproj.gguf")
     s.add_argument("--seed", type=int, default=None)
+    s.add_argument("--bench", action="store_true", help="MiniCPM-V 4.6's tower size (F16, ~0.8 GB) for benchmarks")
     s = sub.add_parser("text")
     s.add_argument("--arch", required=True, choices=sorted(TEXT_SPECS))
     s.add_argument("--src", default="models/SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -365,15 +397,19 @@ def main():
     s.add_argument("--seed", type=int, default=None)
     s = sub.add_parser("images")
     s.add_argument("--dir", default="tests/data/vision")
+    s = sub.add_parser("bench-images")
+    s.add_argument("--dir", default="target/bench-vision")
     s = sub.add_parser("all")
     s.add_argument("--src", default="models/SmolLM2-135M-Instruct.Q4_1.gguf")
     a = ap.parse_args()
     if a.cmd == "mmproj":
-        build_mmproj(a.out, a.seed)
+        build_mmproj(a.out, a.seed, a.bench)
     elif a.cmd == "text":
         build_text(a.arch, a.src, a.out or f"models/rand-{a.arch}-vl.gguf", a.seed)
     elif a.cmd == "images":
         build_images(a.dir)
+    elif a.cmd == "bench-images":
+        build_bench_images(a.dir)
     else:
         build_mmproj("models/rand-minicpmv-mmproj.gguf")
         for k in TEXT_SPECS:

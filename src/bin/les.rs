@@ -602,6 +602,12 @@ fn cmd_run(a: RunArgs) -> Res {
         }
         _ => 0,
     };
+    // So does a vision tower (its weights and the encoder's activations).
+    let reserve = reserve
+        + match (&a.mmproj, &a.s.memory_budget) {
+            (Some(p), Some(_)) => les::vision::Mmproj::footprint(&FileSource::open(p).map_err(|e| format!("--mmproj {p}: {e}"))?).map_err(|e| format!("--mmproj {p}: {e}"))?,
+            _ => 0,
+        };
     let (mut sess, streaming) = open_session(&a.m, &a.s, reserve)?;
     let mut draft: Option<Box<dyn Draft>> = match (&a.draft_model, a.lookup) {
         (Some(p), _) => {
@@ -762,12 +768,18 @@ fn run_images(sess: &mut Session, prompt: &str, mmproj: &str, a: &RunArgs, sampl
     let toks = run.tokens;
     let was = sess.reuse_prefix;
     sess.reuse_prefix = true;
-    let r = generate_one(sess, toks, a, sampler, spec);
+    let r = generate_one_with(sess, toks, a, sampler, spec, Some((run.reused, run.ms)));
     sess.reuse_prefix = was;
     r.map(|_| ())
 }
 
 fn generate_one(sess: &mut Session, toks: Vec<u32>, a: &RunArgs, sampler: &SamplerConfig, spec: &mut Spec<'_>) -> Result<String, Box<dyn std::error::Error>> {
+    generate_one_with(sess, toks, a, sampler, spec, None)
+}
+
+/// [`generate_one`] after a prefill of all but the last token (`pre`: positions reused from the
+/// cache before it, its time in ms), which the prompt line then counts.
+fn generate_one_with(sess: &mut Session, toks: Vec<u32>, a: &RunArgs, sampler: &SamplerConfig, spec: &mut Spec<'_>, pre: Option<(usize, f64)>) -> Result<String, Box<dyn std::error::Error>> {
     let mut out = std::io::stdout().lock();
     let mut text = String::new();
     let mut on_text = |_, s: &str| {
@@ -794,11 +806,15 @@ fn generate_one(sess: &mut Session, toks: Vec<u32>, a: &RunArgs, sampler: &Sampl
         writeln!(f, "{}", serde_json::to_string(&ids)?)?;
     }
     let mem = memory_usage().map(|(_, peak)| format!(", peak memory {:.1} MiB", peak as f64 / 1048576.0)).unwrap_or_default();
+    let (reused, prompt_tps) = match pre {
+        Some((reused, ms)) => (reused, (st.prompt_tokens - reused) as f64 / ((ms + st.prompt_ms) / 1000.0).max(1e-9)),
+        None => (st.prompt_reused, st.prompt_tps()),
+    };
     eprintln!(
         "\nles: prompt {} tokens{}, {:.1} tokens/s | decode {} tokens, {:.1} tokens/s{}",
         st.prompt_tokens,
-        if st.prompt_reused > 0 { format!(" ({} reused from the cache)", st.prompt_reused) } else { String::new() },
-        st.prompt_tps(),
+        if reused > 0 { format!(" ({reused} reused from the cache)") } else { String::new() },
+        prompt_tps,
         st.gen_tokens,
         st.gen_tps(),
         mem

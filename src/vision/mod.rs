@@ -170,6 +170,19 @@ impl Mmproj {
         Ok(Self { cfg, weights, tower, n_embd_out, bytes, gpu: std::sync::Mutex::new(None) })
     }
 
+    /// Bytes an mmproj file takes in memory when loaded and encoding its largest piece, from
+    /// its header alone (for a memory budget): the tensors as stored, plus the encoder's
+    /// activations at `(image_size / patch_size)²` patches (the residual stream, Q/K/V, the
+    /// attention output and its f16 K/V copies, the FFN's hidden rows; f32).
+    pub fn footprint(src: &dyn ByteSource) -> Result<u64, VisionError> {
+        let g = GgufFile::read(src)?;
+        let weights: u64 = g.tensors.iter().map(|t| t.size).sum();
+        let u = |k: &str| g.get_u64(k).unwrap_or(0);
+        let (side, d, ff) = (u("clip.vision.image_size") / u("clip.vision.patch_size").max(1), u("clip.vision.embedding_length"), u("clip.vision.feed_forward_length"));
+        let rows = side * side;
+        Ok(weights + rows * (6 * d + ff) * 4)
+    }
+
     /// The slicing this projector's preprocessing uses.
     pub fn slicing(&self) -> image::Slicing {
         let c = &self.cfg;

@@ -205,7 +205,12 @@ fn unix_now() -> u64 {
 }
 
 pub fn cmd_serve(a: ServeArgs) -> Res {
-    let (mut sess, experts) = open_session(&a.m, &a.s, 0)?;
+    // A vision tower's weights and activations come out of the budget too.
+    let reserve = match (&a.mmproj, &a.s.memory_budget) {
+        (Some(p), Some(_)) => Mmproj::footprint(&FileSource::open(p).map_err(|e| format!("--mmproj {p}: {e}"))?).map_err(|e| format!("--mmproj {p}: {e}"))?,
+        _ => 0,
+    };
+    let (mut sess, experts) = open_session(&a.m, &a.s, reserve)?;
     sess.reuse_prefix = true;
     let mmproj = a.mmproj.as_deref().map(|f| load_mmproj(&sess, f)).transpose()?;
     let model = a.alias.clone().unwrap_or_else(|| std::path::Path::new(&a.m.model).file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_else(|| "les".into()));
