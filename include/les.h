@@ -21,6 +21,15 @@ typedef struct LesEngine LesEngine;
  */
 typedef bool (*LesTokenCallback)(const char *text, void *user);
 
+/**
+ * One image given to [`les_generate_images`]: the bytes of a PNG or JPEG file (on iOS,
+ * `UIImage.pngData()` or `jpegData(compressionQuality:)`), read only during the call.
+ */
+typedef struct LesImage {
+  const uint8_t *data;
+  size_t len;
+} LesImage;
+
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
@@ -28,7 +37,8 @@ extern "C" {
 /**
  * Load a GGUF model (or a `.les` bundle). `options_json` may be NULL or a JSON object with
  * `memory_budget` ("400MiB"), `backend` ("cpu" | "wgpu" | "auto"), `n_ctx`, `store`,
- * `reuse_prefix` (default true: a chat that re-sends its conversation runs only the new part).
+ * `reuse_prefix` (default true: a chat that re-sends its conversation runs only the new part),
+ * `mmproj` (a vision tower's GGUF, as [`les_load_mmproj`]).
  * Returns NULL on failure with a message in `err` (`err_len` bytes, NUL-terminated).
  */
 struct LesEngine *les_load(const char *model_path,
@@ -37,9 +47,10 @@ struct LesEngine *les_load(const char *model_path,
                            size_t err_len);
 
 /**
- * Generate up to `n_predict` tokens after `prompt` (tokenized as llama.cpp does), calling
- * `callback(text, user)` per decoded chunk. `temperature` 0 is greedy; `seed` seeds sampling.
- * Returns the number of tokens generated, or -1 on error (see [`les_last_error`]).
+ * Generate up to `n_predict` tokens after `prompt` (tokenized as llama.cpp does, as it is: no
+ * chat template), calling `callback(text, user)` per decoded chunk. `temperature` 0 is greedy;
+ * `seed` seeds sampling. Returns the number of tokens generated, or -1 on error (see
+ * [`les_last_error`]).
  */
 int32_t les_generate(struct LesEngine *engine,
                      const char *prompt,
@@ -50,13 +61,43 @@ int32_t les_generate(struct LesEngine *engine,
                      void *user);
 
 /**
+ * Load a vision tower (an mmproj GGUF, llama.cpp's `--mmproj`; projector `minicpmv4_6`) for
+ * [`les_generate_images`], checked against the engine's text model (embedding width, image
+ * marker tokens). A tower loaded before is replaced (and the cached conversation forgotten).
+ * Returns 0, or -1 with the error in [`les_last_error`] (-1 alone when `engine` is NULL).
+ */
+int32_t les_load_mmproj(struct LesEngine *engine, const char *mmproj_path);
+
+/**
+ * Generate after a user message with images, as `llama-mtmd-cli -p PROMPT --image …` (and
+ * `les run --image`) do: unlike [`les_generate`], `prompt` is the user's text and goes through
+ * the model's chat template (one user turn, then the assistant's). Each image goes where
+ * `prompt` holds the marker `<__media__>`; without markers they all go before the text.
+ * `images` are `n_images` PNG / JPEG files' bytes (n_images 0: the chat turn alone, no vision
+ * tower needed). Needs a vision tower ([`les_load_mmproj`]). Callback, sampling and return as
+ * [`les_generate`]; -1 with [`les_last_error`] for an image that does not decode, no vision
+ * tower, or NULL pointers. With `reuse_prefix`, a next call with the same image at the same
+ * place neither encodes nor runs it again.
+ */
+int32_t les_generate_images(struct LesEngine *engine,
+                            const char *prompt,
+                            const struct LesImage *images,
+                            size_t n_images,
+                            int32_t n_predict,
+                            float temperature,
+                            uint64_t seed,
+                            LesTokenCallback callback,
+                            void *user);
+
+/**
  * The last error message of `engine` (empty when none); valid until the next call on it.
  */
 const char *les_last_error(const struct LesEngine *engine);
 
 /**
  * Statistics as a JSON string (backend; `last`: the last generation's prompt tokens, reused
- * tokens, timings and finish reason; expert cache hit rate, bytes read per token, stall, GPU
+ * tokens, timings and finish reason, and `images` after images: count, embedding rows, pieces
+ * encoded, `encode_ms`, `prefill_ms`; expert cache hit rate, bytes read per token, stall, GPU
  * readbacks); free it with [`les_string_free`]. NULL when `engine` is NULL.
  */
 char *les_stats_json(const struct LesEngine *engine);

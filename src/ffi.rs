@@ -1,5 +1,6 @@
 //! C ABI for native apps (Swift on iOS / macOS through an XCFramework, or any C caller): load a
-//! model, generate with a callback per token, read statistics, free. The header `include/les.h` is
+//! model (and a vision tower for images), generate with a callback per token, read statistics,
+//! free. The header `include/les.h` is
 //! generated from this file by cbindgen (`tests/suite/c_abi.rs` checks it is current); `docs/apple.md`
 //! shows a Swift example.
 //!
@@ -9,12 +10,14 @@
 
 use crate::backend::wgpu::exec::GpuOptions;
 use crate::backend::BackendKind;
+use crate::engine::chat::Message;
 use crate::engine::sampling::SamplerConfig;
 use crate::engine::stream::{open_streaming, parse_bytes, StreamOptions};
-use crate::engine::Session;
+use crate::engine::{GenOptions, Session};
 use crate::expert::stream::{StreamConfig, StreamingExperts};
 use crate::model::ExpertMode;
 use crate::store::FileSource;
+use crate::vision::{layout, Mmproj, VisionError};
 use std::ffi::{c_char, c_void, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
@@ -27,6 +30,32 @@ pub struct LesEngine {
     backend_line: String,
     /// Statistics of the last generation.
     last: Option<crate::engine::GenStats>,
+    /// The vision tower ([`les_load_mmproj`] or the `mmproj` load option): images are accepted.
+    mmproj: Option<Mmproj>,
+    /// What the last generation did with its images (none: it had none).
+    last_images: Option<ImageStats>,
+}
+
+/// The images of one generation, in [`les_stats_json`]'s `last.images`.
+#[derive(serde::Serialize)]
+struct ImageStats {
+    /// Images in the prompt and the embedding rows they became.
+    images: usize,
+    rows: usize,
+    /// Image pieces (overview, slices) encoded, and the time it took (ms): pieces the cache
+    /// already held (the same image at the same place in a next turn) are not encoded again.
+    encoded: usize,
+    encode_ms: f64,
+    /// The whole prompt's prefill (encoding included, ms).
+    prefill_ms: f64,
+}
+
+/// One image given to [`les_generate_images`]: the bytes of a PNG or JPEG file (on iOS,
+/// `UIImage.pngData()` or `jpegData(compressionQuality:)`), read only during the call.
+#[repr(C)]
+pub struct LesImage {
+    pub data: *const u8,
+    pub len: usize,
 }
 
 /// Load options, given as a JSON object (all fields optional).
@@ -44,6 +73,8 @@ struct LoadOptions {
     /// Keep the cache between generations and run only what follows the longest prefix it shares
     /// with the next prompt (default true; see [`les_reset`]).
     reuse_prefix: Option<bool>,
+    /// A vision tower (mmproj GGUF) to load with the model, as [`les_load_mmproj`] does.
+    mmproj: Option<String>,
 }
 
 /// Called with each chunk of generated text (UTF-8, NUL-terminated, valid only during the call).
@@ -92,12 +123,72 @@ fn load(path: &str, opts: &str) -> Result<LesEngine, String> {
     };
     let backend_line = session.set_backend(backend, &GpuOptions::default()).map_err(|e| e.to_string())?;
     session.reuse_prefix = o.reuse_prefix.unwrap_or(true);
-    Ok(LesEngine { session, experts, last_error: CString::default(), backend_line, last: None })
+    let mmproj = o.mmproj.as_deref().map(|p| load_mmproj(&session, p)).transpose()?;
+    Ok(LesEngine { session, experts, last_error: CString::default(), backend_line, last: None, mmproj, last_images: None })
+}
+
+/// A vision tower for `session`'s text model, checked against it when loaded (the embedding
+/// width, the marker tokens mtmd puts around an image), as `les serve --mmproj` does.
+fn load_mmproj(session: &Session, path: &str) -> Result<Mmproj, String> {
+    let err = |x: &dyn std::fmt::Display| format!("mmproj {path}: {x}");
+    let mp = Mmproj::load(&FileSource::open(path).map_err(|x| err(&x))?).map_err(|x| err(&x))?;
+    if mp.n_embd_out != session.model.cfg.n_embd {
+        return Err(err(&VisionError::Width { mmproj: mp.n_embd_out, text: session.model.cfg.n_embd }));
+    }
+    layout::Markers::find(|t| session.lookup_token(t)).map_err(|x| err(&x))?;
+    Ok(mp)
+}
+
+/// Run `f` on a live engine (from [`les_load`], used by one thread at a time): an error, or a
+/// panic caught here, becomes the engine's [`les_last_error`] and -1. A NULL engine gives -1.
+fn with_engine(engine: *mut LesEngine, what: &str, f: impl FnOnce(&mut LesEngine) -> Result<i32, String>) -> i32 {
+    if engine.is_null() {
+        return -1;
+    }
+    // SAFETY: a pointer from les_load, not yet freed, used by one thread at a time.
+    let e = unsafe { &mut *engine };
+    let r = catch_unwind(AssertUnwindSafe(|| f(&mut *e)));
+    let m = match r {
+        Ok(Ok(n)) => return n,
+        Ok(Err(m)) => m,
+        Err(_) => format!("internal error (panic) while {what}"),
+    };
+    e.last_error = CString::new(m.replace('\0', "")).unwrap_or_default();
+    -1
+}
+
+/// The generation callback as the engine's `on_token`: each chunk handed over NUL-terminated.
+fn text_sink(callback: LesTokenCallback, user: *mut c_void) -> impl FnMut(u32, &str) -> bool {
+    move |_tok, text| match (callback, CString::new(text.replace('\0', ""))) {
+        (Some(cb), Ok(c)) => cb(c.as_ptr(), user),
+        _ => true,
+    }
+}
+
+/// The bytes of `n` images at `images` (copied: the caller's buffers are read only here).
+fn image_bytes(images: *const LesImage, n: usize) -> Result<Vec<Vec<u8>>, String> {
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    if images.is_null() {
+        return Err(format!("images is NULL with n_images = {n}"));
+    }
+    // SAFETY: the caller passes `n` images.
+    let list = unsafe { std::slice::from_raw_parts(images, n) };
+    list.iter()
+        .enumerate()
+        .map(|(i, im)| match im.data.is_null() {
+            true => Err(format!("image {i}: data is NULL")),
+            // SAFETY: the caller promises `len` readable bytes at `data`.
+            false => Ok(unsafe { std::slice::from_raw_parts(im.data, im.len) }.to_vec()),
+        })
+        .collect()
 }
 
 /// Load a GGUF model (or a `.les` bundle). `options_json` may be NULL or a JSON object with
 /// `memory_budget` ("400MiB"), `backend` ("cpu" | "wgpu" | "auto"), `n_ctx`, `store`,
-/// `reuse_prefix` (default true: a chat that re-sends its conversation runs only the new part).
+/// `reuse_prefix` (default true: a chat that re-sends its conversation runs only the new part),
+/// `mmproj` (a vision tower's GGUF, as [`les_load_mmproj`]).
 /// Returns NULL on failure with a message in `err` (`err_len` bytes, NUL-terminated).
 #[no_mangle]
 pub extern "C" fn les_load(model_path: *const c_char, options_json: *const c_char, err: *mut c_char, err_len: usize) -> *mut LesEngine {
@@ -119,41 +210,90 @@ pub extern "C" fn les_load(model_path: *const c_char, options_json: *const c_cha
     }
 }
 
-/// Generate up to `n_predict` tokens after `prompt` (tokenized as llama.cpp does), calling
-/// `callback(text, user)` per decoded chunk. `temperature` 0 is greedy; `seed` seeds sampling.
-/// Returns the number of tokens generated, or -1 on error (see [`les_last_error`]).
+/// Generate up to `n_predict` tokens after `prompt` (tokenized as llama.cpp does, as it is: no
+/// chat template), calling `callback(text, user)` per decoded chunk. `temperature` 0 is greedy;
+/// `seed` seeds sampling. Returns the number of tokens generated, or -1 on error (see
+/// [`les_last_error`]).
 #[no_mangle]
 pub extern "C" fn les_generate(engine: *mut LesEngine, prompt: *const c_char, n_predict: i32, temperature: f32, seed: u64, callback: LesTokenCallback, user: *mut c_void) -> i32 {
-    if engine.is_null() {
-        return -1;
-    }
-    // SAFETY: a pointer from les_load, not yet freed, used by one thread at a time.
-    let e = unsafe { &mut *engine };
-    let r = catch_unwind(AssertUnwindSafe(|| -> Result<i32, String> {
-        let p = cstr(prompt)?;
-        let toks = e.session.tokenize(p);
+    with_engine(engine, "generating", |e| {
+        let toks = e.session.tokenize(cstr(prompt)?);
         let sampler = SamplerConfig { temperature: temperature.max(0.0), seed, ..Default::default() };
-        let mut on = |_tok: u32, text: &str| -> bool {
-            match (callback, CString::new(text.replace('\0', ""))) {
-                (Some(cb), Ok(c)) => cb(c.as_ptr(), user),
-                _ => true,
-            }
-        };
-        let (out, st) = e.session.generate(&toks, n_predict.max(0) as usize, &sampler, false, &mut on).map_err(|x| x.to_string())?;
-        e.last = Some(st);
+        let (out, st) = e.session.generate(&toks, n_predict.max(0) as usize, &sampler, false, &mut text_sink(callback, user)).map_err(|x| x.to_string())?;
+        (e.last, e.last_images) = (Some(st), None);
         Ok(out.len() as i32)
-    }));
-    match r {
-        Ok(Ok(n)) => n,
-        Ok(Err(m)) => {
-            e.last_error = CString::new(m.replace('\0', "")).unwrap_or_default();
-            -1
+    })
+}
+
+/// Load a vision tower (an mmproj GGUF, llama.cpp's `--mmproj`; projector `minicpmv4_6`) for
+/// [`les_generate_images`], checked against the engine's text model (embedding width, image
+/// marker tokens). A tower loaded before is replaced (and the cached conversation forgotten).
+/// Returns 0, or -1 with the error in [`les_last_error`] (-1 alone when `engine` is NULL).
+#[no_mangle]
+pub extern "C" fn les_load_mmproj(engine: *mut LesEngine, mmproj_path: *const c_char) -> i32 {
+    with_engine(engine, "loading the vision tower", |e| {
+        let mp = load_mmproj(&e.session, cstr(mmproj_path)?)?;
+        if e.mmproj.replace(mp).is_some() {
+            e.session.reset();
         }
-        Err(_) => {
-            e.last_error = CString::new("internal error (panic) while generating").unwrap_or_default();
-            -1
+        Ok(0)
+    })
+}
+
+/// Generate after a user message with images, as `llama-mtmd-cli -p PROMPT --image …` (and
+/// `les run --image`) do: unlike [`les_generate`], `prompt` is the user's text and goes through
+/// the model's chat template (one user turn, then the assistant's). Each image goes where
+/// `prompt` holds the marker `<__media__>`; without markers they all go before the text.
+/// `images` are `n_images` PNG / JPEG files' bytes (n_images 0: the chat turn alone, no vision
+/// tower needed). Needs a vision tower ([`les_load_mmproj`]). Callback, sampling and return as
+/// [`les_generate`]; -1 with [`les_last_error`] for an image that does not decode, no vision
+/// tower, or NULL pointers. With `reuse_prefix`, a next call with the same image at the same
+/// place neither encodes nor runs it again.
+#[no_mangle]
+pub extern "C" fn les_generate_images(
+    engine: *mut LesEngine,
+    prompt: *const c_char,
+    images: *const LesImage,
+    n_images: usize,
+    n_predict: i32,
+    temperature: f32,
+    seed: u64,
+    callback: LesTokenCallback,
+    user: *mut c_void,
+) -> i32 {
+    with_engine(engine, "generating with images", |e| {
+        let p = cstr(prompt)?;
+        let imgs = image_bytes(images, n_images)?;
+        if !imgs.is_empty() && e.mmproj.is_none() {
+            return Err("no vision tower is loaded: images need les_load_mmproj (or \"mmproj\" in les_load's options) first".into());
         }
-    }
+        let content = if p.contains(layout::MARKER) { p.to_string() } else { format!("{}{p}", layout::MARKER.repeat(imgs.len())) };
+        let text = e.session.chat_prompt(&[Message { role: "user".into(), content }]).map_err(|x| x.to_string())?;
+        let (toks, seen) = match &e.mmproj {
+            Some(mp) if !imgs.is_empty() => {
+                let mm = e.session.mm_prompt(mp, &text, &imgs).map_err(|x| x.to_string())?;
+                if !e.session.reuse_prefix {
+                    e.session.reset();
+                }
+                let run = e.session.prefill_mm(mp, &mm).map_err(|x| x.to_string())?;
+                let seen = ImageStats { images: imgs.len(), rows: mm.image_rows, encoded: run.encoded, encode_ms: run.encode_ms, prefill_ms: run.ms };
+                (run.tokens, Some((seen, run.reused)))
+            }
+            _ => (e.session.tokenize(&text), None),
+        };
+        let o = GenOptions { n: n_predict.max(0) as usize, sampler: SamplerConfig { temperature: temperature.max(0.0), seed, ..Default::default() }, ..Default::default() };
+        // The prefill above left all but the last token in the cache: generation runs on from there.
+        let was = e.session.reuse_prefix;
+        e.session.reuse_prefix |= seen.is_some();
+        let r = e.session.generate_with(&toks, &o, &mut text_sink(callback, user));
+        e.session.reuse_prefix = was;
+        let (out, mut st) = r.map_err(|x| x.to_string())?;
+        if let Some((s, reused)) = &seen {
+            (st.prompt_reused, st.prompt_ms) = (*reused, st.prompt_ms + s.prefill_ms);
+        }
+        (e.last, e.last_images) = (Some(st), seen.map(|(s, _)| s));
+        Ok(out.len() as i32)
+    })
 }
 
 /// The last error message of `engine` (empty when none); valid until the next call on it.
@@ -167,7 +307,8 @@ pub extern "C" fn les_last_error(engine: *const LesEngine) -> *const c_char {
 }
 
 /// Statistics as a JSON string (backend; `last`: the last generation's prompt tokens, reused
-/// tokens, timings and finish reason; expert cache hit rate, bytes read per token, stall, GPU
+/// tokens, timings and finish reason, and `images` after images: count, embedding rows, pieces
+/// encoded, `encode_ms`, `prefill_ms`; expert cache hit rate, bytes read per token, stall, GPU
 /// readbacks); free it with [`les_string_free`]. NULL when `engine` is NULL.
 #[no_mangle]
 pub extern "C" fn les_stats_json(engine: *const LesEngine) -> *mut c_char {
@@ -178,6 +319,9 @@ pub extern "C" fn les_stats_json(engine: *const LesEngine) -> *mut c_char {
     let e = unsafe { &*engine };
     let r = catch_unwind(AssertUnwindSafe(|| {
         let mut v = serde_json::json!({ "backend": e.backend_line, "last": e.last });
+        if let (Some(im), Some(last)) = (&e.last_images, v["last"].as_object_mut()) {
+            last.insert("images".into(), serde_json::to_value(im).unwrap_or_default());
+        }
         if let Some(x) = &e.experts {
             let s = x.stats();
             v["experts"] = serde_json::json!({
@@ -200,13 +344,10 @@ pub extern "C" fn les_stats_json(engine: *const LesEngine) -> *mut c_char {
 /// Returns 0, or -1 when `engine` is NULL.
 #[no_mangle]
 pub extern "C" fn les_reset(engine: *mut LesEngine) -> i32 {
-    if engine.is_null() {
-        return -1;
-    }
-    // SAFETY: a pointer from les_load, not yet freed, used by one thread at a time.
-    let e = unsafe { &mut *engine };
-    e.session.reset();
-    0
+    with_engine(engine, "resetting", |e| {
+        e.session.reset();
+        Ok(0)
+    })
 }
 
 /// Free a string returned by LES.

@@ -1,6 +1,7 @@
 //! The C ABI (src/ffi.rs): the committed header is what cbindgen makes from the source, and a
 //! load → generate (callback per token) → stats → free round trip gives the same text as the Rust
-//! API, with clear errors for bad input.
+//! API, with clear errors for bad input; with a vision tower, an image and "Describe" give
+//! llama-mtmd-cli's greedy tokens (tests/data/vision/refs.json).
 
 use les::ffi::*;
 use std::ffi::{c_char, c_void, CStr, CString};
@@ -22,7 +23,7 @@ fn header_is_current() {
     let have = std::fs::read(&path).unwrap_or_default();
     assert!(have == out, "include/les.h is stale: run LES_BLESS=1 cargo test --profile ci --test suite -- c_abi::");
     let h = String::from_utf8(out).unwrap();
-    for f in ["les_load", "les_generate", "les_stats_json", "les_free", "les_string_free", "les_last_error", "les_reset"] {
+    for f in ["les_load", "les_generate", "les_stats_json", "les_free", "les_string_free", "les_last_error", "les_reset", "les_load_mmproj", "les_generate_images", "LesImage"] {
         assert!(h.contains(f), "header lacks {f}");
     }
 }
@@ -101,4 +102,119 @@ fn bad_input_gives_clear_errors() {
     assert!(les_load(std::ptr::null(), std::ptr::null(), std::ptr::null_mut(), 0).is_null());
     assert_eq!(les_generate(std::ptr::null_mut(), std::ptr::null(), 1, 0.0, 0, None, std::ptr::null_mut()), -1);
     assert!(les_stats_json(std::ptr::null()).is_null());
+}
+
+fn last_error(e: *const LesEngine) -> String {
+    unsafe { CStr::from_ptr(les_last_error(e)) }.to_str().unwrap().to_string()
+}
+
+fn stats(e: *const LesEngine) -> serde_json::Value {
+    let st = les_stats_json(e);
+    let js = serde_json::from_str(unsafe { CStr::from_ptr(st) }.to_str().unwrap()).unwrap();
+    les_string_free(st);
+    js
+}
+
+fn image(bytes: &[u8]) -> LesImage {
+    LesImage { data: bytes.as_ptr(), len: bytes.len() }
+}
+
+/// `les_generate_images` with a user text and images; (return value, text).
+fn describe(e: *mut LesEngine, prompt: &str, images: &[LesImage], n: i32) -> (i32, String) {
+    let p = CString::new(prompt).unwrap();
+    let mut text = String::new();
+    let r = les_generate_images(e, p.as_ptr(), images.as_ptr(), images.len(), n, 0.0, 1, Some(collect), &mut text as *mut String as *mut c_void);
+    (r, text)
+}
+
+/// square_224.png + "Describe" through the C ABI: llama-mtmd-cli's greedy tokens (refs.json
+/// `runs.qwen35`, its prompt the chat-templated `<__media__>Describe`), allowed to part only
+/// where llama.cpp's top-2 margin is below 0.1; then the errors: no vision tower, an image that
+/// does not decode, NULL pointers.
+#[test]
+fn images_give_llama_mtmd_clis_greedy_tokens() {
+    let dir = root().join("tests/data/vision");
+    let refs: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("refs.json")).unwrap()).unwrap();
+    let run = refs["runs"]["qwen35"].as_array().unwrap().iter().find(|r| r["name"] == "square_224").unwrap();
+    assert_eq!(run["prompt"], "<|im_start|>user\n<__media__>Describe<|im_end|>\n<|im_start|>assistant\n");
+    let square = std::fs::read(dir.join("square_224.png")).unwrap();
+    let model = root().join("models/rand-qwen35-vl.gguf");
+    let mmproj = CString::new(root().join("models/rand-minicpmv-mmproj.gguf").to_str().unwrap()).unwrap();
+    let path = CString::new(model.to_str().unwrap()).unwrap();
+    let opts = CString::new(r#"{"backend": "cpu", "n_ctx": 256}"#).unwrap();
+    let mut err = [0 as c_char; 256];
+    let e = les_load(path.as_ptr(), opts.as_ptr(), err.as_mut_ptr(), err.len());
+    assert!(!e.is_null(), "{}", unsafe { CStr::from_ptr(err.as_ptr()) }.to_str().unwrap());
+
+    // An image before any vision tower: -1, and the message says what to call.
+    let (r, text) = describe(e, "Describe", &[image(&square)], 8);
+    assert_eq!((r, text.as_str()), (-1, ""));
+    assert!(last_error(e).contains("les_load_mmproj"), "{}", last_error(e));
+    assert_eq!(les_load_mmproj(e, mmproj.as_ptr()), 0, "{}", last_error(e));
+
+    // llama.cpp's 8 first tokens (the text of their pieces: the callback gets text).
+    let (n, text) = describe(e, "Describe", &[image(&square)], 8);
+    assert_eq!(n, 8, "{}", last_error(e));
+    let src = les::store::FileSource::open(&model).unwrap();
+    let s = les::engine::Session::load(&src, les::model::ExpertMode::Resident, 64).unwrap();
+    let mut want = Vec::new();
+    for (i, t) in run["generated"].as_array().unwrap()[..8].iter().enumerate() {
+        let piece = s.tokenizer.token_to_piece(t.as_u64().unwrap() as u32, false);
+        let margin = run["rows"][i]["margin"].as_f64().unwrap();
+        if !text.as_bytes()[want.len()..].starts_with(&piece) {
+            assert!(margin < 0.1, "token {i}: {text:?} parts from llama.cpp's {:?} where its margin is {margin}", String::from_utf8_lossy(&want));
+            break;
+        }
+        want.extend(piece);
+        if i == 7 {
+            assert_eq!(text.as_bytes(), &want[..], "llama.cpp's 8 tokens, then nothing");
+        }
+    }
+    let js = stats(e);
+    assert_eq!(js["last"]["images"]["images"], 1, "{js}");
+    assert_eq!(js["last"]["images"]["rows"], 16, "{js}");
+    assert_eq!(js["last"]["images"]["encoded"], 1, "{js}");
+    assert_eq!(js["last"]["gen_tokens"], 8, "{js}");
+    // The same turn again: the image is in the cache, neither encoded nor run again.
+    let (n, _) = describe(e, "<__media__>Describe", &[image(&square)], 2);
+    assert_eq!(n, 2, "{}", last_error(e));
+    let js = stats(e);
+    assert_eq!(js["last"]["images"]["encoded"], 0, "{js}");
+    assert!(js["last"]["prompt_reused"].as_u64().unwrap() >= 20, "the text and image before 'Describe' are reused: {js}");
+
+    // A truncated PNG: -1 and the decoder's error.
+    let truncated = std::fs::read(dir.join("bad_truncated.png")).unwrap();
+    let (r, text) = describe(e, "Describe", &[image(&truncated)], 8);
+    assert_eq!((r, text.as_str()), (-1, ""));
+    assert!(last_error(e).contains("could not be decoded"), "{}", last_error(e));
+    // Markers that do not match the images.
+    assert_eq!(describe(e, "<__media__><__media__>Describe", &[image(&square)], 8).0, -1);
+    assert!(last_error(e).contains("media markers"), "{}", last_error(e));
+    // NULL pointers.
+    let p = CString::new("Describe").unwrap();
+    assert_eq!(les_generate_images(e, p.as_ptr(), std::ptr::null(), 1, 8, 0.0, 1, None, std::ptr::null_mut()), -1);
+    assert!(last_error(e).contains("NULL"), "{}", last_error(e));
+    assert_eq!(describe(e, "Describe", &[LesImage { data: std::ptr::null(), len: 10 }], 8).0, -1);
+    assert!(last_error(e).contains("image 0"), "{}", last_error(e));
+    let im = [image(&square)];
+    assert_eq!(les_generate_images(e, std::ptr::null(), im.as_ptr(), 1, 8, 0.0, 1, None, std::ptr::null_mut()), -1);
+    assert_eq!(les_generate_images(std::ptr::null_mut(), p.as_ptr(), im.as_ptr(), 1, 8, 0.0, 1, None, std::ptr::null_mut()), -1);
+    assert_eq!(les_load_mmproj(std::ptr::null_mut(), mmproj.as_ptr()), -1);
+    assert_eq!(les_load_mmproj(e, std::ptr::null()), -1);
+    // Not an mmproj: refused, the tower loaded before stays.
+    assert_eq!(les_load_mmproj(e, path.as_ptr()), -1);
+    assert!(last_error(e).contains("not an mmproj"), "{}", last_error(e));
+    assert_eq!(describe(e, "Describe", &[image(&square)], 1).0, 1, "{}", last_error(e));
+    les_free(e);
+
+    // The tower as a load option; a missing one fails the load with its path.
+    let opts = CString::new(format!(r#"{{"backend": "cpu", "n_ctx": 256, "mmproj": {:?}}}"#, mmproj.to_str().unwrap())).unwrap();
+    let e = les_load(path.as_ptr(), opts.as_ptr(), err.as_mut_ptr(), err.len());
+    assert!(!e.is_null(), "{}", unsafe { CStr::from_ptr(err.as_ptr()) }.to_str().unwrap());
+    assert_eq!(describe(e, "Describe", &[image(&square)], 1).0, 1, "{}", last_error(e));
+    les_free(e);
+    let opts = CString::new(r#"{"backend": "cpu", "mmproj": "/nonexistent/mmproj.gguf"}"#).unwrap();
+    assert!(les_load(path.as_ptr(), opts.as_ptr(), err.as_mut_ptr(), err.len()).is_null());
+    let msg = unsafe { CStr::from_ptr(err.as_ptr()) }.to_str().unwrap().to_string();
+    assert!(msg.contains("/nonexistent/mmproj.gguf"), "{msg}");
 }
