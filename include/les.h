@@ -38,7 +38,8 @@ extern "C" {
  * Load a GGUF model (or a `.les` bundle). `options_json` may be NULL or a JSON object with
  * `memory_budget` ("400MiB"), `backend` ("cpu" | "wgpu" | "auto"), `n_ctx`, `store`,
  * `reuse_prefix` (default true: a chat that re-sends its conversation runs only the new part),
- * `mmproj` (a vision tower's GGUF, as [`les_load_mmproj`]).
+ * `mmproj` (a vision tower's GGUF, as [`les_load_mmproj`]; its weights and encoder activations
+ * come out of `memory_budget`, which a tower loaded later by [`les_load_mmproj`] adds to).
  * Returns NULL on failure with a message in `err` (`err_len` bytes, NUL-terminated).
  */
 struct LesEngine *les_load(const char *model_path,
@@ -64,7 +65,9 @@ int32_t les_generate(struct LesEngine *engine,
  * Load a vision tower (an mmproj GGUF, llama.cpp's `--mmproj`; projector `minicpmv4_6`) for
  * [`les_generate_images`], checked against the engine's text model (embedding width, image
  * marker tokens). A tower loaded before is replaced (and the cached conversation forgotten).
- * Returns 0, or -1 with the error in [`les_last_error`] (-1 alone when `engine` is NULL).
+ * Its memory is not taken from `memory_budget` (the expert cache is sized already): give
+ * `mmproj` in [`les_load`]'s options for that. Returns 0, or -1 with the error in
+ * [`les_last_error`] (-1 alone when `engine` is NULL).
  */
 int32_t les_load_mmproj(struct LesEngine *engine, const char *mmproj_path);
 

@@ -116,7 +116,14 @@ fn load(path: &str, opts: &str) -> Result<LesEngine, String> {
                 None | Some("disk") => None,
                 Some(n) => Some(crate::store::throttle::DeviceProfile::by_name(n).ok_or_else(|| format!("unknown store profile '{n}'"))?),
             };
-            let so = StreamOptions { budget: parse_bytes(b).map_err(|e| e.to_string())?, n_ctx, direct: false, profile, cache: StreamConfig::default(), slots: None, gpu_pool: false, dense: crate::engine::stream::DenseOptions::default() };
+            // A vision tower's weights and encoder activations come out of the budget too.
+            let reserve = match &o.mmproj {
+                Some(p) => Mmproj::footprint(&FileSource::open(p).map_err(|x| format!("mmproj {p}: {x}"))?).map_err(|x| format!("mmproj {p}: {x}"))?,
+                None => 0,
+            };
+            let budget = parse_bytes(b).map_err(|e| e.to_string())?;
+            let budget = budget.checked_sub(reserve).ok_or_else(|| format!("memory_budget {b} is smaller than the vision tower's {:.1} MiB", reserve as f64 / 1048576.0))?;
+            let so = StreamOptions { budget, n_ctx, direct: false, profile, cache: StreamConfig::default(), slots: None, gpu_pool: false, dense: crate::engine::stream::DenseOptions::default() };
             let st = open_streaming(path, &so).map_err(|e| e.to_string())?;
             (st.session, Some(st.experts))
         }
@@ -188,7 +195,8 @@ fn image_bytes(images: *const LesImage, n: usize) -> Result<Vec<Vec<u8>>, String
 /// Load a GGUF model (or a `.les` bundle). `options_json` may be NULL or a JSON object with
 /// `memory_budget` ("400MiB"), `backend` ("cpu" | "wgpu" | "auto"), `n_ctx`, `store`,
 /// `reuse_prefix` (default true: a chat that re-sends its conversation runs only the new part),
-/// `mmproj` (a vision tower's GGUF, as [`les_load_mmproj`]).
+/// `mmproj` (a vision tower's GGUF, as [`les_load_mmproj`]; its weights and encoder activations
+/// come out of `memory_budget`, which a tower loaded later by [`les_load_mmproj`] adds to).
 /// Returns NULL on failure with a message in `err` (`err_len` bytes, NUL-terminated).
 #[no_mangle]
 pub extern "C" fn les_load(model_path: *const c_char, options_json: *const c_char, err: *mut c_char, err_len: usize) -> *mut LesEngine {
@@ -228,7 +236,9 @@ pub extern "C" fn les_generate(engine: *mut LesEngine, prompt: *const c_char, n_
 /// Load a vision tower (an mmproj GGUF, llama.cpp's `--mmproj`; projector `minicpmv4_6`) for
 /// [`les_generate_images`], checked against the engine's text model (embedding width, image
 /// marker tokens). A tower loaded before is replaced (and the cached conversation forgotten).
-/// Returns 0, or -1 with the error in [`les_last_error`] (-1 alone when `engine` is NULL).
+/// Its memory is not taken from `memory_budget` (the expert cache is sized already): give
+/// `mmproj` in [`les_load`]'s options for that. Returns 0, or -1 with the error in
+/// [`les_last_error`] (-1 alone when `engine` is NULL).
 #[no_mangle]
 pub extern "C" fn les_load_mmproj(engine: *mut LesEngine, mmproj_path: *const c_char) -> i32 {
     with_engine(engine, "loading the vision tower", |e| {

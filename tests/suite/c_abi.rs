@@ -217,4 +217,9 @@ fn images_give_llama_mtmd_clis_greedy_tokens() {
     assert!(les_load(path.as_ptr(), opts.as_ptr(), err.as_mut_ptr(), err.len()).is_null());
     let msg = unsafe { CStr::from_ptr(err.as_ptr()) }.to_str().unwrap().to_string();
     assert!(msg.contains("/nonexistent/mmproj.gguf"), "{msg}");
+    // Under a memory budget the tower's bytes are reserved from it.
+    let opts = CString::new(format!(r#"{{"backend": "cpu", "memory_budget": "64KiB", "mmproj": {:?}}}"#, mmproj.to_str().unwrap())).unwrap();
+    assert!(les_load(path.as_ptr(), opts.as_ptr(), err.as_mut_ptr(), err.len()).is_null());
+    let msg = unsafe { CStr::from_ptr(err.as_ptr()) }.to_str().unwrap().to_string();
+    assert!(msg.contains("vision tower"), "{msg}");
 }
