@@ -602,6 +602,62 @@ pub struct BatchDot {
     a_need: usize,
 }
 
+/// F32 and F16 weights in a batched product on x86 AVX2, where [`BatchDot`] takes ggml's tinyBLAS
+/// order for every row (`n` a multiple of 16, a multiple of 4 rows, not per row, not experts):
+/// the same bits from activations widened to f32 once (F16: the f16 activation values, exact),
+/// four activation rows per weight row load.
+pub struct FloatGemm {
+    ty: GgmlType,
+    n: usize,
+}
+
+impl FloatGemm {
+    pub fn new(ty: GgmlType, n: usize, rows: usize, n_tok: usize, experts: bool, per_row: bool) -> Option<Self> {
+        let ok = matches!(ty, GgmlType::F32 | GgmlType::F16) && n % 16 == 0 && rows % 4 == 0 && n_tok >= 2 && !experts && !per_row;
+        (ok && cfg!(any(target_arch = "x86", target_arch = "x86_64")) && Simd::best() == Simd::Avx2).then_some(Self { ty, n })
+    }
+
+    /// `w_row · a` (`a`: `n` f32 values; NaN when a slice is short).
+    #[inline]
+    pub fn dot(&self, w_row: &[u8], a: &[f32]) -> f32 {
+        let esize = if self.ty == GgmlType::F16 { 2 } else { 4 };
+        if w_row.len() < self.n * esize || a.len() < self.n {
+            return f32::NAN;
+        }
+        #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+        // SAFETY: sizes checked above; AVX2/FMA/F16C are available (`new` checked Simd::best).
+        unsafe {
+            if self.ty == GgmlType::F16 {
+                x86::gemm_x1_f16(self.n, w_row, a)
+            } else {
+                x86::gemm_x4_f32(self.n, w_row, [a, a, a, a])[0]
+            }
+        }
+        #[cfg(not(any(target_arch = "x86", target_arch = "x86_64")))]
+        f32::NAN
+    }
+
+    /// [`Self::dot`] for four activation rows.
+    #[inline]
+    pub fn dot4(&self, w_row: &[u8], a: [&[f32]; 4]) -> [f32; 4] {
+        let esize = if self.ty == GgmlType::F16 { 2 } else { 4 };
+        if w_row.len() < self.n * esize || a.iter().any(|a| a.len() < self.n) {
+            return [f32::NAN; 4];
+        }
+        #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+        // SAFETY: as in `dot`.
+        unsafe {
+            if self.ty == GgmlType::F16 {
+                x86::gemm_x4_f16(self.n, w_row, a)
+            } else {
+                x86::gemm_x4_f32(self.n, w_row, a)
+            }
+        }
+        #[cfg(not(any(target_arch = "x86", target_arch = "x86_64")))]
+        [f32::NAN; 4]
+    }
+}
+
 impl BatchDot {
     pub fn new(ty: GgmlType, n: usize, rows: usize, n_tok: usize, experts: bool, per_row: bool) -> Self {
         let simd = Simd::best();

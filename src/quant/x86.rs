@@ -377,6 +377,53 @@ macro_rules! tinyblas_dot {
 tinyblas_dot!(gemm_dot_f32, 4, |p: *const u8| _mm256_loadu_ps(p as *const f32));
 tinyblas_dot!(gemm_dot_f16, 2, |p: *const u8| _mm256_cvtph_ps(load128(p)));
 
+/// Four activation rows at once through [`gemm_dot_f32`] / [`gemm_dot_f16`]'s order: one weight
+/// row loaded (and widened) once for the four; each output keeps its single dot's two 8-lane
+/// accumulators and reduction, so the same bits. The activations come as f32: for F16 weights
+/// the f16 activation values widened (exactly) once per matmul instead of once per weight row.
+macro_rules! tinyblas_x4 {
+    ($name:ident, $esize:expr, $load:expr) => {
+        #[target_feature(enable = "avx2,fma,f16c")]
+        pub(super) unsafe fn $name(n: usize, w: &[u8], a: [&[f32]; 4]) -> [f32; 4] {
+            debug_assert!(n % 16 == 0 && w.len() >= n * $esize && a.iter().all(|a| a.len() >= n));
+            let wp = w.as_ptr();
+            let load = $load;
+            let ap = a.map(|a| a.as_ptr());
+            let mut lo = [_mm256_setzero_ps(); 4];
+            let mut hi = [_mm256_setzero_ps(); 4];
+            let mut i = 0;
+            while i + 16 <= n {
+                let (wl, wh) = (load(wp.add(i * $esize)), load(wp.add((i + 8) * $esize)));
+                for k in 0..4 {
+                    lo[k] = _mm256_fmadd_ps(wl, _mm256_loadu_ps(ap[k].add(i)), lo[k]);
+                    hi[k] = _mm256_fmadd_ps(wh, _mm256_loadu_ps(ap[k].add(i + 8)), hi[k]);
+                }
+                i += 16;
+            }
+            [reduce16(lo[0], hi[0]), reduce16(lo[1], hi[1]), reduce16(lo[2], hi[2]), reduce16(lo[3], hi[3])]
+        }
+    };
+}
+
+tinyblas_x4!(gemm_x4_f32, 4, |p: *const u8| _mm256_loadu_ps(p as *const f32));
+tinyblas_x4!(gemm_x4_f16, 2, |p: *const u8| _mm256_cvtph_ps(load128(p)));
+
+/// One output of [`gemm_x4_f16`] (the tile's leftover rows): [`gemm_dot_f16`]'s bits from the
+/// widened activation.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn gemm_x1_f16(n: usize, w: &[u8], a: &[f32]) -> f32 {
+    debug_assert!(n % 16 == 0 && w.len() >= n * 2 && a.len() >= n);
+    let (wp, ap) = (w.as_ptr(), a.as_ptr());
+    let (mut lo, mut hi) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    let mut i = 0;
+    while i + 16 <= n {
+        lo = _mm256_fmadd_ps(_mm256_cvtph_ps(load128(wp.add(i * 2))), _mm256_loadu_ps(ap.add(i)), lo);
+        hi = _mm256_fmadd_ps(_mm256_cvtph_ps(load128(wp.add((i + 8) * 2))), _mm256_loadu_ps(ap.add(i + 8)), hi);
+        i += 16;
+    }
+    reduce16(lo, hi)
+}
+
 /// The kernel ggml's batched `mul_mat` uses for activation row `t` of `n_tok` (≥ 2) where it sums
 /// in a different order from its `vec_dot`: F32 and F16 through tinyBLAS (every row, when `n` is
 /// a multiple of 16 and the weight's row count `rows` of 4), Q4_K through the repacked GEMM

@@ -127,28 +127,48 @@ pub fn matmul(w: WeightRef<'_>, acts: &mut Acts<'_>, y: &mut [f32]) {
     // activations stay in L1 while the chunk's rows are dotted with them (ggml's 16 × 16 blocks
     // in `ggml_compute_forward_mul_mat_one_chunk`). Every output is one `vec_dot` as before, so
     // the loop order does not change a bit.
-    const TOKENS: usize = 16;
     let rows_chunk = rows_per_task(w.rows, w.cols * n_tok);
     let yp = par::SharedMut::new(&mut y[..n_tok * w.rows]);
+    let wrow = |r: usize| &w.data[r * w_row..(r + 1) * w_row];
+    // F32 / F16 weights in ggml's tinyBLAS order: the activations widened to f32 once.
+    if let Some(fg) = quant::FloatGemm::new(w.ty, w.cols, w.rows, n_tok, mode == RowMode::Experts, mode == RowMode::PerRow) {
+        let wide: Vec<f32> = if w.ty == GgmlType::F16 {
+            a.chunks_exact(2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()).collect()
+        } else {
+            a.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
+        };
+        let act = |t: usize| &wide[t * w.cols..(t + 1) * w.cols];
+        blocks(w.rows, n_tok, rows_chunk, &yp, None, &|r, t| Some(fg.dot4(wrow(r), [act(t), act(t + 1), act(t + 2), act(t + 3)])), &|r, t| fg.dot(wrow(r), act(t)));
+        return;
+    }
     let dot = quant::BatchDot::new(w.ty, w.cols, w.rows, n_tok, mode == RowMode::Experts, mode == RowMode::PerRow);
-    let pairs = dot.has_2x4();
-    par::for_each(w.rows.div_ceil(rows_chunk), |ci| {
-        let (r0, r1) = (ci * rows_chunk, ((ci + 1) * rows_chunk).min(w.rows));
-        let act = |t: usize| &a[t * a_row..(t + 1) * a_row];
-        let wrow = |r: usize| &w.data[r * w_row..(r + 1) * w_row];
+    let act = |t: usize| &a[t * a_row..(t + 1) * a_row];
+    let pair = |r: usize, t: usize| dot.dot2x4([wrow(r), wrow(r + 1)], [act(t), act(t + 1), act(t + 2), act(t + 3)], t);
+    blocks(w.rows, n_tok, rows_chunk, &yp, dot.has_2x4().then_some(&pair as &(dyn Fn(usize, usize) -> Option<[[f32; 4]; 2]> + Sync)), &|r, t| dot.dot4(wrow(r), [act(t), act(t + 1), act(t + 2), act(t + 3)], t), &|r, t| dot.dot(wrow(r), act(t), t));
+}
+
+type Dot2x4<'a> = &'a (dyn Fn(usize, usize) -> Option<[[f32; 4]; 2]> + Sync);
+
+/// The batched loop: chunks of weight rows in parallel; within a chunk, blocks of 16 tokens;
+/// two rows × four tokens (`d2x4`), one row × four tokens (`d4`) where a tile computes them,
+/// else one output at a time (`d1`). `y` is `n_tok × rows`, token-major.
+fn blocks(rows: usize, n_tok: usize, rows_chunk: usize, yp: &par::SharedMut<f32>, d2x4: Option<Dot2x4<'_>>, d4: &(dyn Fn(usize, usize) -> Option<[f32; 4]> + Sync), d1: &(dyn Fn(usize, usize) -> f32 + Sync)) {
+    const TOKENS: usize = 16;
+    par::for_each(rows.div_ceil(rows_chunk), |ci| {
+        let (r0, r1) = (ci * rows_chunk, ((ci + 1) * rows_chunk).min(rows));
         for t0 in (0..n_tok).step_by(TOKENS) {
             let t1 = (t0 + TOKENS).min(n_tok);
             let mut r = r0;
             // Two weight rows × four tokens at once where the CPU has a tile for it (AArch64
             // `smmla`); every output keeps its single dot's bits. The rest row by row below.
-            while pairs && r + 2 <= r1 {
+            while let Some(d2) = d2x4.filter(|_| r + 2 <= r1) {
                 let mut t = t0;
                 while t + 4 <= t1 {
-                    let Some(v) = dot.dot2x4([wrow(r), wrow(r + 1)], [act(t), act(t + 1), act(t + 2), act(t + 3)], t) else { break };
+                    let Some(v) = d2(r, t) else { break };
                     for (i, row) in v.into_iter().enumerate() {
                         for (k, v) in row.into_iter().enumerate() {
                             // SAFETY: chunk `ci` alone writes rows r0..r1 of every token, within y.
-                            unsafe { yp.write((t + k) * w.rows + r + i, v) };
+                            unsafe { yp.write((t + k) * rows + r + i, v) };
                         }
                     }
                     t += 4;
@@ -156,25 +176,24 @@ pub fn matmul(w: WeightRef<'_>, acts: &mut Acts<'_>, y: &mut [f32]) {
                 for t in t..t1 {
                     for i in 0..2 {
                         // SAFETY: as above.
-                        unsafe { yp.write(t * w.rows + r + i, dot.dot(wrow(r + i), act(t), t)) };
+                        unsafe { yp.write(t * rows + r + i, d1(r + i, t)) };
                     }
                 }
                 r += 2;
             }
             for r in r..r1 {
-                let wr = wrow(r);
                 let mut t = t0;
                 while t + 4 <= t1 {
-                    let Some(v) = dot.dot4(wr, [act(t), act(t + 1), act(t + 2), act(t + 3)], t) else { break };
+                    let Some(v) = d4(r, t) else { break };
                     for (k, v) in v.into_iter().enumerate() {
                         // SAFETY: chunk `ci` alone writes rows r0..r1 of every token, within y.
-                        unsafe { yp.write((t + k) * w.rows + r, v) };
+                        unsafe { yp.write((t + k) * rows + r, v) };
                     }
                     t += 4;
                 }
                 for t in t..t1 {
                     // SAFETY: as above.
-                    unsafe { yp.write(t * w.rows + r, dot.dot(wr, act(t), t)) };
+                    unsafe { yp.write(t * rows + r, d1(r, t)) };
                 }
             }
         }
