@@ -254,3 +254,24 @@ fn an_mmproj_of_another_width_or_a_text_model_without_markers_is_refused() {
     let e = Mmproj::load(&FileSource::open(model("rand-qwen35-vl.gguf")).unwrap()).err().expect("a text model is not an mmproj");
     assert!(matches!(e, VisionError::NotClip(_)), "{e}");
 }
+
+/// `les run`: an image without `--mmproj` is refused with what to add; a bad image names the
+/// decoding failure; a good one prints llama-mtmd-cli's greedy text for the same command line
+/// (`llama-mtmd-cli -m M --mmproj P --image I -p Describe -n 16 --temp 0`, refs.json).
+#[test]
+fn les_run_with_images() {
+    let les = |args: &[&str]| std::process::Command::new(env!("CARGO_BIN_EXE_les")).args(args).output().unwrap();
+    let (m, p) = (model("rand-qwen35-vl.gguf"), model("rand-minicpmv-mmproj.gguf"));
+    let (m, p) = (m.to_str().unwrap(), p.to_str().unwrap());
+    let dir = root().join("tests/data/vision");
+    let img = |f: &str| dir.join(f).to_str().unwrap().to_string();
+    let o = les(&["run", "-m", m, "--image", &img("square_224.png"), "-p", "Describe", "-n", "2", "--temp", "0"]);
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("--mmproj"), "{o:?}");
+    let o = les(&["run", "-m", m, "--mmproj", p, "--image", &img("bad_truncated.png"), "-p", "Describe", "-n", "2", "--temp", "0"]);
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("could not be decoded"), "{o:?}");
+    let o = les(&["run", "-m", m, "--mmproj", p, "--image", &img("square_224.png"), "-p", "Describe", "-n", "16", "--temp", "0"]);
+    assert!(o.status.success(), "{o:?}");
+    let r = refs();
+    let run = r.json["runs"]["qwen35"].as_array().unwrap().iter().find(|r| r["name"] == "square_224").unwrap();
+    assert_eq!(String::from_utf8_lossy(&o.stdout), run["llama_mtmd_cli"]["text"].as_str().unwrap(), "les run vs llama-mtmd-cli");
+}
