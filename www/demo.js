@@ -1,6 +1,7 @@
 // The LES demo page: load a model, generate, show download progress, tokens/s and per-layer charts.
 // URL parameters prefill the form: ?model=URL&budget=MiB&backend=cpu|webgpu|auto&prompt=...&n=N&run=1
-// (&backing=indexeddb stores the model in IndexedDB instead of OPFS)
+// (&backing=indexeddb stores the model in IndexedDB instead of OPFS; &mmproj=URL loads a vision
+// tower: the chat then takes an image with each message, picked with the image input)
 import { createEngine, deleteModel } from './les/index.js';
 
 const $ = (id) => document.getElementById(id);
@@ -29,6 +30,11 @@ function onProgress(p) {
     const f = p.total ? p.loaded / p.total : 0;
     $('progress').querySelector('.bar').style.width = `${(100 * f).toFixed(1)}%`;
     $('progress').querySelector('.label').textContent = p.complete ? `stored in ${p.backing ?? 'browser storage'}: ${fmtMB(p.total)}` : `downloading to ${p.backing ?? 'storage'}: ${fmtMB(p.loaded)} / ${fmtMB(p.total)} (${(100 * f).toFixed(0)}%)`;
+  } else if (p.phase === 'mmproj') {
+    $('progress').hidden = false;
+    const f = p.total ? p.loaded / p.total : 0;
+    $('progress').querySelector('.bar').style.width = `${(100 * f).toFixed(1)}%`;
+    $('progress').querySelector('.label').textContent = `vision tower: ${p.complete ? 'stored' : 'downloading'} ${fmtMB(p.loaded)} / ${fmtMB(p.total)}`;
   } else if (p.phase === 'error') {
     setError(p.error);
     status('The background download stopped; blocks are fetched on demand while generating. Reload to resume.');
@@ -39,8 +45,12 @@ function onProgress(p) {
 
 function config() {
   const file = $('model-file').files[0];
+  const mmFile = $('mmproj-file').files[0];
+  const mmUrl = $('mmproj-url').value.trim();
   return {
     model: file ?? new URL($('model-url').value, location.href).href,
+    // A vision tower next to the model (chat messages may then hold images).
+    mmproj: mmFile ?? (mmUrl ? new URL(mmUrl, location.href).href : null),
     memoryBudgetMB: Number($('budget').value) || 0,
     backend: $('backend').value,
     backing: new URLSearchParams(location.search).get('backing') ?? 'auto',
@@ -58,7 +68,8 @@ function config() {
 
 async function load() {
   const c = config();
-  const key = JSON.stringify([typeof c.model === 'string' ? c.model : c.model.name, c.memoryBudgetMB, c.backend, c.prefetch, c.expertSlots, c.policy, c.store, c.ioLanes, c.threads]);
+  const name = (x) => (x == null || typeof x === 'string' ? x : x.name);
+  const key = JSON.stringify([name(c.model), name(c.mmproj), c.memoryBudgetMB, c.backend, c.prefetch, c.expertSlots, c.policy, c.store, c.ioLanes, c.threads]);
   if (state.engine && state.key === key) return state.engine;
   if (state.engine) await state.engine.unload();
   state.engine = null;
@@ -70,7 +81,8 @@ async function load() {
   state.messages = []; // a new engine holds no conversation
   const i = state.engine.info;
   const plan = i.plan ? ` | budget ${fmtMB(i.plan.budget)}: dense ${fmtMB(i.plan.dense)}, ${i.plan.slots} expert slots of ${fmtMB(i.plan.expert_bytes_max)} (${((100 * i.plan.slots * i.plan.expert_bytes_max) / Math.max(1, i.plan.total_expert_bytes)).toFixed(0)}% of expert bytes)` : ' | all experts resident';
-  status(`${i.name ?? i.arch}: ${i.n_layer} layers, ${i.n_expert || 'no'} experts (${i.n_expert_used} used), ${fmtMB(i.model_bytes)}${plan}. Loaded in ${((performance.now() - t0) / 1000).toFixed(1)} s on ${state.engine.backend}.`);
+  const vision = i.vision ? ` | vision tower ${i.vision.projector} (${fmtMB(i.vision.bytes)}): the chat takes images` : '';
+  status(`${i.name ?? i.arch}: ${i.n_layer} layers, ${i.n_expert || 'no'} experts (${i.n_expert_used} used), ${fmtMB(i.model_bytes)}${plan}${vision}. Loaded in ${((performance.now() - t0) / 1000).toFixed(1)} s on ${state.engine.backend}.`);
   if (state.engine.loadInfo.gpuError) status($('status').textContent + ` (WebGPU unavailable: ${state.engine.loadInfo.gpuError})`);
   $('m-backend').textContent = state.engine.backend.split(' ')[0];
   $('m-backend').title = state.engine.backend;
@@ -90,11 +102,25 @@ async function run() {
     const opts = { max_tokens: Number($('max-tokens').value) || 64, temperature: Number($('temperature').value) || 0 };
     let stream;
     let reply = null;
+    const image = $('image').files[0];
+    if (image) $('chat').checked = true; // images go through the chat API
     if ($('chat').checked) {
-      // The conversation goes with every turn; the engine runs only what its cache lacks.
+      // The conversation goes with every turn (its images too); the engine runs only what its
+      // cache lacks (an image it holds is not encoded again).
       if (!state.messages.length) out.innerHTML = '';
-      state.messages.push({ role: 'user', content: $('prompt').value });
-      p.textContent = `${state.messages.length > 1 ? '\n' : ''}> ${$('prompt').value}\n`;
+      const text = $('prompt').value;
+      const content = image ? [{ type: 'image_url', image_url: { url: image } }, { type: 'text', text }] : text;
+      state.messages.push({ role: 'user', content });
+      p.textContent = `${state.messages.length > 1 ? '\n' : ''}> `;
+      if (image) {
+        const img = document.createElement('img');
+        img.className = 'thumb';
+        img.alt = image.name;
+        img.src = URL.createObjectURL(image);
+        p.append(img);
+        clearImage();
+      }
+      p.append(`${text}\n`);
       reply = { role: 'assistant', content: '' };
       stream = (async function* () {
         const it = await engine.chat.completions.create({ messages: state.messages, stream: true, ...opts });
@@ -131,8 +157,11 @@ async function run() {
     state.last = engine.lastResult;
     await refreshStats();
     const s = state.last?.stats;
-    if (s) status(`${s.gen_tokens} tokens at ${s.tokens_per_s.toFixed(2)} tokens/s (prompt: ${s.prompt_tokens} tokens, ${s.prompt_reused ?? 0} reused from the cache, in ${(s.prompt_ms / 1000).toFixed(2)} s)${state.last.aborted ? ' — stopped' : ''}.`);
+    const img = s?.images ? `; images: ${s.images.image_rows} embedding rows, ${s.images.encoded} pieces encoded in ${(s.images.encode_ms / 1000).toFixed(2)} s` : '';
+    if (s) status(`${s.gen_tokens} tokens at ${s.tokens_per_s.toFixed(2)} tokens/s (prompt: ${s.prompt_tokens} tokens, ${s.prompt_reused ?? 0} reused from the cache, in ${(s.prompt_ms / 1000).toFixed(2)} s${img})${state.last.aborted ? ' — stopped' : ''}.`);
   } catch (e) {
+    // A turn the engine refused (e.g. an image that does not decode) is not kept.
+    if ($('chat').checked && state.messages.at(-1)?.role === 'user') state.messages.pop();
     setError(e);
     status('Failed.');
   } finally {
@@ -204,6 +233,22 @@ function drawCharts(layers) {
   bars($('chart-stall'), layers, [{ get: (l) => l.stall_ms, color: '--stall' }], 'stall ms per layer', (m) => m.toFixed(1));
 }
 
+function clearImage() {
+  $('image').value = '';
+  $('image-chip').hidden = true;
+  if ($('image-preview').src) URL.revokeObjectURL($('image-preview').src);
+  $('image-preview').removeAttribute('src');
+}
+$('image').onchange = () => {
+  const f = $('image').files[0];
+  if (!f) return clearImage();
+  if ($('image-preview').src) URL.revokeObjectURL($('image-preview').src);
+  $('image-preview').src = URL.createObjectURL(f);
+  $('image-chip').hidden = false;
+  $('chat').checked = true;
+};
+$('image-clear').onclick = clearImage;
+
 $('load').onclick = () => load().catch((e) => { setError(e); status('Failed.'); });
 $('run').onclick = run;
 $('stop').onclick = () => state.engine?.abort();
@@ -223,6 +268,7 @@ $('forget').onclick = async () => {
 
 const q = new URLSearchParams(location.search);
 if (q.has('model')) $('model-url').value = q.get('model');
+if (q.has('mmproj')) $('mmproj-url').value = q.get('mmproj');
 if (q.has('budget')) $('budget').value = q.get('budget');
 if (q.has('backend')) $('backend').value = q.get('backend');
 if (q.has('prompt')) $('prompt').value = q.get('prompt');

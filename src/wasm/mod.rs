@@ -7,6 +7,9 @@
 //! expert is read on the calling thread, predicted experts are read asynchronously by the page
 //! (`www/les/io.js`) while the engine computes. Without that reader (or for bytes not stored
 //! yet), predictions become `hint`s to the store, which fetches them by range in the background.
+//! Images (issue 36): `loadMmproj` reads a vision tower whole; `beginImages` takes a chat prompt
+//! with media markers and the images' file bytes (decoded, encoded and prefilled as `les serve`
+//! does: `Session::mm_prompt` + `prefill_mm_async`), then `step` generates as for text.
 
 pub mod io;
 
@@ -16,6 +19,7 @@ use crate::engine::{chat, Generation, Session};
 use crate::expert::stream::{Policy, StreamConfig, StreamStats, StreamingExperts};
 use crate::model::{ExpertMode, Logits};
 use crate::store::{check_range, ByteSource, StoreError};
+use crate::vision::Mmproj;
 use std::cell::RefCell;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -180,6 +184,20 @@ struct Inner {
     logits_fnv: u64,
     /// Streaming counters when the prompt's step ended (decode-only figures are the difference).
     at_first_token: Option<StreamStats>,
+    /// The vision tower (`loadMmproj`): chat prompts may then carry images (`beginImages`).
+    mmproj: Option<Mmproj>,
+    /// What the current generation's image prefill did (`beginImages`; `None` for a text prompt).
+    mm: Option<MmRun>,
+}
+
+/// An image prompt's prefill ([`crate::engine::multimodal::MmPrefill`]'s figures).
+#[derive(Clone, Copy)]
+struct MmRun {
+    reused: usize,
+    encoded: usize,
+    encode_ms: f64,
+    ms: f64,
+    image_rows: usize,
 }
 
 /// Engine options (JSON from JS; every field optional).
@@ -292,7 +310,7 @@ impl Engine {
         let mut session = session;
         // A chat re-sends the conversation: its common prefix with the cache is not run again.
         session.reuse_prefix = true;
-        let inner = Inner { session, experts, plan, backend: "cpu (wasm)".into(), gen: None, model_bytes: len as u64, logits_fnv: FNV_OFFSET, at_first_token: None };
+        let inner = Inner { session, experts, plan, backend: "cpu (wasm)".into(), gen: None, model_bytes: len as u64, logits_fnv: FNV_OFFSET, at_first_token: None, mmproj: None, mm: None };
         Ok(Engine { inner: Rc::new(RefCell::new(inner)), last_stats: Rc::new(RefCell::new("{}".into())) })
     }
 
@@ -326,6 +344,7 @@ impl Engine {
             "n_layer": c.n_layer, "n_embd": c.n_embd, "n_expert": c.n_expert, "n_expert_used": c.n_expert_used,
             "n_vocab": c.n_vocab, "n_ctx": g.session.kv.n_ctx, "model_bytes": g.model_bytes,
             "plan": g.plan, "backend": g.backend, "has_chat_template": g.session.gguf.get_str("tokenizer.chat_template").is_some(),
+            "vision": g.mmproj.as_ref().map(mmproj_info),
         })
         .to_string())
     }
@@ -348,34 +367,52 @@ impl Engine {
     /// repeat_penalty, seed, ignore_eos). Returns the number of prompt tokens.
     pub fn begin(&self, prompt: &str, options_json: &str) -> Result<u32, JsError> {
         let mut g = self.inner.try_borrow_mut().map_err(|_| err("engine busy"))?;
-        let o: GenOptions = if options_json.is_empty() { GenOptions::default() } else { serde_json::from_str(options_json).map_err(err)? };
-        let d = SamplerConfig::default();
-        let sc = SamplerConfig {
-            temperature: o.temperature.unwrap_or(d.temperature),
-            top_k: o.top_k.unwrap_or(d.top_k),
-            top_p: o.top_p.unwrap_or(d.top_p),
-            min_p: o.min_p.unwrap_or(d.min_p),
-            repeat_penalty: o.repeat_penalty.unwrap_or(d.repeat_penalty),
-            seed: o.seed.unwrap_or(d.seed),
-            ..d
-        };
+        let go = gen_options(options_json)?;
         let inner = &mut *g;
         let toks = inner.session.tokenize(prompt);
         if let Some(e) = &inner.experts {
             e.reset_stats();
         }
-        let go = crate::engine::GenOptions {
-            n: o.max_tokens.unwrap_or(256),
-            sampler: sc,
-            ignore_eos: o.ignore_eos,
-            stop: o.stop,
-            context: o.n_keep.map(|n_keep| crate::engine::ContextMode::Shift { n_keep }).unwrap_or_default(),
-        };
         let gen = Generation::with_options(&mut inner.session, &toks, &go).map_err(err)?;
         inner.gen = Some(gen);
+        inner.mm = None;
         inner.logits_fnv = FNV_OFFSET;
         inner.at_first_token = None;
         Ok(toks.len() as u32)
+    }
+
+    /// Load a vision tower (an mmproj GGUF of `len` bytes through `read(offset, length)`; its
+    /// weights are read into memory) for chat prompts with images. Returns
+    /// `{projector, n_embd_out, image_size, bytes}` as JSON; refuses a tower whose output width
+    /// is not the model's embedding width.
+    #[wasm_bindgen(js_name = loadMmproj)]
+    pub fn load_mmproj(&self, read: js_sys::Function, len: f64) -> Result<String, JsError> {
+        let mut g = self.inner.try_borrow_mut().map_err(|_| err("engine busy"))?;
+        let src = JsSource { read, hint: None, len: len as u64, verified: false };
+        let mp = Mmproj::load(&src).map_err(err)?;
+        let text = g.session.model.cfg.n_embd;
+        if mp.n_embd_out != text {
+            return Err(err(crate::vision::VisionError::Width { mmproj: mp.n_embd_out, text }));
+        }
+        let info = mmproj_info(&mp).to_string();
+        g.mmproj = Some(mp);
+        Ok(info)
+    }
+
+    /// Start a generation whose prompt holds images: `prompt` is the chat-templated text with
+    /// `<__media__>` where each image goes (in order), `images` the images' PNG / JPEG file bytes
+    /// (`Uint8Array`s). Decodes and encodes the images the cache does not hold (on the session's
+    /// backend: WebGPU awaits its readbacks), runs all but the prompt's last token, then starts
+    /// the generation as `begin` does (the first `step` runs the last token). Resolves with the
+    /// number of prompt positions (text tokens and image rows); rejects with the vision error
+    /// (an image that does not decode, no vision tower loaded, ...).
+    #[wasm_bindgen(js_name = beginImages)]
+    pub fn begin_images(&self, prompt: String, images: js_sys::Array, options_json: String) -> js_sys::Promise {
+        let inner = self.inner.clone();
+        wasm_bindgen_futures::future_to_promise(async move {
+            let mut g = inner.try_borrow_mut().map_err(|_| JsValue::from(err("engine busy")))?;
+            begin_images(&mut g, &prompt, &images, &options_json).await.map(|n| JsValue::from_f64(n as f64)).map_err(JsValue::from)
+        })
     }
 
     /// Run one step (the whole prompt first, then one token). Resolves with
@@ -405,6 +442,7 @@ impl Engine {
     pub fn reset_chat(&self) -> Result<(), JsError> {
         let mut g = self.inner.try_borrow_mut().map_err(|_| err("engine busy"))?;
         g.gen = None;
+        g.mm = None;
         g.session.reset();
         Ok(())
     }
@@ -424,12 +462,77 @@ impl Engine {
     }
 }
 
+/// Generation options from the JSON `begin` takes.
+fn gen_options(options_json: &str) -> Result<crate::engine::GenOptions, JsError> {
+    let o: GenOptions = if options_json.is_empty() { GenOptions::default() } else { serde_json::from_str(options_json).map_err(err)? };
+    let d = SamplerConfig::default();
+    let sc = SamplerConfig {
+        temperature: o.temperature.unwrap_or(d.temperature),
+        top_k: o.top_k.unwrap_or(d.top_k),
+        top_p: o.top_p.unwrap_or(d.top_p),
+        min_p: o.min_p.unwrap_or(d.min_p),
+        repeat_penalty: o.repeat_penalty.unwrap_or(d.repeat_penalty),
+        seed: o.seed.unwrap_or(d.seed),
+        ..d
+    };
+    Ok(crate::engine::GenOptions {
+        n: o.max_tokens.unwrap_or(256),
+        sampler: sc,
+        ignore_eos: o.ignore_eos,
+        stop: o.stop,
+        context: o.n_keep.map(|n_keep| crate::engine::ContextMode::Shift { n_keep }).unwrap_or_default(),
+    })
+}
+
+fn mmproj_info(mp: &Mmproj) -> serde_json::Value {
+    serde_json::json!({ "projector": mp.cfg.projector, "n_embd_out": mp.n_embd_out, "image_size": mp.cfg.image_size, "bytes": mp.bytes })
+}
+
+/// [`Engine::begin_images`]: as `les serve` runs a chat request with images (`mm_prompt`,
+/// `prefill_mm`, then the generation from the token record with the prefix reused).
+async fn begin_images(g: &mut Inner, prompt: &str, images: &js_sys::Array, options_json: &str) -> Result<u32, JsError> {
+    let mut go = gen_options(options_json)?;
+    // A context shift recomputes the kept tokens from their ids, which an image's rows are not
+    // (llama-server turns the shift off with --mmproj; so does `les serve`).
+    go.context = crate::engine::ContextMode::Stop;
+    let mut bytes = Vec::with_capacity(images.length() as usize);
+    for (i, v) in images.iter().enumerate() {
+        let a: js_sys::Uint8Array = v.dyn_into().map_err(|_| err(format!("image {i}: expected the file's bytes as a Uint8Array")))?;
+        bytes.push(a.to_vec());
+    }
+    let Inner { session, experts, mmproj, gen, mm, logits_fnv, at_first_token, .. } = g;
+    let mp = mmproj.as_ref().ok_or_else(|| err("no vision tower is loaded: images need an mmproj (createEngine's `mmproj` option)"))?;
+    // The previous generation ends here (its state is replaced whatever happens next).
+    *gen = None;
+    *mm = None;
+    let p = session.mm_prompt(mp, prompt, &bytes).map_err(err)?;
+    if p.tokens.len() >= session.kv.n_ctx {
+        return Err(err(crate::engine::EngineError::PromptTooLong(p.tokens.len(), session.kv.n_ctx)));
+    }
+    if let Some(e) = experts.as_ref() {
+        e.reset_stats();
+    }
+    let run = session.prefill_mm_async(mp, &p).await.map_err(err)?;
+    let g2 = Generation::with_options(session, &run.tokens, &go).map_err(err)?;
+    *gen = Some(g2);
+    *mm = Some(MmRun { reused: run.reused, encoded: run.encoded, encode_ms: run.encode_ms, ms: run.ms, image_rows: p.image_rows });
+    *logits_fnv = FNV_OFFSET;
+    *at_first_token = None;
+    Ok(run.tokens.len() as u32)
+}
+
 fn stats_json(g: &Inner) -> String {
     let s = g.experts.as_ref().map(|e| e.stats());
     let gen = g.gen.as_ref().map(|x| x.stats.clone()).unwrap_or_default();
     let gpu = g.session.gpu.as_ref().map(|x| x.stats());
+    // With images the prompt ran in `beginImages` (all but its last token): its reuse and time.
+    let (prompt_reused, prompt_ms) = match &g.mm {
+        Some(m) => (m.reused, gen.prompt_ms + m.ms),
+        None => (gen.prompt_reused, gen.prompt_ms),
+    };
     serde_json::json!({
-        "prompt_tokens": gen.prompt_tokens, "prompt_reused": gen.prompt_reused, "finish_reason": gen.finish_reason, "prompt_ms": gen.prompt_ms, "gen_tokens": gen.gen_tokens, "gen_ms": gen.gen_ms,
+        "prompt_tokens": gen.prompt_tokens, "prompt_reused": prompt_reused, "finish_reason": gen.finish_reason, "prompt_ms": prompt_ms, "gen_tokens": gen.gen_tokens, "gen_ms": gen.gen_ms,
+        "images": g.mm.map(|m| serde_json::json!({ "encoded": m.encoded, "encode_ms": m.encode_ms, "image_rows": m.image_rows, "prefill_ms": m.ms })),
         "tokens_per_s": if gen.gen_tokens > 1 { gen.gen_tps() } else { 0.0 },
         "hit_rate": s.as_ref().map(|s| s.hit_rate()), "recall_d1": s.as_ref().map(|s| s.recall(1)),
         "bytes_per_token": s.as_ref().map(|s| s.bytes_per_token()),

@@ -500,3 +500,106 @@ test('lookahead: failed prefetch reads cost nothing; unload with prefetches in f
     await ctx.close();
   }
 });
+
+// Images (issue 36): a MiniCPM-V 4.6-style vision tower (rand-minicpmv-mmproj) beside its
+// qwen35 text tower (rand-qwen35-vl), through the JS chat API: square_224.png as a data: URL with
+// "Describe" gives llama-mtmd-cli's greedy tokens (tests/data/vision/refs.json; the first 8, all
+// rows of which have top-2 margins above 0.1) on the CPU path and on the WebGPU path (the vision
+// tower encodes on the GPU too); the same image again encodes nothing; a truncated PNG rejects
+// the call with the decoder's error. CPU path also: the image as a Blob and as an ImageBitmap, a
+// remote URL refused, and the demo page's image picker.
+test('images: square_224.png + "Describe" through chat.completions equals llama.cpp on the CPU and WebGPU paths; bad images reject', async () => {
+  const vl = path.join(ROOT, 'models/rand-qwen35-vl.gguf');
+  const mm = path.join(ROOT, 'models/rand-minicpmv-mmproj.gguf');
+  for (const f of [vl, mm]) need(f, 'run `tools/build_models.sh small`');
+  const dir = path.join(ROOT, 'tests/data/vision');
+  const run = JSON.parse(fs.readFileSync(path.join(dir, 'refs.json'), 'utf8')).runs.qwen35.find((r) => r.name === 'square_224');
+  const N = 8;
+  // Greedy may part from llama.cpp only at a row whose top-2 margin is below 0.1.
+  const low = run.rows.slice(0, N).findIndex((r) => r.margin < 0.1);
+  const want = run.generated.slice(0, low < 0 ? N : low);
+  const dataUrl = (f) => `data:image/png;base64,${fs.readFileSync(path.join(dir, f)).toString('base64')}`;
+  const ctx = await launch();
+  try {
+    const page = await ctx.newPage();
+    await page.goto(`${base}/`);
+    const out = await page.evaluate(async ({ png, bad, N }) => {
+      const { createEngine } = await import('/les/index.js');
+      const res = {};
+      for (const backend of ['cpu', 'webgpu']) {
+        const e = await createEngine({ model: '/models/rand-qwen35-vl.gguf', mmproj: '/models/rand-minicpmv-mmproj.gguf', backend, memoryBudgetMB: 0, nCtx: 256 });
+        const ask = (url, extra = {}) => e.chat.completions.create({ messages: [{ role: 'user', content: [{ type: 'image_url', image_url: { url } }, { type: 'text', text: 'Describe' }] }], max_tokens: N, temperature: 0, ...extra });
+        const caught = async (f) => {
+          try {
+            await f();
+            return 'resolved';
+          } catch (x) {
+            return { name: x.name, message: x.message };
+          }
+        };
+        const last = () => ({ tokens: e.lastResult.tokens, reused: e.lastResult.promptReused, images: e.lastResult.stats.images });
+        const r = { backend: e.backend, vision: e.info.vision };
+        const first = await ask(png);
+        r.first = { content: first.choices[0].message.content, usage: first.usage, ...last() };
+        let streamed = '';
+        for await (const c of await ask(png, { stream: true })) streamed += c.choices[0].delta.content ?? '';
+        r.again = { streamed, ...last() };
+        r.bad = await caught(() => ask(bad));
+        r.badStream = await caught(() => ask(bad, { stream: true }));
+        if (backend === 'cpu') {
+          const blob = await (await fetch(png)).blob();
+          await ask(blob);
+          r.blob = last();
+          await ask(await createImageBitmap(blob));
+          r.bitmap = last();
+          r.remote = await caught(() => ask('https://example.com/cat.png'));
+        }
+        // Text alone still works after a refused image.
+        r.text = (await e.chat.completions.create({ messages: [{ role: 'user', content: 'Hi' }], max_tokens: 2, temperature: 0 })).choices[0].message.content;
+        await e.unload();
+        res[backend] = r;
+      }
+      return res;
+    }, { png: dataUrl('square_224.png'), bad: dataUrl('bad_truncated.png'), N });
+    for (const [backend, r] of Object.entries(out)) {
+      const at = `${backend} path`;
+      assert.match(r.backend, backend === 'cpu' ? /^cpu/ : /^webgpu/, at);
+      assert.equal(r.vision.projector, 'minicpmv4_6');
+      assert.deepEqual(r.first.tokens.slice(0, want.length), want, `${at} vs llama-mtmd-cli`);
+      if (want.length === N) assert.ok(r.first.content && run.text.startsWith(r.first.content), `${at}: ${JSON.stringify(r.first.content)} vs llama.cpp's ${JSON.stringify(run.text)}`);
+      assert.equal(r.first.usage.prompt_tokens, run.n_tokens_total, at);
+      assert.deepEqual(r.first.images, { ...r.first.images, image_rows: 16, encoded: 1 }, at);
+      // The same conversation again: everything but the last token reused, the image not encoded.
+      assert.equal(r.again.streamed, r.first.content, at);
+      assert.deepEqual(r.again.tokens, r.first.tokens, at);
+      assert.equal(r.again.reused, run.n_tokens_total - 1, at);
+      assert.equal(r.again.images.encoded, 0, at);
+      for (const b of [r.bad, r.badStream]) {
+        assert.equal(b.name, 'LesError', `${at}: ${JSON.stringify(b)}`);
+        assert.match(b.message, /the image could not be decoded/, at);
+      }
+      assert.equal(typeof r.text, 'string');
+    }
+    const cpu = out.cpu;
+    // A Blob of the same bytes is the same image (known by its bytes: nothing encoded again).
+    assert.deepEqual(cpu.blob.tokens, cpu.first.tokens);
+    assert.equal(cpu.blob.images.encoded, 0);
+    // An ImageBitmap, drawn to PNG: the same pixels, so the same tokens.
+    assert.deepEqual(cpu.bitmap.tokens, cpu.first.tokens);
+    assert.equal(cpu.remote.name, 'TypeError');
+    assert.match(cpu.remote.message, /fetches nothing/);
+
+    // The demo page: the image picker, its thumbnail in the conversation, the reply.
+    await page.goto(`${base}/?model=/models/rand-qwen35-vl.gguf&mmproj=/models/rand-minicpmv-mmproj.gguf&budget=0&backend=cpu&chat=1&prompt=Describe&n=${N}`);
+    await page.setInputFiles('#image', path.join(dir, 'square_224.png'));
+    await page.click('#run');
+    await page.waitForFunction(() => (!window.les.busy && window.les.messages.length === 2) || window.les.error, null, { timeout: 120_000 });
+    const demo = await page.evaluate(() => ({ error: window.les.error, tokens: window.les.last?.tokens, thumbs: document.querySelectorAll('#output img.thumb').length, status: document.getElementById('status').textContent }));
+    assert.equal(demo.error, null, JSON.stringify(demo.error));
+    assert.deepEqual(demo.tokens, cpu.first.tokens);
+    assert.equal(demo.thumbs, 1);
+    assert.match(demo.status, /images: 16 embedding rows/);
+  } finally {
+    await ctx.close();
+  }
+});

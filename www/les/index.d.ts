@@ -2,7 +2,8 @@
 
 /** Progress of downloading / loading a model. Sizes in bytes. */
 export interface Progress {
-  phase: 'download' | 'load' | 'error';
+  /** 'mmproj': the vision tower being stored (a URL) before it is read into the engine. */
+  phase: 'download' | 'load' | 'mmproj' | 'error';
   loaded?: number;
   total?: number;
   /** Every block of the model is stored (verified) in browser storage. */
@@ -16,6 +17,13 @@ export interface Progress {
 export interface CreateEngineOptions {
   /** URL of a GGUF or `.les` bundle (HTTP Range requests required), a File, or a FileSystemFileHandle. */
   model: string | File | Blob | FileSystemFileHandle;
+  /**
+   * A vision tower (an mmproj GGUF: `minicpmv4_6`, MiniCPM-V 4.6-style) for the model: a URL
+   * (stored in browser storage like the model), a File or a FileSystemFileHandle. Its weights
+   * are read into memory, on top of `memoryBudgetMB`. Chat messages may then hold images
+   * (`ImageContentPart`); `info.vision` describes it.
+   */
+  mmproj?: string | File | Blob | FileSystemFileHandle;
   /** Memory budget in MiB for dense weights, expert cache, KV cache and scratch; 0 keeps every expert resident. */
   memoryBudgetMB?: number;
   /** 'auto' uses WebGPU when an adapter exists, else the CPU (wasm SIMD128). Default 'auto'. */
@@ -117,6 +125,12 @@ export interface EngineStats {
   cpu_threads: number;
   /** Size of the wasm linear memory in bytes. */
   wasm_heap_bytes: number;
+  /**
+   * A prompt with images: its embedding rows, the image pieces encoded (0 when the cache held
+   * them all: the same image in the same place as before), the encoding's time and the whole
+   * image prefill's (ms, part of `prompt_ms`). null for a text prompt.
+   */
+  images: { image_rows: number; encoded: number; encode_ms: number; prefill_ms: number } | null;
 }
 
 /** Counters of the page's asynchronous expert reads (null: none, e.g. prefetch off or all resident). */
@@ -175,11 +189,42 @@ export interface ModelInfo {
   plan: { budget: number; dense: number; kv: number; scratch: number; expert_bytes_max: number; slots: number; gpu_slots: number; minimum: number; total_expert_bytes: number } | null;
   backend: string;
   has_chat_template: boolean;
+  /** The vision tower loaded with `mmproj` (null: none, the chat takes text only). */
+  vision: { projector: string; n_embd_out: number; image_size: number; bytes: number } | null;
+}
+
+/**
+ * An image for a chat message. Sent to the engine as PNG or JPEG file bytes, decoded by LES (as
+ * llama.cpp decodes them):
+ * - a `data:` URL, base64 (`data:image/png;base64,…`), or a `blob:` URL (URL.createObjectURL);
+ *   remote URLs (http, https) are refused: the engine fetches nothing (pass the fetched Blob);
+ * - a Blob or File, an ArrayBuffer or typed array holding the file's bytes;
+ * - an ImageBitmap, <img>, <canvas>, OffscreenCanvas or VideoFrame: drawn to an OffscreenCanvas
+ *   and encoded as PNG; an ImageData (RGBA pixels) is put there the same way (alpha is dropped,
+ *   as for any image: a canvas keeps colours premultiplied, so translucent pixels lose precision).
+ * Files in a format the browser decodes but LES does not (WebP, GIF, AVIF, BMP) are drawn to PNG
+ * by the browser first; PNG and JPEG go as they are.
+ */
+export type ImageSource = string | Blob | ArrayBuffer | ArrayBufferView | ImageBitmap | ImageData | HTMLImageElement | HTMLCanvasElement | OffscreenCanvas | VideoFrame;
+
+export interface TextContentPart {
+  type: 'text';
+  text: string;
+}
+
+/** OpenAI's image part; `url` may also be the image itself (a Blob, an ImageBitmap, …). */
+export interface ImageContentPart {
+  type: 'image_url';
+  image_url: { url: ImageSource; detail?: 'auto' | 'low' | 'high' } | ImageSource;
 }
 
 export interface ChatMessage {
   role: 'system' | 'user' | 'assistant';
-  content: string;
+  /**
+   * A string, or content parts: text parts are joined with newlines (none next to an image);
+   * images need a vision tower (`mmproj`) and go where their part is.
+   */
+  content: string | (TextContentPart | ImageContentPart)[];
 }
 
 export interface ChatCompletionRequest extends Omit<GenerateOptions, 'stop'> {
@@ -203,7 +248,7 @@ export interface ChatCompletion {
   created: number;
   model: string;
   /** gpt-oss (harmony): `content` is the final channel, `reasoning_content` the analysis channel. */
-  choices: { index: number; message: ChatMessage & { reasoning_content?: string }; finish_reason: 'stop' | 'length' | 'abort' }[];
+  choices: { index: number; message: { role: 'assistant'; content: string; reasoning_content?: string }; finish_reason: 'stop' | 'length' | 'abort' }[];
   usage?: Usage;
 }
 
@@ -224,6 +269,12 @@ export declare class Engine {
   generate(prompt: string, options?: GenerateOptions): AsyncGenerator<string, void, void>;
   /** Tokens, text and stats of the last finished generation. */
   readonly lastResult: GenerateResult | null;
+  /**
+   * OpenAI-style chat. With a vision tower, messages may hold images (`ImageContentPart`). A
+   * request the engine refuses (an image that does not decode, images without a vision tower,
+   * a remote image URL) rejects the returned promise, streaming or not; the error's message
+   * says what was wrong (e.g. 'the image could not be decoded: …').
+   */
   chat: {
     completions: {
       create(req: ChatCompletionRequest & { stream: true }): Promise<AsyncIterable<ChatCompletionChunk>>;

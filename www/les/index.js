@@ -65,21 +65,21 @@ export class Engine {
 
   // The worker's token events of one generation (`split`: with the reply's `reasoning` and
   // `content`, split as harmony for gpt-oss).
-  async *_tokens(prompt, options, split) {
+  async *_tokens(prompt, options, split, images = []) {
     const queue = [];
     let wake = null;
     let result = null;
     let failure = null;
     let id = 0;
     const listener = (m) => {
-      if (m.event === 'token' && m.id === id) {
+      if ((m.event === 'token' || m.event === 'started') && m.id === id) {
         queue.push(m);
         wake?.();
       }
     };
     this._rpc.listeners.add(listener);
     id = this._rpc.next; // the id the next call gets
-    const done = this._rpc.call('generate', { prompt, options, split }).then(
+    const done = this._rpc.call('generate', { prompt, options, split, images }).then(
       (r) => { result = r; wake?.(); },
       (e) => { failure = e; wake?.(); },
     );
@@ -112,7 +112,10 @@ export class Engine {
   }
 
   async _chatCreate({ messages, stream = false, max_tokens, max_completion_tokens, temperature, top_p, seed, stop, ...rest }) {
-    const prompt = await this._rpc.call('chatPrompt', { messages });
+    // Content parts: text joined as llama-server joins them, each image a media marker in the
+    // text and its file bytes in `images` (in order).
+    const flat = await flattenMessages(messages);
+    const prompt = await this._rpc.call('chatPrompt', { messages: flat.messages });
     const stops = stop == null ? [] : Array.isArray(stop) ? stop : [stop];
     const options = { max_tokens: max_tokens ?? max_completion_tokens, temperature: temperature ?? 0.7, top_p, seed, stop: stops, ...rest };
     const created = Math.floor(Date.now() / 1000);
@@ -122,8 +125,12 @@ export class Engine {
     // (as llama.cpp's server and `les serve` answer).
     if (stream) {
       const self = this;
+      const events = this._tokens(prompt, options, true, flat.images);
+      // The prompt is taken (its images decoded) before the stream is returned: a request the
+      // engine refuses (an image that does not decode) rejects this call, as an HTTP error would.
+      await events.next();
       return (async function* () {
-        for await (const m of self._tokens(prompt, options, true)) {
+        for await (const m of events) {
           const chunk = (delta) => ({ id, object: 'chat.completion.chunk', created, model, choices: [{ index: 0, delta, finish_reason: null }] });
           if (m.reasoning) yield chunk({ reasoning_content: m.reasoning });
           if (m.content) yield chunk({ content: m.content });
@@ -134,7 +141,7 @@ export class Engine {
     }
     let content = '';
     let reasoning = '';
-    for await (const m of this._tokens(prompt, options, true)) {
+    for await (const m of this._tokens(prompt, options, true, flat.images)) {
       content += m.content ?? '';
       reasoning += m.reasoning ?? '';
     }
@@ -180,10 +187,131 @@ function usageOf(r) {
   return r ? { prompt_tokens: r.promptTokens, completion_tokens: r.tokens.length, total_tokens: r.promptTokens + r.tokens.length, prompt_tokens_details: { cached_tokens: r.promptReused ?? 0 } } : undefined;
 }
 
+// Where an image goes in a message's text (llama.cpp mtmd's default media marker).
+const MARKER = '<__media__>';
+
+/** Messages with content parts made plain: `{messages: [{role, content: string}], images: Uint8Array[]}`. */
+async function flattenMessages(messages) {
+  if (!Array.isArray(messages)) throw new TypeError('messages must be an array');
+  const images = [];
+  const out = [];
+  for (const m of messages) {
+    let content = m?.content ?? '';
+    if (Array.isArray(content)) {
+      let text = '';
+      let afterMarker = false;
+      for (const part of content) {
+        if (part?.type === 'text') {
+          if (typeof part.text !== 'string') throw new TypeError("a text content part needs a string 'text'");
+          if (!afterMarker && text) text += '\n';
+          text += part.text;
+          afterMarker = false;
+        } else if (part?.type === 'image_url') {
+          // `{url, detail}` (detail ignored), or the image itself in place of the object.
+          const src = part.image_url?.url ?? part.image_url;
+          if (src == null) throw new TypeError("an image_url content part needs 'image_url.url'");
+          images.push(await imageBytes(src));
+          text += MARKER;
+          afterMarker = true;
+        } else {
+          throw new TypeError(`content parts of type '${part?.type}' are not supported (text and image_url are)`);
+        }
+      }
+      content = text;
+    } else if (typeof content !== 'string') {
+      throw new TypeError('message content must be a string or a list of content parts');
+    }
+    out.push({ role: m.role, content });
+  }
+  return { messages: out, images };
+}
+
+// File bytes per image object: a conversation sends its images again every turn, and an image
+// drawn to PNG here must give the same bytes each time (the engine knows an image by its bytes).
+const imageCache = new WeakMap();
+
+const isPngOrJpeg = (b) => (b.length >= 8 && b[0] === 0x89 && b[1] === 0x50 && b[2] === 0x4e && b[3] === 0x47) || (b.length >= 3 && b[0] === 0xff && b[1] === 0xd8 && b[2] === 0xff);
+
+const DRAWABLE = ['ImageBitmap', 'HTMLImageElement', 'HTMLCanvasElement', 'OffscreenCanvas', 'VideoFrame', 'HTMLVideoElement', 'SVGImageElement'];
+const isA = (x, name) => typeof globalThis[name] === 'function' && x instanceof globalThis[name];
+
+/**
+ * An image as PNG or JPEG file bytes (what the engine decodes): a `data:` URL (base64), a
+ * `blob:` URL, a Blob / File, an ArrayBuffer or typed array of the file's bytes, an ImageData
+ * (RGBA pixels), or anything a canvas draws (ImageBitmap, <img>, <canvas>, OffscreenCanvas,
+ * VideoFrame), drawn to an OffscreenCanvas and encoded as PNG. Files in other formats the
+ * browser decodes (WebP, GIF, AVIF, BMP) become PNG the same way. Remote URLs are refused.
+ */
+async function imageBytes(src) {
+  if (typeof src === 'string') return fileBytes(await urlBytes(src));
+  if (src instanceof ArrayBuffer) return fileBytes(new Uint8Array(src.slice(0)));
+  if (ArrayBuffer.isView(src)) return fileBytes(new Uint8Array(src.buffer.slice(src.byteOffset, src.byteOffset + src.byteLength)));
+  if (typeof src !== 'object' || src === null) throw new TypeError(`an image must be a data: URL, a Blob, an ImageBitmap or ImageData (got ${src === null ? 'null' : typeof src})`);
+  let p = imageCache.get(src);
+  if (!p) {
+    if (src instanceof Blob) p = src.arrayBuffer().then((b) => fileBytes(new Uint8Array(b)));
+    else if (isA(src, 'ImageData')) p = drawPng(src.width, src.height, (x) => x.putImageData(src, 0, 0));
+    else if (DRAWABLE.some((n) => isA(src, n))) {
+      const w = src.naturalWidth || src.videoWidth || src.displayWidth || src.width;
+      const h = src.naturalHeight || src.videoHeight || src.displayHeight || src.height;
+      p = drawPng(w, h, (x) => x.drawImage(src, 0, 0, w, h));
+    } else throw new TypeError(`an image must be a data: URL, a Blob, an ImageBitmap or ImageData (got ${src.constructor?.name ?? 'an object'})`);
+    imageCache.set(src, p);
+    p.catch(() => imageCache.delete(src));
+  }
+  return p;
+}
+
+async function urlBytes(url) {
+  const scheme = url.slice(0, url.indexOf(':') + 1).toLowerCase();
+  if (scheme === 'blob:') return new Uint8Array(await (await fetch(url)).arrayBuffer());
+  if (scheme !== 'data:') {
+    throw new TypeError("image URLs must be data: URLs (data:image/png;base64,…) or blob: URLs: LES fetches nothing, so remote (http, https) URLs are refused; pass the image itself instead, e.g. `{ type: 'image_url', image_url: { url: await (await fetch(src)).blob() } }`");
+  }
+  const comma = url.indexOf(',');
+  if (comma < 0) throw new TypeError("malformed data: URL (no ',' before the data)");
+  if (!url.slice(5, comma).split(';').some((x) => x.trim().toLowerCase() === 'base64')) throw new TypeError('image data: URLs must be base64-encoded (data:image/png;base64,…)');
+  let bin;
+  try {
+    bin = atob(url.slice(comma + 1).replace(/[\t\n\f\r ]/g, ''));
+  } catch (e) {
+    throw new TypeError(`the image's base64 data is invalid: ${e.message}`);
+  }
+  const out = new Uint8Array(bin.length);
+  for (let i = 0; i < bin.length; i++) out[i] = bin.charCodeAt(i);
+  return out;
+}
+
+// PNG and JPEG go to the engine as they are (it decodes them as llama.cpp does); another format
+// the browser decodes is drawn to PNG; bytes nobody decodes go on, for the engine's error.
+async function fileBytes(b) {
+  if (isPngOrJpeg(b) || typeof createImageBitmap !== 'function') return b;
+  let bmp;
+  try {
+    bmp = await createImageBitmap(new Blob([b]), { premultiplyAlpha: 'none', colorSpaceConversion: 'none' });
+  } catch (_) {
+    return b;
+  }
+  try {
+    return await drawPng(bmp.width, bmp.height, (x) => x.drawImage(bmp, 0, 0));
+  } finally {
+    bmp.close();
+  }
+}
+
+async function drawPng(w, h, draw) {
+  if (!(w > 0 && h > 0)) throw new TypeError(`the image is empty (${w}×${h})`);
+  if (typeof OffscreenCanvas !== 'function') throw new TypeError('this browser has no OffscreenCanvas: pass images as PNG or JPEG files (a Blob or a data: URL)');
+  const c = new OffscreenCanvas(w, h);
+  const x = c.getContext('2d');
+  draw(x);
+  return new Uint8Array(await (await c.convertToBlob({ type: 'image/png' })).arrayBuffer());
+}
+
 /**
  * Load a model in a new worker.
- * @param {object} o  { model: URL string | File | FileSystemFileHandle, memoryBudgetMB (0 = all
- *   resident), backend: 'auto' | 'webgpu' | 'cpu', nCtx, backing: 'auto' | 'opfs' | 'indexeddb',
+ * @param {object} o  { model: URL string | File | FileSystemFileHandle, mmproj (a vision tower,
+ *   the same kinds: chat messages may then carry images), memoryBudgetMB (0 = all resident), backend: 'auto' | 'webgpu' | 'cpu', nCtx, backing: 'auto' | 'opfs' | 'indexeddb',
  *   prefetch (default true), prefetchAlways (default false), ioLanes, expertSlots, gpuExpertSlots, threads, policy, lookahead,
  *   store, onProgress({phase, loaded, total}), workerUrl }
  */

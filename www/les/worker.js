@@ -62,19 +62,20 @@ function yieldToEvents() {
   });
 }
 
-async function load({ model: src, memoryBudgetMB = 0, backend = 'auto', nCtx = 2048, backing = 'auto', gpuExpertSlots = null, prefetch = true, prefetchAlways = false, ioLanes = 1, expertSlots = null, policy = null, lookahead = 1, store = null, threads: nThreads = null, debugFailReads = 0 }) {
+// A model (or mmproj) source: a URL is stored in OPFS / IndexedDB (downloaded once, by range);
+// a File or FileSystemFileHandle is read in place.
+async function openSource(src, opts, what) {
+  if (typeof src === 'string') return CachedModel.open(src, opts);
+  if (src && typeof src.getFile === 'function') return new FileModel(await src.getFile());
+  if (src instanceof Blob) return new FileModel(src);
+  throw new TypeError(`${what} must be a URL string, a File or a FileSystemFileHandle`);
+}
+
+async function load({ model: src, mmproj = null, memoryBudgetMB = 0, backend = 'auto', nCtx = 2048, backing = 'auto', gpuExpertSlots = null, prefetch = true, prefetchAlways = false, ioLanes = 1, expertSlots = null, policy = null, lookahead = 1, store = null, threads: nThreads = null, debugFailReads = 0 }) {
   const wantGpu = backend === 'webgpu' || (backend === 'auto' && !!navigator.gpu);
   const { Engine, crc32, deviceProfile } = await (ready ??= loadWasm(!wantGpu, nThreads));
   const onProgress = (p) => post({ event: 'progress', ...p });
-  if (typeof src === 'string') {
-    model = await CachedModel.open(src, { crc32, onProgress, backing });
-  } else if (src && typeof src.getFile === 'function') {
-    model = new FileModel(await src.getFile());
-  } else if (src instanceof Blob) {
-    model = new FileModel(src);
-  } else {
-    throw new TypeError('model must be a URL string, a File or a FileSystemFileHandle');
-  }
+  model = await openSource(src, { crc32, onProgress, backing }, 'model');
   if (store && store !== 'disk') {
     // Benchmarks: model reads at the pace of a flash device (the native `--store` profiles).
     const p = deviceProfile(store);
@@ -117,6 +118,17 @@ async function load({ model: src, memoryBudgetMB = 0, backend = 'auto', nCtx = 2
       engine = await open(false);
     }
   }
+  // The vision tower: stored like the model, then read whole into the engine (its weights are
+  // held in memory, on top of the budget), on whichever backend the engine ended up.
+  if (mmproj) {
+    const mm = await openSource(mmproj, { crc32, onProgress: (p) => onProgress({ ...p, phase: 'mmproj' }), backing }, 'mmproj');
+    try {
+      await mm.download();
+      engine.loadMmproj((off, len) => mm.readSync(off, len), mm.size);
+    } finally {
+      mm.close();
+    }
+  }
   // Keep downloading the rest in the background; generation reads missing blocks on demand.
   if (!model.complete()) {
     const ctl = new AbortController();
@@ -130,14 +142,27 @@ async function load({ model: src, memoryBudgetMB = 0, backend = 'auto', nCtx = 2
 
 // `split`: a chat reply; each token event also carries `reasoning` and `content`, the reply
 // split as harmony (gpt-oss) when it is harmony (HarmonySplit; otherwise content = text).
-async function generate({ id, prompt, options, split = false }) {
+// `images`: the PNG / JPEG bytes of the images the prompt's media markers stand for (a chat
+// with images; the engine encodes those its cache does not hold). A 'started' event follows
+// once the prompt is taken.
+async function generate({ id, prompt, options, split = false, images = [] }) {
   if (!engine) throw new Error('no model loaded');
   if (generating) throw new Error('a generation is already running');
   generating = true;
   aborted = false;
   const hs = split ? new (await ready).HarmonySplit() : null;
   try {
-    const nPrompt = engine.begin(prompt, JSON.stringify(options ?? {}));
+    let nPrompt;
+    if (images?.length) {
+      try {
+        nPrompt = await engine.beginImages(prompt, images, JSON.stringify(options ?? {}));
+      } catch (e) {
+        throw await storageFailure(e);
+      }
+    } else {
+      nPrompt = engine.begin(prompt, JSON.stringify(options ?? {}));
+    }
+    post({ event: 'started', id });
     let text = '';
     const tokens = [];
     for (;;) {
