@@ -118,7 +118,7 @@ fn load(path: &str, opts: &str) -> Result<LesEngine, String> {
             };
             // A vision tower's weights and encoder activations come out of the budget too.
             let reserve = match &o.mmproj {
-                Some(p) => Mmproj::footprint(&FileSource::open(p).map_err(|x| format!("mmproj {p}: {x}"))?).map_err(|x| format!("mmproj {p}: {x}"))?,
+                Some(p) => Mmproj::footprint(&FileSource::open(p).map_err(|x| format!("mmproj {p}: {x}"))?, false).map_err(|x| format!("mmproj {p}: {x}"))?,
                 None => 0,
             };
             let budget = parse_bytes(b).map_err(|e| e.to_string())?;

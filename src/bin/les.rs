@@ -549,6 +549,46 @@ fn run(cli: Cli) -> Res {
 /// A session for `m`: every weight resident, or under `--memory-budget` with experts streamed
 /// (less `reserve` bytes the caller needs for itself, e.g. a draft model). Returns the session
 /// and, when streamed, its expert cache (for statistics).
+/// [`open_session`] with a vision tower (`--mmproj`): under `--memory-budget` its weights and
+/// encoder activations come out of the budget; when the budget cannot hold them beside the
+/// model, the tower's matrices are read from storage at each use instead (the same bits).
+fn open_session_with_tower(m: &ModelArgs, s: &StreamArgs, reserve: u64, mmproj: Option<&str>) -> Result<(Session, Option<std::sync::Arc<les::expert::stream::StreamingExperts>>, Option<les::vision::Mmproj>), Box<dyn std::error::Error>> {
+    let Some(p) = mmproj else {
+        let (sess, ex) = open_session(m, s, reserve)?;
+        return Ok((sess, ex, None));
+    };
+    let err = |e: &dyn std::fmt::Display| format!("--mmproj {p}: {e}");
+    let file = std::sync::Arc::new(FileSource::open(p).map_err(|e| err(&e))?);
+    let t0 = les::engine::now_ms();
+    let (sess, ex, streamed) = match s.memory_budget {
+        None => {
+            let (sess, ex) = open_session(m, s, reserve)?;
+            (sess, ex, false)
+        }
+        Some(_) => {
+            let whole = les::vision::Mmproj::footprint(&*file, false).map_err(|e| err(&e))?;
+            match open_session(m, s, reserve + whole) {
+                Ok((sess, ex)) => (sess, ex, false),
+                Err(e) if e.to_string().contains("minimum") || e.to_string().contains("reserved beside") => {
+                    let least = les::vision::Mmproj::footprint(&*file, true).map_err(|e| err(&e))?;
+                    let (sess, ex) = open_session(m, s, reserve + least)?;
+                    eprintln!("les: the budget cannot hold the vision tower's {:.1} MiB beside the model: its matrices are read from storage at each image ({:.1} MiB reserved)", whole as f64 / 1048576.0, least as f64 / 1048576.0);
+                    (sess, ex, true)
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    };
+    let stream = streamed.then(|| file.clone() as std::sync::Arc<dyn les::store::ByteSource>);
+    let mp = les::vision::Mmproj::load_with(&*file, stream).map_err(|e| err(&e))?;
+    if mp.n_embd_out != sess.model.cfg.n_embd {
+        return Err(err(&les::vision::VisionError::Width { mmproj: mp.n_embd_out, text: sess.model.cfg.n_embd }).into());
+    }
+    les::vision::layout::Markers::find(|t| sess.lookup_token(t)).map_err(|e| err(&e))?;
+    eprintln!("les: vision tower {p}: {}, {:.1} MiB of weights in memory, loaded in {:.0} ms", mp.cfg.projector, mp.bytes as f64 / 1048576.0, les::engine::now_ms() - t0);
+    Ok((sess, ex, Some(mp)))
+}
+
 fn open_session(m: &ModelArgs, s: &StreamArgs, reserve: u64) -> Result<(Session, Option<std::sync::Arc<les::expert::stream::StreamingExperts>>), Box<dyn std::error::Error>> {
     let Some(b) = &s.memory_budget else { return Ok((open(m)?, None)) };
     if let Some(t) = m.threads {
@@ -603,12 +643,10 @@ fn cmd_run(a: RunArgs) -> Res {
         _ => 0,
     };
     // So does a vision tower (its weights and the encoder's activations).
-    let reserve = reserve
-        + match (&a.mmproj, &a.s.memory_budget) {
-            (Some(p), Some(_)) => les::vision::Mmproj::footprint(&FileSource::open(p).map_err(|e| format!("--mmproj {p}: {e}"))?).map_err(|e| format!("--mmproj {p}: {e}"))?,
-            _ => 0,
-        };
-    let (mut sess, streaming) = open_session(&a.m, &a.s, reserve)?;
+    if a.mmproj.is_none() && !a.image.is_empty() {
+        return Err("--image needs --mmproj FILE (the model's vision tower)".into());
+    }
+    let (mut sess, streaming, tower) = open_session_with_tower(&a.m, &a.s, reserve, a.mmproj.as_deref())?;
     let mut draft: Option<Box<dyn Draft>> = match (&a.draft_model, a.lookup) {
         (Some(p), _) => {
             let src = FileSource::open(p)?;
@@ -629,7 +667,7 @@ fn cmd_run(a: RunArgs) -> Res {
         }).unwrap_or((0, 0))
     };
     let spec = Spec { draft: draft.as_deref_mut(), gamma, io: if streaming.is_some() { Some(&probe) } else { None } };
-    let r = cmd_run_inner(&a, &mut sess, spec);
+    let r = cmd_run_inner(&a, &mut sess, spec, tower.as_ref());
     if let Some(ex) = &streaming {
         let st = ex.stats();
         eprintln!(
@@ -688,7 +726,7 @@ struct Spec<'a> {
     io: Option<speculative::IoProbe<'a>>,
 }
 
-fn cmd_run_inner(a: &RunArgs, sess: &mut Session, mut spec: Spec<'_>) -> Res {
+fn cmd_run_inner(a: &RunArgs, sess: &mut Session, mut spec: Spec<'_>, tower: Option<&les::vision::Mmproj>) -> Res {
     let sess = sess;
     let sampler = SamplerConfig {
         temperature: a.temp,
@@ -724,11 +762,10 @@ fn cmd_run_inner(a: &RunArgs, sess: &mut Session, mut spec: Spec<'_>) -> Res {
         }
         return Ok(());
     }
-    match (&a.prompt, &a.mmproj, a.image.is_empty()) {
-        (_, None, false) => return Err("--image needs --mmproj FILE (the model's vision tower)".into()),
-        (Some(p), Some(mp), _) => return run_images(sess, p, mp, a, &sampler, &mut spec),
-        (Some(p), None, true) => prompts.push(p.clone()),
-        (None, _, _) => return Err("give --prompt TEXT or --chat".into()),
+    match (&a.prompt, tower) {
+        (Some(p), Some(mp)) => return run_images(sess, p, mp, a, &sampler, &mut spec),
+        (Some(p), None) => prompts.push(p.clone()),
+        (None, _) => return Err("give --prompt TEXT or --chat".into()),
     }
     for p in prompts {
         let toks = sess.tokenize(&p);
@@ -740,13 +777,10 @@ fn cmd_run_inner(a: &RunArgs, sess: &mut Session, mut spec: Spec<'_>) -> Res {
 /// `les run --mmproj F --image F -p TEXT`: the prompt as `llama-mtmd-cli -p` builds it (one
 /// user message through the chat template, the images' markers first unless the text places
 /// them), the images encoded, every chunk run, then generation.
-fn run_images(sess: &mut Session, prompt: &str, mmproj: &str, a: &RunArgs, sampler: &SamplerConfig, spec: &mut Spec<'_>) -> Res {
+fn run_images(sess: &mut Session, prompt: &str, mp: &les::vision::Mmproj, a: &RunArgs, sampler: &SamplerConfig, spec: &mut Spec<'_>) -> Res {
     if spec.draft.is_some() {
         return Err("--image is not supported with speculative decoding (--draft-model, --lookup) yet".into());
     }
-    let t0 = les::engine::now_ms();
-    let mp = les::vision::Mmproj::load(&FileSource::open(mmproj).map_err(|e| format!("--mmproj {mmproj}: {e}"))?).map_err(|e| format!("--mmproj {mmproj}: {e}"))?;
-    eprintln!("les: vision tower {mmproj}: {}, {:.1} MiB of weights, loaded in {:.0} ms", mp.cfg.projector, mp.bytes as f64 / 1048576.0, les::engine::now_ms() - t0);
     let mut images = Vec::new();
     for f in &a.image {
         images.push(std::fs::read(f).map_err(|e| format!("--image {f}: {e}"))?);
@@ -754,8 +788,8 @@ fn run_images(sess: &mut Session, prompt: &str, mmproj: &str, a: &RunArgs, sampl
     let marker = les::vision::layout::MARKER;
     let content = if prompt.contains(marker) { prompt.to_string() } else { format!("{}{prompt}", marker.repeat(images.len())) };
     let text = sess.chat_prompt(&[Message { role: "user".into(), content }])?;
-    let p = sess.mm_prompt(&mp, &text, &images)?;
-    let run = sess.prefill_mm(&mp, &p)?;
+    let p = sess.mm_prompt(mp, &text, &images)?;
+    let run = sess.prefill_mm(mp, &p)?;
     eprintln!(
         "les: {} image(s): {} embedding rows; {} pieces encoded in {:.0} ms; prompt of {} positions run in {:.0} ms",
         images.len(),

@@ -136,7 +136,10 @@ impl<'a> Loader<'a> {
         if rb == 0 || (rb * rows) as u64 != t.size {
             return Err(ModelError::Shape { name: name.into(), got: t.dims.clone(), want: shape.iter().map(|&x| x as u64).collect() });
         }
+        // Pieces of a multiple of 8 rows: the batched kernels' row groups (4, and Q4_K's 8) fall
+        // as in the whole matrix, so every output keeps its bits.
         let rows_per = (s.piece / rb).clamp(1, rows.max(1));
+        let rows_per = if rows_per >= 8 { rows_per - rows_per % 8 } else { rows_per.min(rows.min(8)) };
         let pieces: Vec<(u64, usize)> = (0..rows).step_by(rows_per).map(|r0| (t.offset + (r0 * rb) as u64, rb * rows_per.min(rows - r0))).collect();
         // `first` is numbered by `finish`, once the cycle's order is known.
         let m = self.w.add_streamed(t.ty, cols, rows, ops::StreamedMat { first: 0, n: pieces.len(), rows_per, offset: t.offset });

@@ -20,7 +20,7 @@ use crate::backend::wgpu::exec::{GpuBackend, GpuOptions, GpuShapes};
 use crate::backend::wgpu::GpuContext;
 use std::sync::Arc;
 use crate::gguf::{GgufError, GgufFile};
-use crate::model::{Loader, ModelError};
+use crate::model::{DenseStreaming, Loader, ModelError};
 use crate::store::{ByteSource, StoreError};
 
 #[derive(Debug, thiserror::Error)]
@@ -90,6 +90,18 @@ pub struct VisionConfig {
     pub insert_layer: usize,
 }
 
+/// Whether a tensor is one of the tower's matrices (what [`Mmproj::load_with`] can stream).
+fn is_matrix(t: &crate::gguf::TensorInfo) -> bool {
+    t.name.ends_with(".weight") && t.dims.len() == 2 && t.dims[1] > 1 && t.name != "v.position_embd.weight"
+}
+
+/// The read-ahead window of a tower read from storage: an eighth of its matrices' bytes, at
+/// least 1 MiB, at most 16 MiB.
+fn stream_window(g: &GgufFile) -> usize {
+    let m: u64 = g.tensors.iter().filter(|t| is_matrix(t)).map(|t| t.size).sum();
+    ((m / 8) as usize).clamp(1 << 20, 16 << 20)
+}
+
 /// A loaded mmproj: hyper-parameters and the vision tower's weights.
 pub struct Mmproj {
     pub cfg: VisionConfig,
@@ -106,6 +118,13 @@ pub struct Mmproj {
 
 impl Mmproj {
     pub fn load(src: &dyn ByteSource) -> Result<Self, VisionError> {
+        Self::load_with(src, None)
+    }
+
+    /// [`Self::load`], the tower's matrices read from `stream` (the same file) at each use
+    /// through a bounded read-ahead instead of held in memory: for a memory budget that cannot
+    /// hold them (the CPU backend; the same bits).
+    pub fn load_with(src: &dyn ByteSource, stream: Option<Arc<dyn ByteSource>>) -> Result<Self, VisionError> {
         let g = GgufFile::read(src)?;
         let arch = g.architecture().unwrap_or("").to_string();
         if arch != "clip" {
@@ -163,10 +182,12 @@ impl Mmproj {
         if c.std.iter().any(|&s| !(s.is_finite() && s != 0.0)) || c.mean.iter().any(|m| !m.is_finite()) {
             return Err(inval("clip.vision.image_std", format!("{:?}", c.std), "mean and std must be finite, std non-zero"));
         }
-        let mut ld = Loader::new(src, &g);
+        let window = stream_window(&g);
+        let dense = stream.map(|src| DenseStreaming { names: g.tensors.iter().filter(|t| is_matrix(t)).map(|t| t.name.clone()).collect(), src, window, piece: window / 4 });
+        let mut ld = Loader::new(src, &g).with_streaming(dense.as_ref());
         let (tower, n_embd_out) = minicpmv::Tower::load(&mut ld, c)?;
         let weights = ld.finish()?;
-        let bytes = g.tensors.iter().map(|t| t.size as usize).sum();
+        let bytes = g.tensors.iter().map(|t| t.size as usize).sum::<usize>() - weights.streamed_bytes() as usize;
         Ok(Self { cfg, weights, tower, n_embd_out, bytes, gpu: std::sync::Mutex::new(None) })
     }
 
@@ -174,13 +195,15 @@ impl Mmproj {
     /// its header alone (for a memory budget): the tensors as stored, plus the encoder's
     /// activations at `(image_size / patch_size)²` patches (the residual stream, Q/K/V, the
     /// attention output and its f16 K/V copies, the FFN's hidden rows; f32).
-    pub fn footprint(src: &dyn ByteSource) -> Result<u64, VisionError> {
+    /// `streamed`: with its matrices read from storage ([`Self::load_with`]) through the
+    /// read-ahead's window instead.
+    pub fn footprint(src: &dyn ByteSource, streamed: bool) -> Result<u64, VisionError> {
         let g = GgufFile::read(src)?;
-        let weights: u64 = g.tensors.iter().map(|t| t.size).sum();
+        let weights: u64 = g.tensors.iter().filter(|t| !streamed || !is_matrix(t)).map(|t| t.size).sum();
         let u = |k: &str| g.get_u64(k).unwrap_or(0);
         let (side, d, ff) = (u("clip.vision.image_size") / u("clip.vision.patch_size").max(1), u("clip.vision.embedding_length"), u("clip.vision.feed_forward_length"));
         let rows = side * side;
-        Ok(weights + rows * (6 * d + ff) * 4)
+        Ok(weights + rows * (6 * d + ff) * 4 + if streamed { stream_window(&g) as u64 } else { 0 })
     }
 
     /// The slicing this projector's preprocessing uses.

@@ -275,3 +275,20 @@ fn les_run_with_images() {
     let run = r.json["runs"]["qwen35"].as_array().unwrap().iter().find(|r| r["name"] == "square_224").unwrap();
     assert_eq!(String::from_utf8_lossy(&o.stdout), run["llama_mtmd_cli"]["text"].as_str().unwrap(), "les run vs llama-mtmd-cli");
 }
+
+/// A tower whose matrices are read from storage at each use (a budget that cannot hold them)
+/// gives the resident tower's embeddings bit for bit, holding a fraction of its bytes.
+#[test]
+fn a_tower_read_from_storage_gives_the_same_embeddings() {
+    let path = model("rand-minicpmv-mmproj.gguf");
+    let src = FileSource::open(&path).unwrap();
+    let resident = Mmproj::load(&src).unwrap();
+    let streamed = Mmproj::load_with(&src, Some(std::sync::Arc::new(FileSource::open(&path).unwrap()))).unwrap();
+    assert!(streamed.bytes * 3 < resident.bytes, "{} of {} bytes held", streamed.bytes, resident.bytes);
+    assert!(Mmproj::footprint(&src, true).unwrap() < Mmproj::footprint(&src, false).unwrap());
+    let prep = resident.prepare(&std::fs::read(root().join("tests/data/vision/grid_336x700.png")).unwrap()).unwrap();
+    for (i, p) in std::iter::once(&prep.overview).chain(&prep.slices).enumerate() {
+        let (a, b) = (resident.encode(p).unwrap(), streamed.encode(p).unwrap());
+        assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()), "piece {i}");
+    }
+}

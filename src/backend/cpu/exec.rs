@@ -1,7 +1,7 @@
 //! [`Ops`] on the CPU: every op computes at once with the kernels of this folder; `read` is a copy.
 
 use super::kv::KvCache;
-use super::matmul::{matmul, Acts, RowMode, WeightRef};
+use super::matmul::{matmul, matmul_part, Acts, RowMode, WeightRef};
 use super::{ops, par};
 use crate::backend::ops::{Attn, DeltaNet, ExpertAct, ExpertFfn, Mat, OpError, Ops, Rope, Route, Sigmoid, Vector, Weights};
 use crate::expert::{ExpertError, ExpertSource};
@@ -134,7 +134,7 @@ impl Ops for CpuExec<'_> {
                 self.w.for_pieces(m, |row0, p| {
                     part.clear();
                     part.resize(x.rows() * p.rows, 0f32);
-                    matmul(p, &mut a, &mut part);
+                    matmul_part(p, &mut a, &mut part, rows);
                     for (yr, pr) in y.chunks_mut(rows).zip(part.chunks(p.rows)) {
                         yr[row0..row0 + p.rows].copy_from_slice(pr);
                     }

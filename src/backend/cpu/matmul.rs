@@ -110,6 +110,13 @@ fn rows_per_task(rows: usize, cols: usize) -> usize {
 
 /// `y[t][r] = W[r] · x[t]` for every token `t`. `y` is `n_tok × w.rows`, token-major.
 pub fn matmul(w: WeightRef<'_>, acts: &mut Acts<'_>, y: &mut [f32]) {
+    matmul_part(w, acts, y, w.rows)
+}
+
+/// [`matmul`] of a piece of a matrix of `whole_rows` rows (read from storage piece by piece):
+/// the kernels are chosen for the whole matrix, so each output has the bits it has there
+/// (pieces start at multiples of 8 rows).
+pub fn matmul_part(w: WeightRef<'_>, acts: &mut Acts<'_>, y: &mut [f32], whole_rows: usize) {
     assert_eq!(w.cols, acts.cols, "matmul: weight has {} columns, activation {}", w.cols, acts.cols);
     let n_tok = acts.n_tok;
     let mode = acts.mode;
@@ -131,7 +138,7 @@ pub fn matmul(w: WeightRef<'_>, acts: &mut Acts<'_>, y: &mut [f32]) {
     let yp = par::SharedMut::new(&mut y[..n_tok * w.rows]);
     let wrow = |r: usize| &w.data[r * w_row..(r + 1) * w_row];
     // F32 / F16 weights in ggml's tinyBLAS order: the activations widened to f32 once.
-    if let Some(fg) = quant::FloatGemm::new(w.ty, w.cols, w.rows, n_tok, mode == RowMode::Experts, mode == RowMode::PerRow) {
+    if let Some(fg) = quant::FloatGemm::new(w.ty, w.cols, whole_rows, n_tok, mode == RowMode::Experts, mode == RowMode::PerRow) {
         let wide: Vec<f32> = if w.ty == GgmlType::F16 {
             a.chunks_exact(2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()).collect()
         } else {
@@ -141,7 +148,7 @@ pub fn matmul(w: WeightRef<'_>, acts: &mut Acts<'_>, y: &mut [f32]) {
         blocks(w.rows, n_tok, rows_chunk, &yp, None, &|r, t| Some(fg.dot4(wrow(r), [act(t), act(t + 1), act(t + 2), act(t + 3)])), &|r, t| fg.dot(wrow(r), act(t)));
         return;
     }
-    let dot = quant::BatchDot::new(w.ty, w.cols, w.rows, n_tok, mode == RowMode::Experts, mode == RowMode::PerRow);
+    let dot = quant::BatchDot::new(w.ty, w.cols, whole_rows, n_tok, mode == RowMode::Experts, mode == RowMode::PerRow);
     let act = |t: usize| &a[t * a_row..(t + 1) * a_row];
     let pair = |r: usize, t: usize| dot.dot2x4([wrow(r), wrow(r + 1)], [act(t), act(t + 1), act(t + 2), act(t + 3)], t);
     blocks(w.rows, n_tok, rows_chunk, &yp, dot.has_2x4().then_some(&pair as &(dyn Fn(usize, usize) -> Option<[[f32; 4]; 2]> + Sync)), &|r, t| dot.dot4(wrow(r), [act(t), act(t + 1), act(t + 2), act(t + 3)], t), &|r, t| dot.dot(wrow(r), act(t), t));

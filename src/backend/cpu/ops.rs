@@ -874,19 +874,21 @@ fn gelu_tanh_f32(x: f32) -> f32 {
 /// GELU (tanh form) as ggml-cpu computes it (`GGML_GELU_FP16`): the f16 table of
 /// `ggml_gelu_f32` at x rounded to f16; x itself from 10 up, 0 from −10 down.
 pub fn gelu_tanh(x: &mut [f32]) {
+    static TABLE: std::sync::OnceLock<Vec<u16>> = std::sync::OnceLock::new();
+    let t = TABLE.get_or_init(gelu_tanh_table);
     for v in x {
         *v = if *v <= -10.0 {
             0.0
         } else if *v >= 10.0 {
             *v
         } else {
-            f16::from_f32(gelu_tanh_f32(f16::from_f32(*v).to_f32())).to_f32()
+            f16::from_bits(t[f16::from_f32(*v).to_bits() as usize]).to_f32()
         };
     }
 }
 
-/// `ggml_table_gelu_f16`: the f16 bits of GELU (tanh form) at every f16 value (what the wgpu
-/// backend looks [`gelu_tanh`] up in).
+/// `ggml_table_gelu_f16`: the f16 bits of GELU (tanh form) at every f16 value (what
+/// [`gelu_tanh`] and the wgpu backend look up).
 pub fn gelu_tanh_table() -> Vec<u16> {
     (0..=u16::MAX).map(|h| f16::from_f32(gelu_tanh_f32(f16::from_bits(h).to_f32())).to_bits()).collect()
 }

@@ -18,7 +18,7 @@
 //! `Session::prefill_mm`, whose token record keys each image on its content, so a next turn with
 //! the same image reuses the cache past it.
 
-use super::{open_session, GenArgs, ModelArgs, Res, StreamArgs};
+use super::{open_session_with_tower, GenArgs, ModelArgs, Res, StreamArgs};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, State};
@@ -32,7 +32,6 @@ use les::engine::chat::Message;
 use les::engine::sampling::SamplerConfig;
 use les::engine::{FinishReason, GenOptions, Session};
 use les::expert::stream::StreamingExperts;
-use les::store::FileSource;
 use les::vision::layout::MARKER;
 use les::vision::Mmproj;
 use serde::Deserialize;
@@ -205,14 +204,13 @@ fn unix_now() -> u64 {
 }
 
 pub fn cmd_serve(a: ServeArgs) -> Res {
-    // A vision tower's weights and activations come out of the budget too.
-    let reserve = match (&a.mmproj, &a.s.memory_budget) {
-        (Some(p), Some(_)) => Mmproj::footprint(&FileSource::open(p).map_err(|e| format!("--mmproj {p}: {e}"))?).map_err(|e| format!("--mmproj {p}: {e}"))?,
-        _ => 0,
-    };
-    let (mut sess, experts) = open_session(&a.m, &a.s, reserve)?;
+    // A vision tower's weights and activations come out of the budget too (its matrices read
+    // from storage at each image when the budget cannot hold them beside the model).
+    let (mut sess, experts, mmproj) = open_session_with_tower(&a.m, &a.s, 0, a.mmproj.as_deref())?;
     sess.reuse_prefix = true;
-    let mmproj = a.mmproj.as_deref().map(|f| load_mmproj(&sess, f)).transpose()?;
+    if mmproj.is_some() {
+        eprintln!("les serve: accepts images (image_url parts with data: URLs)");
+    }
     let model = a.alias.clone().unwrap_or_else(|| std::path::Path::new(&a.m.model).file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_else(|| "les".into()));
     let (tx, rx) = std::sync::mpsc::sync_channel::<Job>(QUEUE);
     let alive = Arc::new(std::sync::atomic::AtomicBool::new(true));
@@ -238,19 +236,6 @@ pub fn cmd_serve(a: ServeArgs) -> Res {
         axum::serve(listener, router).await
     })?;
     Ok(())
-}
-
-/// The vision tower for `--mmproj FILE`, checked against the text model at startup (width,
-/// marker tokens), so that a request's image errors are the client's own.
-fn load_mmproj(sess: &Session, file: &str) -> Result<Mmproj, Box<dyn std::error::Error>> {
-    let t0 = les::engine::now_ms();
-    let mp = Mmproj::load(&FileSource::open(file).map_err(|e| format!("--mmproj {file}: {e}"))?).map_err(|e| format!("--mmproj {file}: {e}"))?;
-    if mp.n_embd_out != sess.model.cfg.n_embd {
-        return Err(format!("--mmproj {file}: {}", les::vision::VisionError::Width { mmproj: mp.n_embd_out, text: sess.model.cfg.n_embd }).into());
-    }
-    les::vision::layout::Markers::find(|s| sess.lookup_token(s)).map_err(|e| format!("--mmproj {file}: {e}"))?;
-    eprintln!("les serve: vision tower {file} ({}, {:.1} MiB, loaded in {:.0} ms): accepts images (image_url parts with data: URLs)", mp.cfg.projector, mp.bytes as f64 / 1048576.0, les::engine::now_ms() - t0);
-    Ok(mp)
 }
 
 async fn health(State(app): State<Arc<App>>) -> Response {
