@@ -292,3 +292,21 @@ fn a_tower_read_from_storage_gives_the_same_embeddings() {
         assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()), "piece {i}");
     }
 }
+
+/// Projectors LES does not run are refused by name (here the fixture with its projector type
+/// renamed: `resampler` is MiniCPM-V 2.5-4.5's); a truncated mmproj is a typed GGUF error.
+#[test]
+fn other_projectors_and_truncated_files_are_refused() {
+    let bytes = std::fs::read(model("rand-minicpmv-mmproj.gguf")).unwrap();
+    let mut other = bytes.clone();
+    while let Some(at) = other.windows(11).position(|w| w == b"minicpmv4_6") {
+        other[at..at + 11].copy_from_slice(b"resampler__");
+    }
+    let e = Mmproj::load(&les::store::MemSource::new(other)).err().expect("refused");
+    assert!(matches!(&e, VisionError::Projector(p) if p == "resampler__"), "{e}");
+    assert!(e.to_string().contains("minicpmv4_6"), "the error names what LES runs: {e}");
+    for cut in [16, bytes.len() / 3, bytes.len() - 1] {
+        let e = Mmproj::load(&les::store::MemSource::new(bytes[..cut].to_vec())).err().expect("a truncated file");
+        assert!(matches!(e, VisionError::Gguf(_) | VisionError::Store(_) | VisionError::Model(_)), "cut at {cut}: {e}");
+    }
+}
