@@ -200,7 +200,7 @@ impl Tower {
             let cur = b.layer_norm(&x, m.ln1.w, m.ln1.b, c.eps)?;
             let win = window_order(gw, gh);
             let cur = b.gather_rows(&cur, &win)?;
-            let (q, k, v) = (proj(b, &cur, m.q)?, proj(b, &cur, m.k)?, proj(b, &cur, m.v)?);
+            let [q, k, v] = projs(b, &cur, [m.q, m.k, m.v])?;
             let o = b.self_attention(&q, &k, &v, &SelfAttn { block: 4, ..attn })?;
             let o = proj(b, &o, m.o)?;
             let mut inv = vec![0u32; win.len()];
@@ -248,7 +248,7 @@ impl Tower {
     /// One ViT layer (`build_vit_layers`).
     fn layer<B: Ops>(&self, b: &mut B, c: &VisionConfig, x: B::T, l: &Block, attn: &SelfAttn) -> Result<B::T, VisionError> {
         let cur = b.layer_norm(&x, l.ln1.w, l.ln1.b, c.eps)?;
-        let (q, k, v) = (proj(b, &cur, l.q)?, proj(b, &cur, l.k)?, proj(b, &cur, l.v)?);
+        let [q, k, v] = projs(b, &cur, [l.q, l.k, l.v])?;
         let o = b.self_attention(&q, &k, &v, attn)?;
         let mut o = proj(b, &o, l.o)?;
         b.add(&mut o, &x)?;
@@ -267,11 +267,19 @@ fn mm<B: Ops, const N: usize>(b: &mut B, x: &B::T, ws: [Mat; N]) -> Result<[B::T
 }
 
 fn proj<B: Ops>(b: &mut B, x: &B::T, l: Lin) -> Result<B::T, VisionError> {
-    let [mut y] = mm(b, x, [l.w])?;
-    if let Some(bias) = l.b {
-        b.add_row(&mut y, bias)?;
-    }
+    let [y] = projs(b, x, [l])?;
     Ok(y)
+}
+
+/// Several projections of one input (its activation conversion made once), biases added.
+fn projs<B: Ops, const N: usize>(b: &mut B, x: &B::T, ls: [Lin; N]) -> Result<[B::T; N], VisionError> {
+    let mut ys = mm(b, x, ls.map(|l| l.w))?;
+    for (y, l) in ys.iter_mut().zip(ls) {
+        if let Some(bias) = l.b {
+            b.add_row(y, bias)?;
+        }
+    }
+    Ok(ys)
 }
 
 /// Rows of the 2×2 windows, window by window (`vit_merger_window_idx`).
