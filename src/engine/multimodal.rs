@@ -168,9 +168,6 @@ impl Session {
                         let t = super::now_ms();
                         let embd = self.encode_piece(mmproj, piece).await?;
                         (encoded, encode_ms) = (encoded + 1, encode_ms + super::now_ms() - t);
-                        if embd.len() != rows * self.model.cfg.n_embd {
-                            return Err(crate::model::ModelError::Internal(format!("{} embedding values for {rows} rows", embd.len())).into());
-                        }
                         self.forward_embd(&embd, *rows, &all[s..e]).await?
                     }
                 }

@@ -145,13 +145,38 @@ pub struct Fwd<'a, B: Ops> {
     pub pos0: usize,
     pub t_n: usize,
     pub want: Option<Logits>,
-    /// Rows given as embeddings instead of tokens (an image's, `t_n × n_embd`).
-    pub embd: Option<&'a [f32]>,
+    /// What the rows are: token ids, or embeddings (an image's).
+    pub input: Input<'a>,
+}
+
+/// A forward's rows: token ids looked up in `token_embd`, or embeddings given directly (an
+/// image's rows, `n × n_embd`).
+#[derive(Clone, Copy, Debug)]
+pub enum Input<'a> {
+    Tokens(&'a [u32]),
+    Embd(&'a [f32]),
+}
+
+impl<'a> Input<'a> {
+    /// Rows (`n_embd`: the width of an embedding row).
+    pub fn rows(&self, n_embd: usize) -> usize {
+        match self {
+            Input::Tokens(t) => t.len(),
+            Input::Embd(e) => e.len() / n_embd.max(1),
+        }
+    }
+    /// Rows `r0..r1`.
+    pub fn slice(&self, r0: usize, r1: usize, n_embd: usize) -> Input<'a> {
+        match *self {
+            Input::Tokens(t) => Input::Tokens(&t[r0..r1]),
+            Input::Embd(e) => Input::Embd(&e[r0 * n_embd..r1 * n_embd]),
+        }
+    }
 }
 
 impl<'a, B: Ops> Fwd<'a, B> {
-    pub fn new(m: &'a Model, b: &'a mut B, pos0: usize, t_n: usize, want: Option<Logits>) -> Self {
-        Self { m, b, pos0, t_n, want, embd: None }
+    pub fn new(m: &'a Model, b: &'a mut B, pos0: usize, input: Input<'a>, want: Option<Logits>) -> Self {
+        Self { m, b, pos0, t_n: input.rows(m.cfg.n_embd), want, input }
     }
 
     fn rows(t: &B::T) -> usize {
@@ -172,13 +197,17 @@ impl<'a, B: Ops> Fwd<'a, B> {
         Ok(())
     }
 
-    /// Token embeddings (`get_rows` of `token_embd`, on the host).
-    pub async fn embed(&mut self, tokens: &[u32]) -> Result<B::T, ModelError> {
-        if let Some(e) = self.embd {
-            let x = self.b.input(e.to_vec(), self.m.cfg.n_embd)?;
-            self.dump("embd", 0, &x).await?;
-            return Ok(x);
-        }
+    /// The input rows: token embeddings (`get_rows` of `token_embd`, on the host), or the
+    /// embeddings given.
+    pub async fn embed(&mut self) -> Result<B::T, ModelError> {
+        let tokens = match self.input {
+            Input::Tokens(t) => t,
+            Input::Embd(e) => {
+                let x = self.b.input(e.to_vec(), self.m.cfg.n_embd)?;
+                self.dump("embd", 0, &x).await?;
+                return Ok(x);
+            }
+        };
         let w = self.m.weights.mat(self.m.tok_embd);
         let (e, n_vocab) = (w.cols, w.rows);
         let mut x = vec![0f32; tokens.len() * e];

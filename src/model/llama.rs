@@ -51,8 +51,8 @@ impl Llama {
         Ok(Self { layers, ffn_norm })
     }
 
-    pub async fn forward<B: Ops>(&self, f: &mut Fwd<'_, B>, tokens: &[u32]) -> Result<Vec<f32>, ModelError> {
-        let mut x = f.embed(tokens).await?;
+    pub async fn forward<B: Ops>(&self, f: &mut Fwd<'_, B>) -> Result<Vec<f32>, ModelError> {
+        let mut x = f.embed().await?;
         for (il, l) in self.layers.iter().enumerate() {
             let cur = f.norm(&x, l.attn_norm, "attn_norm", il).await?;
             let attn = f.attention(il, &cur, &l.attn).await?;

@@ -32,6 +32,7 @@ use crate::gguf::{GgufError, GgufFile};
 use crate::quant::{GgmlType, QuantError};
 use crate::store::{ByteSource, StoreError};
 pub use crate::backend::cpu::kv::KvCache;
+pub use blocks::Input;
 pub use config::{Arch, Config, ConfigError};
 use std::sync::Arc;
 
@@ -383,19 +384,20 @@ impl Model {
     /// Run `tokens` at positions `kv.len ..` on the CPU, appending to the KV cache. Returns logits
     /// (`n_vocab` values for `Logits::Last`, `tokens.len() * n_vocab` for `Logits::All`).
     pub fn forward(&self, tokens: &[u32], kv: &mut KvCache, want: Logits) -> Result<Vec<f32>, ModelError> {
-        self.forward_cpu(tokens, kv, want, false)
+        self.forward_cpu(Input::Tokens(tokens), kv, want, false)
     }
 
     /// [`Model::forward`] with every row computed exactly as a single-token forward computes it
     /// (`per_row`), instead of with llama.cpp's batch kernels: speculative verification needs the
     /// logits of a batch to be the bits of feeding its tokens one at a time.
     pub fn forward_per_row(&self, tokens: &[u32], kv: &mut KvCache, want: Logits) -> Result<Vec<f32>, ModelError> {
-        self.forward_cpu(tokens, kv, want, true)
+        self.forward_cpu(Input::Tokens(tokens), kv, want, true)
     }
 
-    fn forward_cpu(&self, tokens: &[u32], kv: &mut KvCache, want: Logits, per_row: bool) -> Result<Vec<f32>, ModelError> {
+    fn forward_cpu(&self, input: Input<'_>, kv: &mut KvCache, want: Logits, per_row: bool) -> Result<Vec<f32>, ModelError> {
         let pos0 = kv.len;
-        if pos0 + tokens.len() > kv.n_ctx {
+        let n = input.rows(self.cfg.n_embd);
+        if pos0 + n > kv.n_ctx {
             return Err(ModelError::ContextFull(kv.n_ctx));
         }
         kv.take_events(); // the CPU's states are the cache's own
@@ -403,14 +405,14 @@ impl Model {
             let mut b = CpuExec::new(&self.weights, kv, per_row);
             if crate::backend::profile::enabled() {
                 let t0 = crate::clock::now_ms();
-                let l = ops::ready(self.forward_on(&mut crate::backend::profile::Profiled(&mut b), tokens, pos0, Some(want)))??;
+                let l = ops::ready(self.forward_input(&mut crate::backend::profile::Profiled(&mut b), input, pos0, Some(want)))??;
                 crate::backend::profile::record("forward", crate::clock::now_ms() - t0);
                 l
             } else {
-                ops::ready(self.forward_on(&mut b, tokens, pos0, Some(want)))??
+                ops::ready(self.forward_input(&mut b, input, pos0, Some(want)))??
             }
         };
-        kv.len = pos0 + tokens.len();
+        kv.len = pos0 + n;
         Ok(logits)
     }
 
@@ -418,72 +420,35 @@ impl Model {
     /// CPU, as llama.cpp decodes an image chunk (`mtmd_helper_decode_image_chunk`: one batch,
     /// causal; a MiniCPM-V piece's rows take consecutive positions in every M-RoPE section).
     pub fn forward_embd(&self, embd: &[f32], n: usize, kv: &mut KvCache, want: Logits) -> Result<Vec<f32>, ModelError> {
-        if embd.len() != n * self.cfg.n_embd {
-            return Err(ModelError::Unsupported(format!("{} embedding values for {n} rows of {}", embd.len(), self.cfg.n_embd)));
-        }
-        let pos0 = kv.len;
-        if pos0 + n > kv.n_ctx {
-            return Err(ModelError::ContextFull(kv.n_ctx));
-        }
-        kv.take_events();
-        let logits = {
-            let mut b = CpuExec::new(&self.weights, kv, false);
-            let tokens = vec![0u32; n];
-            let mut f = blocks::Fwd::new(self, &mut b, pos0, n, Some(want));
-            f.embd = Some(embd);
-            ops::ready(self.forward_fwd(&mut f, &tokens))??
-        };
-        kv.len = pos0 + n;
-        Ok(logits)
+        self.check_embd(embd, n)?;
+        self.forward_cpu(Input::Embd(embd), kv, want, false)
     }
 
     /// [`Self::forward_embd`] on the wgpu backend `g`, in chunks of [`GPU_BATCH`] rows.
     pub async fn forward_gpu_embd(&self, g: &GpuBackend, embd: &[f32], n: usize, kv: &mut KvCache, want: Logits) -> Result<Vec<f32>, ModelError> {
-        let e = self.cfg.n_embd;
-        if embd.len() != n * e {
-            return Err(ModelError::Unsupported(format!("{} embedding values for {n} rows of {e}", embd.len())));
-        }
-        let n_ctx = g.n_ctx().min(kv.n_ctx);
-        if kv.len + n > n_ctx {
-            return Err(ModelError::ContextFull(n_ctx));
-        }
-        let mut out = Vec::new();
-        let mut events = kv.take_events();
-        let n_chunks = n.div_ceil(GPU_BATCH);
-        for (i, ch) in embd.chunks(GPU_BATCH * e).enumerate() {
-            let rows = ch.len() / e;
-            let w = match want {
-                Logits::All => Some(Logits::All),
-                Logits::Last if i + 1 == n_chunks => Some(Logits::Last),
-                Logits::Last => None,
-            };
-            let mut b = g.exec()?;
-            b.apply_state_events(&std::mem::take(&mut events))?;
-            let tokens = vec![0u32; rows];
-            let mut f = blocks::Fwd::new(self, &mut b, kv.len, rows, w);
-            f.embd = Some(ch);
-            let l = self.forward_fwd(&mut f, &tokens).await?;
-            b.finish()?;
-            kv.len += rows;
-            out.extend_from_slice(&l);
-        }
-        Ok(out)
+        self.check_embd(embd, n)?;
+        self.forward_gpu_input(g, Input::Embd(embd), kv, want).await
     }
 
-    async fn forward_fwd<B: Ops>(&self, f: &mut blocks::Fwd<'_, B>, tokens: &[u32]) -> Result<Vec<f32>, ModelError> {
-        match &self.layers {
-            Layers::Llama(a) => a.forward(f, tokens).await,
-            Layers::Hybrid(a) => a.forward(f, tokens).await,
+    fn check_embd(&self, embd: &[f32], n: usize) -> Result<(), ModelError> {
+        if embd.len() != n * self.cfg.n_embd {
+            return Err(ModelError::Unsupported(format!("{} embedding values for {n} rows of {}", embd.len(), self.cfg.n_embd)));
         }
+        Ok(())
     }
 
     /// The forward pass on any backend: `tokens` at positions `pos0..`; logits as `want` says
     /// (`None`: none, for all but the last chunk of a prompt). The caller owns the position count.
     pub async fn forward_on<B: Ops>(&self, b: &mut B, tokens: &[u32], pos0: usize, want: Option<Logits>) -> Result<Vec<f32>, ModelError> {
-        let mut f = blocks::Fwd::new(self, b, pos0, tokens.len(), want);
+        self.forward_input(b, Input::Tokens(tokens), pos0, want).await
+    }
+
+    /// [`Self::forward_on`] for tokens or embeddings.
+    pub async fn forward_input<B: Ops>(&self, b: &mut B, input: Input<'_>, pos0: usize, want: Option<Logits>) -> Result<Vec<f32>, ModelError> {
+        let mut f = blocks::Fwd::new(self, b, pos0, input, want);
         match &self.layers {
-            Layers::Llama(a) => a.forward(&mut f, tokens).await,
-            Layers::Hybrid(a) => a.forward(&mut f, tokens).await,
+            Layers::Llama(a) => a.forward(&mut f).await,
+            Layers::Hybrid(a) => a.forward(&mut f).await,
         }
     }
 
@@ -496,14 +461,20 @@ impl Model {
     /// The forward pass on the wgpu backend `g`, in chunks of [`GPU_BATCH`] tokens. Keys and values
     /// live on the GPU; `kv` keeps only the position count. Returns logits as [`Model::forward`].
     pub async fn forward_gpu(&self, g: &GpuBackend, tokens: &[u32], kv: &mut KvCache, want: Logits) -> Result<Vec<f32>, ModelError> {
+        self.forward_gpu_input(g, Input::Tokens(tokens), kv, want).await
+    }
+
+    async fn forward_gpu_input(&self, g: &GpuBackend, input: Input<'_>, kv: &mut KvCache, want: Logits) -> Result<Vec<f32>, ModelError> {
+        let n = input.rows(self.cfg.n_embd);
         let n_ctx = g.n_ctx().min(kv.n_ctx);
-        if kv.len + tokens.len() > n_ctx {
+        if kv.len + n > n_ctx {
             return Err(ModelError::ContextFull(n_ctx));
         }
         let mut out = Vec::new();
         let mut events = kv.take_events();
-        let n_chunks = tokens.len().div_ceil(GPU_BATCH);
-        for (i, ch) in tokens.chunks(GPU_BATCH).enumerate() {
+        let n_chunks = n.div_ceil(GPU_BATCH);
+        for i in 0..n_chunks {
+            let ch = input.slice(i * GPU_BATCH, ((i + 1) * GPU_BATCH).min(n), self.cfg.n_embd);
             let w = match want {
                 Logits::All => Some(Logits::All),
                 Logits::Last if i + 1 == n_chunks => Some(Logits::Last),
@@ -511,9 +482,9 @@ impl Model {
             };
             let mut b = g.exec()?;
             b.apply_state_events(&std::mem::take(&mut events))?;
-            let l = self.forward_on(&mut b, ch, kv.len, w).await?;
+            let l = self.forward_input(&mut b, ch, kv.len, w).await?;
             b.finish()?;
-            kv.len += ch.len();
+            kv.len += ch.rows(self.cfg.n_embd);
             out.extend_from_slice(&l);
         }
         Ok(out)

@@ -130,8 +130,8 @@ impl Hybrid {
         Ok(Self { layers, ssm })
     }
 
-    pub async fn forward<B: Ops>(&self, f: &mut Fwd<'_, B>, tokens: &[u32]) -> Result<Vec<f32>, ModelError> {
-        let mut x = f.embed(tokens).await?;
+    pub async fn forward<B: Ops>(&self, f: &mut Fwd<'_, B>) -> Result<Vec<f32>, ModelError> {
+        let mut x = f.embed().await?;
         for (il, l) in self.layers.iter().enumerate() {
             let cur = f.norm(&x, l.attn_norm, "attn_norm", il).await?;
             let mixed = match &l.mixer {
