@@ -23,7 +23,7 @@ mkdir -p target/tools "$OUT"
 
 # ---- compile tools/llama_ref.cpp against llama.h / libllama (shared libs in build/bin) ----
 REF=target/tools/llama_ref
-if [ ! -x "$REF" ] || [ tools/llama_ref.cpp -nt "$REF" ]; then
+if [ ! -x "$REF" ] || [ tools/llama_ref.cpp -nt "$REF" ] || [ tools/ref_json.h -nt "$REF" ]; then
   g++ -O2 -std=c++17 -o "$REF" tools/llama_ref.cpp \
     -I"$LLAMA_CPP_DIR/include" -I"$LLAMA_CPP_DIR/ggml/include" \
     -L"$BIN" -lllama -lggml -lggml-base -Wl,-rpath,"$BIN"

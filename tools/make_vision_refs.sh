@@ -30,7 +30,7 @@ mkdir -p target/tools "$T"
 # ---- compile tools/mtmd_ref.cpp against mtmd.h / libmtmd (shared libs in build/bin) ----
 REF=target/tools/mtmd_ref
 COMPILE="g++ -O2 -std=c++17 -o $REF tools/mtmd_ref.cpp -I\$LLAMA_CPP_DIR/include -I\$LLAMA_CPP_DIR/ggml/include -I\$LLAMA_CPP_DIR/tools/mtmd -L\$LLAMA_CPP_DIR/build/bin -lmtmd -lllama -lggml -lggml-base -Wl,-rpath,\$LLAMA_CPP_DIR/build/bin"
-if [ ! -x "$REF" ] || [ tools/mtmd_ref.cpp -nt "$REF" ]; then
+if [ ! -x "$REF" ] || [ tools/mtmd_ref.cpp -nt "$REF" ] || [ tools/ref_json.h -nt "$REF" ]; then
   g++ -O2 -std=c++17 -o "$REF" tools/mtmd_ref.cpp \
     -I"$LLAMA_CPP_DIR/include" -I"$LLAMA_CPP_DIR/ggml/include" -I"$LLAMA_CPP_DIR/tools/mtmd" \
     -L"$BIN" -lmtmd -lllama -lggml -lggml-base -Wl,-rpath,"$BIN"
