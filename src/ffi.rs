@@ -142,7 +142,7 @@ fn load_mmproj(session: &Session, path: &str) -> Result<Mmproj, String> {
     if mp.n_embd_out != session.model.cfg.n_embd {
         return Err(err(&VisionError::Width { mmproj: mp.n_embd_out, text: session.model.cfg.n_embd }));
     }
-    layout::Markers::find(|t| session.lookup_token(t)).map_err(|x| err(&x))?;
+    session.markers().map_err(|x| err(&x))?;
     Ok(mp)
 }
 

@@ -584,7 +584,7 @@ fn open_session_with_tower(m: &ModelArgs, s: &StreamArgs, reserve: u64, mmproj: 
     if mp.n_embd_out != sess.model.cfg.n_embd {
         return Err(err(&les::vision::VisionError::Width { mmproj: mp.n_embd_out, text: sess.model.cfg.n_embd }).into());
     }
-    les::vision::layout::Markers::find(|t| sess.lookup_token(t)).map_err(|e| err(&e))?;
+    sess.markers().map_err(|e| err(&e))?;
     eprintln!("les: vision tower {p}: {}, {:.1} MiB of weights in memory, loaded in {:.0} ms", mp.cfg.projector, mp.bytes as f64 / 1048576.0, les::engine::now_ms() - t0);
     Ok((sess, ex, Some(mp)))
 }

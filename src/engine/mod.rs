@@ -117,6 +117,8 @@ pub struct Session {
     cached: Vec<u32>,
     /// The options the GPU backend was made with (a vision tower uses the same).
     pub gpu_opts: crate::backend::wgpu::exec::GpuOptions,
+    /// The image marker tokens, looked up in the vocabulary once ([`Session::markers`]).
+    markers: std::sync::OnceLock<crate::vision::layout::Markers>,
 }
 
 /// Current and peak resident memory of this process in bytes (Linux; `None` elsewhere).
@@ -146,7 +148,7 @@ impl Session {
         let model = Model::load_with(src, &gguf, mode, dense)?;
         let n_ctx = n_ctx.min(model.cfg.n_ctx_train.max(1));
         let kv = model.new_kv(n_ctx);
-        Ok(Self { model, tokenizer, kv, gguf, prefill_batch, gpu: None, reuse_prefix: false, chat_template: None, cached: Vec::new(), gpu_opts: Default::default() })
+        Ok(Self { model, tokenizer, kv, gguf, prefill_batch, gpu: None, reuse_prefix: false, chat_template: None, cached: Vec::new(), gpu_opts: Default::default(), markers: Default::default() })
     }
 
     /// Run on `kind`: `Cpu` keeps the CPU; `Wgpu` uploads the dense weights to the GPU (an error

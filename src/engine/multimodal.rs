@@ -50,6 +50,16 @@ pub fn is_placeholder(id: u32) -> bool {
 }
 
 impl Session {
+    /// The marker tokens mtmd puts around an image, found in the vocabulary at the first call
+    /// (a scan of every token's piece) and kept.
+    pub fn markers(&self) -> Result<Markers, crate::vision::VisionError> {
+        if let Some(m) = self.markers.get() {
+            return Ok(*m);
+        }
+        let m = Markers::find(|s| self.lookup_token(s))?;
+        Ok(*self.markers.get_or_init(|| m))
+    }
+
     /// The token whose piece is exactly `text` (mtmd's `lookup_token`).
     pub fn lookup_token(&self, text: &str) -> Option<u32> {
         (0..self.tokenizer.n_vocab() as u32).find(|&i| self.tokenizer.token_to_piece(i, true) == text.as_bytes())
@@ -73,7 +83,7 @@ impl Session {
                 why: "must match the number of images",
             }));
         }
-        let markers = Markers::find(|s| self.lookup_token(s))?;
+        let markers = self.markers()?;
         let mut chunks: Vec<Chunk> = Vec::new();
         let mut image_rows = 0;
         for (i, seg) in segs.iter().enumerate() {
