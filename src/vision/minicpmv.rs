@@ -211,16 +211,14 @@ impl Tower {
             b.add(&mut o, &x)?;
             x = o;
             // 2×2 → 1: MLP of the four rows side by side, plus their mean.
-            let quad = quads(b, &x, gw, gh)?;
-            let mut mean = {
-                let mut s = b.gather_rows(&x, &ds_index(0, 0, gw, gh))?;
-                for (r, cc) in [(0, 1), (1, 0), (1, 1)] {
-                    let t = b.gather_rows(&x, &ds_index(r, cc, gw, gh))?;
-                    b.add(&mut s, &t)?;
-                }
-                b.scale(&mut s, 0.25)?;
-                s
-            };
+            let [p0, p1, p2, p3] = corners(b, &x, gw, gh)?;
+            let quad = b.concat_cols(&[&p0, &p1, &p2, &p3])?;
+            // ((p0 + p1) + p2) + p3, then · 0.25 (ggml's adds and scale, in that order).
+            let mut mean = p0;
+            for p in [&p1, &p2, &p3] {
+                b.add(&mut mean, p)?;
+            }
+            b.scale(&mut mean, 0.25)?;
             let cur = b.layer_norm(&quad, m.ds_ln.w, m.ds_ln.b, c.eps)?;
             let mut h = proj(b, &cur, m.ds_up)?;
             b.gelu(&mut h, Gelu::Tanh)?;
@@ -236,7 +234,8 @@ impl Tower {
             x = b.layer_norm(&x, n.w, n.b, c.eps)?;
         }
         // The final merger: 2×2 → 1, erf GELU.
-        let quad = quads(b, &x, gw, gh)?;
+        let [p0, p1, p2, p3] = corners(b, &x, gw, gh)?;
+        let quad = b.concat_cols(&[&p0, &p1, &p2, &p3])?;
         let cur = b.layer_norm(&quad, self.mm_norm.w, self.mm_norm.b, c.eps)?;
         let mut h = proj(b, &cur, self.mm_up)?;
         b.gelu(&mut h, Gelu::Erf)?;
@@ -306,11 +305,13 @@ fn ds_index(r: usize, c: usize, w: usize, h: usize) -> Vec<u32> {
     v
 }
 
-/// The four rows of each 2×2 cell side by side: top-left, top-right, bottom-left, bottom-right.
-fn quads<B: Ops>(b: &mut B, x: &B::T, w: usize, h: usize) -> Result<B::T, VisionError> {
-    let mut parts = Vec::with_capacity(4);
-    for (r, c) in [(0, 0), (0, 1), (1, 0), (1, 1)] {
-        parts.push(b.gather_rows(x, &ds_index(r, c, w, h))?);
-    }
-    Ok(b.concat_cols(&parts.iter().collect::<Vec<_>>())?)
+/// The rows of each 2×2 cell's top-left, top-right, bottom-left and bottom-right patch
+/// (`merger_ds_idx_0..3`), one tensor each.
+fn corners<B: Ops>(b: &mut B, x: &B::T, w: usize, h: usize) -> Result<[B::T; 4], VisionError> {
+    Ok([
+        b.gather_rows(x, &ds_index(0, 0, w, h))?,
+        b.gather_rows(x, &ds_index(0, 1, w, h))?,
+        b.gather_rows(x, &ds_index(1, 0, w, h))?,
+        b.gather_rows(x, &ds_index(1, 1, w, h))?,
+    ])
 }
