@@ -565,6 +565,34 @@ pub fn vec_dot(ty: GgmlType, n: usize, w_row: &[u8], act: &[u8]) -> f32 {
     vec_dot_with(Simd::best(), ty, n, w_row, act)
 }
 
+/// [`vec_dot`] of two f32 rows with the kernel looked up once (hot loops over short rows: the
+/// Gated DeltaNet state's). Same bits as `vec_dot(F32, ..)`; NaN where no kernel exists.
+#[derive(Clone, Copy)]
+pub struct F32Dot(Option<DotFn>);
+
+impl F32Dot {
+    pub fn new() -> Self {
+        F32Dot(kernel(Simd::best(), GgmlType::F32))
+    }
+
+    /// `Σ a[i] · b[i]` over the shorter length, in `ggml_vec_dot_f32`'s order.
+    #[inline]
+    pub fn dot(&self, a: &[f32], b: &[f32]) -> f32 {
+        let n = a.len().min(b.len());
+        match self.0 {
+            // SAFETY: both rows hold `n` f32 values; `kernel` only returns kernels the CPU supports.
+            Some(k) => unsafe { k(n, bytemuck::cast_slice(&a[..n]), bytemuck::cast_slice(&b[..n])) },
+            None => f32::NAN,
+        }
+    }
+}
+
+impl Default for F32Dot {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 /// [`vec_dot`] with an explicit kernel level (tests, benchmarks). An unavailable level falls back
 /// to scalar.
 pub fn vec_dot_with(simd: Simd, ty: GgmlType, n: usize, w_row: &[u8], act: &[u8]) -> f32 {
@@ -602,6 +630,16 @@ pub struct BatchDot {
     a_need: usize,
 }
 
+/// Whether the x86 kernels run (`Simd::Avx2`, the orders of ggml's x86 builds) on a CPU with
+/// AVX-512F and VL: some of them then use 16-lane registers (same bits); `LES_NO_AVX512=1` turns
+/// that off. False elsewhere.
+pub fn has_avx512() -> bool {
+    #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+    return Simd::best() == Simd::Avx2 && x86::has_avx512();
+    #[cfg(not(any(target_arch = "x86", target_arch = "x86_64")))]
+    false
+}
+
 /// F32 and F16 weights in a batched product on x86 AVX2, where [`BatchDot`] takes ggml's tinyBLAS
 /// order for every row (`n` a multiple of 16, a multiple of 4 rows, not per row, not experts):
 /// the same bits from activations widened to f32 once (F16: the f16 activation values, exact),
@@ -609,12 +647,63 @@ pub struct BatchDot {
 pub struct FloatGemm {
     ty: GgmlType,
     n: usize,
+    /// [`Self::block`] on AVX-512 registers (the CPU has AVX-512F and VL, `LES_NO_AVX512` unset).
+    #[cfg_attr(not(any(target_arch = "x86", target_arch = "x86_64")), allow(dead_code))]
+    avx512: bool,
 }
 
 impl FloatGemm {
     pub fn new(ty: GgmlType, n: usize, rows: usize, n_tok: usize, experts: bool, per_row: bool) -> Option<Self> {
         let ok = matches!(ty, GgmlType::F32 | GgmlType::F16) && n % 16 == 0 && rows % 4 == 0 && n_tok >= 2 && !experts && !per_row;
-        (ok && cfg!(any(target_arch = "x86", target_arch = "x86_64")) && Simd::best() == Simd::Avx2).then_some(Self { ty, n })
+        #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+        let avx512 = x86::has_avx512();
+        #[cfg(not(any(target_arch = "x86", target_arch = "x86_64")))]
+        let avx512 = false;
+        (ok && cfg!(any(target_arch = "x86", target_arch = "x86_64")) && Simd::best() == Simd::Avx2).then_some(Self { ty, n, avx512 })
+    }
+
+    /// The same product with [`Self::block`] on AVX2 registers only (as on CPUs without
+    /// AVX-512; for tests and comparisons).
+    pub fn avx2_only(self) -> Self {
+        Self { avx512: false, ..self }
+    }
+
+    /// Every product of `rows` weight rows (`w`: the rows, contiguous) with `toks` activation
+    /// rows (`a`: contiguous rows of `n` f32): `out(row, token, value)`, each value the bits of
+    /// [`Self::dot`]. With AVX-512F, tiles of 4 rows × 6 activations on 16-lane registers;
+    /// otherwise one row × four activations on AVX2. Short slices give NaN outputs.
+    pub fn block(&self, w: &[u8], rows: usize, a: &[f32], toks: usize, out: &mut impl FnMut(usize, usize, f32)) {
+        let w_row = self.n * if self.ty == GgmlType::F16 { 2 } else { 4 };
+        if w.len() < rows * w_row || a.len() < toks * self.n {
+            for r in 0..rows {
+                for t in 0..toks {
+                    out(r, t, f32::NAN);
+                }
+            }
+            return;
+        }
+        #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+        if self.avx512 {
+            // SAFETY: sizes checked above; AVX-512F and VL are available (`has_avx512`), `n % 16 == 0` (`new`).
+            unsafe { x86::float_block_avx512(self.ty == GgmlType::F16, self.n, w, rows, a, toks, out) };
+            return;
+        }
+        let wrow = |r: usize| &w[r * w_row..(r + 1) * w_row];
+        let act = |t: usize| &a[t * self.n..(t + 1) * self.n];
+        for t0 in (0..toks).step_by(4) {
+            for r in 0..rows {
+                if t0 + 4 <= toks {
+                    let v = self.dot4(wrow(r), [act(t0), act(t0 + 1), act(t0 + 2), act(t0 + 3)]);
+                    for (k, v) in v.into_iter().enumerate() {
+                        out(r, t0 + k, v);
+                    }
+                } else {
+                    for t in t0..toks {
+                        out(r, t, self.dot(wrow(r), act(t)));
+                    }
+                }
+            }
+        }
     }
 
     /// `w_row · a` (`a`: `n` f32 values; NaN when a slice is short).
@@ -670,7 +759,8 @@ impl BatchDot {
         };
         let gemm = !per_row && cfg!(any(target_arch = "x86", target_arch = "x86_64")) && simd == Simd::Avx2;
         #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
-        let tile = if simd == Simd::Avx2 { x86::tile_kernel(ty) } else { None };
+        // (F32/F16 tiles follow `vec_dot`'s order: not where tinyBLAS takes the rows.)
+        let tile = if simd == Simd::Avx2 { x86::tile_kernel(ty).filter(|_| !(gemm && x86::gemm_kernel(ty, n, rows, 0, n_tok, experts).is_some() && matches!(ty, GgmlType::F32 | GgmlType::F16))) } else { None };
         #[cfg(target_arch = "aarch64")]
         let tile = match simd {
             Simd::Neon | Simd::NeonDotprod => neon::tile_kernel(ty, simd == Simd::NeonDotprod),

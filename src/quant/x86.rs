@@ -109,7 +109,11 @@ pub(super) fn kernel_with(ty: GgmlType, v: Vnni) -> Option<DotFn> {
 /// The four-row tile for weight type `ty` (the 32-element block types), in the CPU's best
 /// [`Vnni`] build.
 pub(super) fn tile_kernel(ty: GgmlType) -> Option<TileFn> {
-    tile_kernel_with(ty, Vnni::best())
+    match ty {
+        GgmlType::F32 if has_avx512() => Some(x4_f32_512),
+        GgmlType::F16 if has_avx512() => Some(x4_f16_512),
+        _ => tile_kernel_with(ty, Vnni::best()),
+    }
 }
 
 /// [`tile_kernel`] in build `v` (the caller checks `v.is_available()`).
@@ -336,20 +340,74 @@ macro_rules! ggml_float_dot {
     };
 }
 
-ggml_float_dot!(dot_f32, 4, |p: *const u8| _mm256_loadu_ps(p as *const f32), |s: f32, np: usize, n: usize, w: &[u8], a: &[u8]| {
+/// `ggml_vec_dot_f32`'s tail: the products beyond a multiple of 64, one FMA each.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tail_f32(s: f32, np: usize, n: usize, w: &[u8], a: &[u8]) -> f32 {
     let mut s = s;
     for i in np..n {
         s = f32_at(w.as_ptr().add(4 * i)).mul_add(f32_at(a.as_ptr().add(4 * i)), s);
     }
     s
-});
-ggml_float_dot!(dot_f16, 2, |p: *const u8| _mm256_cvtph_ps(load128(p)), |s: f32, np: usize, n: usize, w: &[u8], a: &[u8]| {
+}
+
+/// `ggml_vec_dot_f16`'s tail: each product of two halves added to an f64 sum.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tail_f16(s: f32, np: usize, n: usize, w: &[u8], a: &[u8]) -> f32 {
     let mut s = s as f64;
     for i in np..n {
         s += (f16_at(w.as_ptr().add(2 * i)) * f16_at(a.as_ptr().add(2 * i))) as f64;
     }
     s as f32
-});
+}
+
+ggml_float_dot!(dot_f32, 4, |p: *const u8| _mm256_loadu_ps(p as *const f32), |s, np, n, w, a| tail_f32(s, np, n, w, a));
+ggml_float_dot!(dot_f16, 2, |p: *const u8| _mm256_cvtph_ps(load128(p)), |s, np, n, w, a| tail_f16(s, np, n, w, a));
+
+/// [`reduce16`] of one 16-lane register.
+#[inline]
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
+unsafe fn reduce512(v: __m512) -> f32 {
+    reduce16(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v))))
+}
+
+/// Four activation rows through [`dot_f32`] / [`dot_f16`]'s order (ggml's AVX-512
+/// `ggml_vec_dot_f32` / `_f16`: four 16-lane accumulators over 64-element steps) on real
+/// 16-lane registers: each weight step loaded (and widened) once for the four rows, the
+/// accumulators (16 of them) in registers. The same bits as four single dots. For experts
+/// (ggml's `mul_mat_id` never takes tinyBLAS) and rows tinyBLAS does not take.
+macro_rules! ggml_float_x4_512 {
+    ($name:ident, $esize:expr, $load:expr, $tail:ident) => {
+        #[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
+        unsafe fn $name(n: usize, w: &[u8], a: [&[u8]; 4]) -> [f32; 4] {
+            let load = $load;
+            let wp = w.as_ptr();
+            let ap = a.map(|a| a.as_ptr());
+            let mut acc = [[_mm512_setzero_ps(); 4]; 4]; // [activation][accumulator]
+            let np = n & !63;
+            let mut i = 0;
+            while i < np {
+                let wv: [__m512; 4] = std::array::from_fn(|j| load(wp.add((i + 16 * j) * $esize)));
+                for (k, acc) in acc.iter_mut().enumerate() {
+                    for (j, s) in acc.iter_mut().enumerate() {
+                        *s = _mm512_fmadd_ps(wv[j], load(ap[k].add((i + 16 * j) * $esize)), *s);
+                    }
+                }
+                i += 64;
+            }
+            let mut out = [0f32; 4];
+            for (k, o) in out.iter_mut().enumerate() {
+                let s = _mm512_add_ps(_mm512_add_ps(acc[k][0], acc[k][2]), _mm512_add_ps(acc[k][1], acc[k][3]));
+                *o = $tail(reduce512(s), np, n, w, a[k]);
+            }
+            out
+        }
+    };
+}
+
+ggml_float_x4_512!(x4_f32_512, 4, |p: *const u8| _mm512_loadu_ps(p as *const f32), tail_f32);
+ggml_float_x4_512!(x4_f16_512, 2, |p: *const u8| _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i)), tail_f16);
 
 /// The batched (prompt) form of the F32 / F16 dots: llamafile's `tinyBLAS<16, __m512, ..>`
 /// (`ggml-cpu/llamafile/sgemm.cpp`), which ggml's AVX-512 build uses for F32 and F16 weights when
@@ -407,6 +465,121 @@ macro_rules! tinyblas_x4 {
 
 tinyblas_x4!(gemm_x4_f32, 4, |p: *const u8| _mm256_loadu_ps(p as *const f32));
 tinyblas_x4!(gemm_x4_f16, 2, |p: *const u8| _mm256_cvtph_ps(load128(p)));
+
+/// Whether the CPU has AVX-512F and VL (zmm registers: [`float_block_avx512`]); `LES_NO_AVX512=1`
+/// turns it off (the AVX2 tiles then run, with the same bits).
+pub(super) fn has_avx512() -> bool {
+    use std::sync::OnceLock;
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512vl") && std::env::var_os("LES_NO_AVX512").is_none_or(|v| v.is_empty() || v == "0"))
+}
+
+/// `RM` weight rows × `RN` activation rows of the tinyBLAS product on 16-lane registers: each
+/// output is one zmm FMA accumulator over the whole row, then `_mm512_reduce_add_ps`'s order
+/// ([`reduce16`] on its two halves): [`gemm_dot_f16`] / [`gemm_dot_f32`]'s bits, which are ggml's
+/// AVX-512 `tinyBLAS<16, __m512, ..>`. The weight rows are loaded (and widened) once per 16
+/// columns for all `RN` activations, each activation vector once for all `RM` rows.
+/// `F16`: the weights are f16 (else f32); `a` rows are f32 (for F16 weights the activations
+/// rounded to f16 and widened, exactly). AVX-512VL is enabled with F so that the 256- and
+/// 128-bit steps of the reduction can use zmm16-31 too: without it they are VEX-encoded, which
+/// confines the accumulators to 16 registers and LLVM spills most of the 24 in the loop.
+/// One function per tile shape (not inlined): each loop gets its registers alone.
+#[inline(never)]
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
+unsafe fn tile512<const RM: usize, const RN: usize, const F16: bool>(n: usize, w: *const u8, w_stride: usize, a: *const f32, a_stride: usize, out: &mut [[f32; RN]; RM]) {
+    debug_assert!(RM <= 4 && RN <= 6);
+    let mut acc = [[_mm512_setzero_ps(); RN]; RM];
+    let mut i = 0;
+    while i < n {
+        let wv: [__m512; RM] = std::array::from_fn(|r| {
+            if F16 {
+                _mm512_cvtph_ps(_mm256_loadu_si256(w.add(r * w_stride + i * 2) as *const __m256i))
+            } else {
+                _mm512_loadu_ps(w.add(r * w_stride + i * 4) as *const f32)
+            }
+        });
+        for t in 0..RN {
+            let av = _mm512_loadu_ps(a.add(t * a_stride + i));
+            for r in 0..RM {
+                acc[r][t] = _mm512_fmadd_ps(wv[r], av, acc[r][t]);
+            }
+        }
+        i += 16;
+    }
+    for r in 0..RM {
+        for t in 0..RN {
+            out[r][t] = reduce512(acc[r][t]);
+        }
+    }
+}
+
+/// The tile shape of [`float_block_avx512`]: 4 weight rows × 6 activation rows (24 accumulators,
+/// 4 weight registers and one activation register of the 32).
+const TILE_RM: usize = 4;
+const TILE_RN: usize = 6;
+
+/// Calls `tile512::<RM, RN, F16>` for run-time `rm` ≤ 4, `rn` ≤ 6 and hands each output to `out`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
+unsafe fn tile512_any<const F16: bool>(rm: usize, rn: usize, n: usize, w: *const u8, w_stride: usize, a: *const f32, r0: usize, t0: usize, out: &mut impl FnMut(usize, usize, f32)) {
+    macro_rules! go {
+        ($rm:literal, $rn:literal) => {{
+            let mut o = [[0f32; $rn]; $rm];
+            tile512::<$rm, $rn, F16>(n, w, w_stride, a, n, &mut o);
+            for (r, row) in o.iter().enumerate() {
+                for (t, &v) in row.iter().enumerate() {
+                    out(r0 + r, t0 + t, v);
+                }
+            }
+        }};
+    }
+    macro_rules! rows {
+        ($rm:literal) => {
+            match rn {
+                6 => go!($rm, 6),
+                5 => go!($rm, 5),
+                4 => go!($rm, 4),
+                3 => go!($rm, 3),
+                2 => go!($rm, 2),
+                _ => go!($rm, 1),
+            }
+        };
+    }
+    match rm {
+        4 => rows!(4),
+        3 => rows!(3),
+        2 => rows!(2),
+        _ => rows!(1),
+    }
+}
+
+/// Every product of `rows` weight rows (`w`, contiguous, `n` values each) with `toks` activation
+/// rows (`a`, contiguous f32 rows of `n`) in [`tile512`]'s tiles: `out(row, token, value)`.
+/// Activation rows go outermost in groups of 6 (their 16-column slices in L1 while the weight
+/// rows, sized by the caller to stay in L2, pass by). `n` is a multiple of 16 and the slices hold
+/// the rows (the caller checked).
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
+pub(super) unsafe fn float_block_avx512(f16: bool, n: usize, w: &[u8], rows: usize, a: &[f32], toks: usize, out: &mut impl FnMut(usize, usize, f32)) {
+    let esize = if f16 { 2 } else { 4 };
+    let w_stride = n * esize;
+    debug_assert!(n % 16 == 0 && w.len() >= rows * w_stride && a.len() >= toks * n);
+    let mut r0 = 0;
+    while r0 < rows {
+        let rm = (rows - r0).min(TILE_RM);
+        let mut t0 = 0;
+        while t0 < toks {
+            let rn = (toks - t0).min(TILE_RN);
+            let (wp, ap) = (w.as_ptr().add(r0 * w_stride), a.as_ptr().add(t0 * n));
+            if f16 {
+                tile512_any::<true>(rm, rn, n, wp, w_stride, ap, r0, t0, out);
+            } else {
+                tile512_any::<false>(rm, rn, n, wp, w_stride, ap, r0, t0, out);
+            }
+            t0 += rn;
+        }
+        r0 += rm;
+    }
+}
 
 /// One output of [`gemm_x4_f16`] (the tile's leftover rows): [`gemm_dot_f16`]'s bits from the
 /// widened activation.

@@ -222,6 +222,12 @@ impl Mmproj {
     pub fn encode(&self, img: &image::RgbF32) -> Result<Vec<f32>, VisionError> {
         let mut kv = KvCache::hybrid(&[], 0, 1, 2);
         let mut b = CpuExec::new(&self.weights, &mut kv, false);
+        if crate::backend::profile::enabled() {
+            let t0 = crate::clock::now_ms();
+            let r = ops::ready(self.tower.encode(&mut crate::backend::profile::Profiled(&mut b), &self.cfg, &self.weights, img))?;
+            crate::backend::profile::record("encode", crate::clock::now_ms() - t0);
+            return r;
+        }
         ops::ready(self.tower.encode(&mut b, &self.cfg, &self.weights, img))?
     }
 

@@ -357,7 +357,7 @@ fn batch_tiles_equal_single_dots() {
     use GgmlType::*;
     let mut rng = Rng(7);
     let (mut tiled, mut tiled2) = (0, 0);
-    for t in [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4NL, MXFP4] {
+    for t in [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4NL, MXFP4, F32, F16] {
         for n in [32, 96, 512] {
             let w = random_row(&mut rng, t, n);
             let acts: Vec<Vec<u8>> = (0..4)
@@ -384,6 +384,44 @@ fn batch_tiles_equal_single_dots() {
         }
     }
     eprintln!("{tiled} four-row tiles and {tiled2} 2x4 tiles compared ({:?})", Simd::best());
+}
+
+/// F32 / F16 weights in a prompt-sized product: every output of `FloatGemm::block` (AVX-512
+/// tiles of 4 rows × 6 activations where the CPU has them, and the AVX2 path) has the bits of
+/// the single tinyBLAS dot `BatchDot::dot`, for row and token counts that leave every partial
+/// tile shape.
+#[test]
+fn float_gemm_blocks_equal_single_dots() {
+    use GgmlType::*;
+    let mut rng = Rng(11);
+    let mut compared = 0;
+    for t in [F32, F16] {
+        for n in [16, 80, 1152] {
+            let (rows, toks) = (9, 13);
+            let w: Vec<u8> = (0..rows).flat_map(|_| random_row(&mut rng, t, n)).collect();
+            let acts: Vec<Vec<f32>> = (0..toks).map(|_| (0..n).map(|_| rng.normal() * 3.0).collect()).collect();
+            // The activations as the weights' dot type holds them (F16: rounded), and widened.
+            let bytes: Vec<Vec<u8>> = acts.iter().map(|a| quantized(quant::vec_dot_type(t), a)).collect();
+            let wide: Vec<f32> = acts.iter().flat_map(|a| a.iter().map(move |&v| if t == F16 { half::f16::from_f32(v).to_f32() } else { v })).collect();
+            let dot = quant::BatchDot::new(t, n, 4 * rows, toks, false, false); // as FloatGemm: a multiple of 4 rows
+            let w_row = w.len() / rows;
+            let Some(fg) = quant::FloatGemm::new(t, n, 4 * rows, toks, false, false) else { continue };
+            for fg in [quant::FloatGemm::new(t, n, 4 * rows, toks, false, false).unwrap(), fg.avx2_only()] {
+                for (r_n, t_n) in [(rows, toks), (1, 1), (4, 6), (3, 5), (8, 12), (5, 7)] {
+                    let mut got = vec![f32::NAN; r_n * t_n];
+                    fg.block(&w[..r_n * w_row], r_n, &wide[..t_n * n], t_n, &mut |r, k, v| got[r * t_n + k] = v);
+                    for r in 0..r_n {
+                        for k in 0..t_n {
+                            let one = dot.dot(&w[r * w_row..(r + 1) * w_row], &bytes[k], k);
+                            assert_eq!(got[r * t_n + k].to_bits(), one.to_bits(), "{t} n={n} {r_n}x{t_n} [{r}][{k}]: block {} vs single {one}", got[r * t_n + k]);
+                        }
+                    }
+                    compared += 1;
+                }
+            }
+        }
+    }
+    eprintln!("{compared} blocks compared ({:?})", Simd::best());
 }
 
 /// Every finite and infinite half through each level's F16 dot: eight copies of `h` against

@@ -2,7 +2,7 @@
 
 use super::kv::KvCache;
 use super::matmul::{matmul, matmul_part, Acts, RowMode, WeightRef};
-use super::{ops, par};
+use super::{delta, flash, ops, par};
 use crate::backend::ops::{Attn, DeltaNet, ExpertAct, ExpertFfn, Mat, OpError, Ops, Rope, Route, Sigmoid, Vector, Weights};
 use crate::expert::{ExpertError, ExpertSource};
 use std::ops::Range;
@@ -195,21 +195,21 @@ impl Ops for CpuExec<'_> {
             let n_kv = pos0 + t + 1;
             (if p.window > 0 { n_kv.saturating_sub(p.window) } else { 0 })..n_kv
         };
-        if t_n >= ops::FA_TILE_Q && !self.per_row && crate::quant::Simd::best() == crate::quant::Simd::Avx2 {
+        if t_n >= flash::FA_TILE_Q && !self.per_row && crate::quant::Simd::best() == crate::quant::Simd::Avx2 {
             // llama.cpp's tiled flash attention (batches of ≥ 64 rows on x86): one task per
             // (tile of 64 query rows, head), the tiles with the most positions first.
-            let n_tiles = t_n.div_ceil(ops::FA_TILE_Q);
+            let n_tiles = t_n.div_ceil(flash::FA_TILE_Q);
             let y = par::SharedMut::new(&mut out);
             par::for_each(n_tiles * p.n_head, |i| {
                 let (tile, h) = (n_tiles - 1 - i / p.n_head, i % p.n_head);
-                let t0 = tile * ops::FA_TILE_Q;
-                let rows = (t_n - t0).min(ops::FA_TILE_Q);
+                let t0 = tile * flash::FA_TILE_Q;
+                let rows = (t_n - t0).min(flash::FA_TILE_Q);
                 let (kr, vr) = kv.head(il, h / group, pos0 + t0 + rows);
                 let sink = sinks.and_then(|s| s.get(h).copied());
-                thread_local!(static SCRATCH: std::cell::RefCell<ops::FaScratch> = Default::default());
+                thread_local!(static SCRATCH: std::cell::RefCell<flash::FaScratch> = Default::default());
                 SCRATCH.with(|sc| {
                     let q0 = t0 * nq + h * hd;
-                    ops::attend_tiled(&q.v[q0..], nq, rows, &|r| range(t0 + r), kr, vr, hd, sink, p.scale, &mut |r, o| {
+                    flash::attend_tiled(&q.v[q0..], nq, rows, &|r| range(t0 + r), flash::FaKv::F16 { k: kr, v: vr }, hd, sink, p.scale, &mut |r, o| {
                         // SAFETY: row t0 + r, head h: each (row, head) is written by one task only.
                         unsafe { y.slice((t0 + r) * nq + h * hd, hd) }.copy_from_slice(o)
                     }, &mut sc.borrow_mut());
@@ -265,9 +265,23 @@ impl Ops for CpuExec<'_> {
             return Err(OpError::NoState(il));
         }
         let mut y = vec![0f32; x.v.len()];
-        for (xr, yr) in x.v.chunks(c).zip(y.chunks_mut(c)) {
-            ops::conv_silu_step(&mut st.conv, w, d_conv, xr, yr);
+        let t_n = x.rows();
+        if t_n == 1 || d_conv < 2 {
+            for (xr, yr) in x.v.chunks(c).zip(y.chunks_mut(c)) {
+                ops::conv_silu_step(&mut st.conv, w, d_conv, xr, yr);
+            }
+            return Ok(CpuT { v: y, cols: c });
         }
+        // Prompts: blocks of channels in parallel, each channel through every token.
+        const CH: usize = 64;
+        let kc = d_conv - 1;
+        let yp = par::SharedMut::new(&mut y);
+        par::for_each_chunk(&mut st.conv, CH * kc, |bi, stb| {
+            let c0 = bi * CH;
+            let wb = &w[c0 * d_conv..(c0 + stb.len() / kc) * d_conv];
+            // SAFETY: block `bi` alone writes its channels' outputs.
+            ops::conv_silu_channels(stb, wb, d_conv, &x.v, c, c0, t_n, &mut |t, vals| unsafe { yp.slice(t * c + c0, vals.len()) }.copy_from_slice(vals));
+        });
         Ok(CpuT { v: y, cols: c })
     }
 
@@ -280,7 +294,7 @@ impl Ops for CpuExec<'_> {
             return Err(OpError::NoState(il));
         }
         // Per token: q and k L2-normalised per head (in place); beta = sigmoid(b);
-        // g = softplus(a + dt) · A.
+        // g = softplus(a + dt) · A and its decay expf(g).
         let cols = x.cols;
         let mut gb = vec![0f32; t_n * 2 * hv];
         for t in 0..t_n {
@@ -288,25 +302,30 @@ impl Ops for CpuExec<'_> {
                 ops::l2_norm(head, p.eps);
             }
             for h in 0..hv {
-                gb[(t * hv + h) * 2] = ops::softplus(alpha.v[t * hv + h] + dt[h]) * a[h];
+                let g = ops::softplus(alpha.v[t * hv + h] + dt[h]) * a[h];
+                gb[(t * hv + h) * 2] = super::cmath::expf(g);
                 gb[(t * hv + h) * 2 + 1] = ops::sigmoid_exp(beta.v[t * hv + h]);
             }
         }
         let mut out = vec![0f32; t_n * hv * s];
         let o = par::SharedMut::new(&mut out);
         let qk = &x.v;
-        // One task per value head: its tokens in order on its own S×S state.
-        par::for_each_chunk(&mut st.ssm, s * s, |h, m| {
+        // Tasks of `rb` state rows of one value head, each row through every token in order
+        // (`delta::delta_rule_rows`: a row of the state evolves on its own; same bits as
+        // ggml's token-by-token passes).
+        let rb = if s % 16 == 0 { 16 } else { s };
+        par::for_each_chunk(&mut st.ssm, rb * s, |ci, m| {
+            let (h, j0) = (ci / (s / rb), (ci % (s / rb)) * rb);
             let kh = if p.tiled { h % hk } else { h / (hv / hk) };
-            let mut d = vec![0f32; s];
-            for t in 0..t_n {
-                let q = &qk[t * cols + kh * s..][..s];
-                let k = &qk[t * cols + (hk + kh) * s..][..s];
-                let v = &qk[t * cols + (2 * hk + h) * s..][..s];
-                let (g, b) = (gb[(t * hv + h) * 2], gb[(t * hv + h) * 2 + 1]);
-                // SAFETY: each (token, head) writes its own S outputs.
-                let oh = unsafe { o.slice(t * hv * s + h * s, s) };
-                ops::delta_rule_step(m, q, k, v, g, b, &mut d, oh);
+            let head = delta::DeltaHead { x: qk, stride: cols, q: kh * s, k: (hk + kh) * s, v: (2 * hk + h) * s, gb: &gb, gb_stride: 2 * hv, gb_off: 2 * h, n_tok: t_n };
+            let rows = m.len() / s;
+            let mut buf = vec![0f32; rows * t_n];
+            delta::delta_rule_rows(m, j0, s, &head, &mut buf);
+            for r in 0..rows {
+                for t in 0..t_n {
+                    // SAFETY: each (token, head, row) is written by the one task holding the row.
+                    unsafe { o.write(t * hv * s + h * s + j0 + r, buf[r * t_n + t]) };
+                }
             }
         });
         Ok(CpuT { v: out, cols: hv * s })
@@ -436,18 +455,19 @@ impl Ops for CpuExec<'_> {
         let (kh, vh) = (to_heads(k), to_heads(v));
         let mut out = vec![0f32; n * cols];
         let range = |t: usize| if p.block > 0 { (t / p.block) * p.block..(t / p.block + 1) * p.block } else { 0..n };
-        if n >= ops::FA_TILE_Q && crate::quant::Simd::best() == crate::quant::Simd::Avx2 {
+        if n >= flash::FA_TILE_Q && crate::quant::Simd::best() == crate::quant::Simd::Avx2 {
             // ggml's tiled flash attention on x86 for ≥ 64 query rows, as the text path.
-            let n_tiles = n.div_ceil(ops::FA_TILE_Q);
+            // Every query tile reads its head's (or window's) keys: widened once, not per tile.
+            let wide: Vec<flash::FaKvF32> = (0..nh).map(|h| flash::FaKvF32::new(&kh[h * n * hd..(h + 1) * n * hd], &vh[h * n * hd..(h + 1) * n * hd], hd)).collect();
+            let n_tiles = n.div_ceil(flash::FA_TILE_Q);
             let y = par::SharedMut::new(&mut out);
             par::for_each(n_tiles * nh, |i| {
                 let (tile, h) = (i / nh, i % nh);
-                let t0 = tile * ops::FA_TILE_Q;
-                let rows = (n - t0).min(ops::FA_TILE_Q);
-                let (kr, vr) = (&kh[h * n * hd..(h + 1) * n * hd], &vh[h * n * hd..(h + 1) * n * hd]);
-                thread_local!(static SCRATCH: std::cell::RefCell<ops::FaScratch> = Default::default());
+                let t0 = tile * flash::FA_TILE_Q;
+                let rows = (n - t0).min(flash::FA_TILE_Q);
+                thread_local!(static SCRATCH: std::cell::RefCell<flash::FaScratch> = Default::default());
                 SCRATCH.with(|sc| {
-                    ops::attend_tiled(&q.v[t0 * cols + h * hd..], cols, rows, &|r| range(t0 + r), kr, vr, hd, None, p.scale, &mut |r, o| {
+                    flash::attend_tiled(&q.v[t0 * cols + h * hd..], cols, rows, &|r| range(t0 + r), flash::FaKv::F32(&wide[h]), hd, None, p.scale, &mut |r, o| {
                         // SAFETY: row t0 + r, head h: each (row, head) is written by one task only.
                         unsafe { y.slice((t0 + r) * cols + h * hd, hd) }.copy_from_slice(o)
                     }, &mut sc.borrow_mut());

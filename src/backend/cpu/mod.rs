@@ -4,7 +4,9 @@
 //! contract.
 
 pub mod cmath;
+pub mod delta;
 pub mod exec;
+pub mod flash;
 pub mod kv;
 pub mod matmul;
 pub mod ops;

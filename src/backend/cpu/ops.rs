@@ -399,12 +399,6 @@ pub fn attend_head_ext(q: &[f32], k_rows: &[f16], v_rows: &[f16], head_dim: usiz
     }
 }
 
-/// Query rows per tile of ggml's tiled flash attention (`GGML_FA_TILE_Q`, `ggml-cpu/common.h`):
-/// llama.cpp's CPU backend takes the tiled path for a batch of at least this many query rows.
-pub const FA_TILE_Q: usize = 64;
-/// Key/value positions per tile (`GGML_FA_TILE_KV`).
-pub const FA_TILE_KV: usize = 64;
-
 /// [`ggml_expf`] without a branch, so a loop over it vectorises (same bits for every input:
 /// tested against it).
 #[inline(always)]
@@ -427,222 +421,6 @@ pub fn ggml_expf_nb(x: f32) -> f32 {
     if n.abs() > 192.0 { big } else { y }
 }
 
-/// `scores[t] = Σ_d q[d] · kt[d · 64 + t]`, one FMA per `d` in order from 0 (ggml's `simd_gemm`:
-/// the 64 positions are the vector lanes).
-#[inline]
-fn fa_scores(q: &[f32], kt: &[f32], scores: &mut [f32; FA_TILE_KV]) {
-    #[cfg(target_arch = "x86_64")]
-    if crate::quant::Simd::best() == crate::quant::Simd::Avx2 {
-        // SAFETY: AVX2 and FMA are present (`Simd::Avx2`); `kt` holds `q.len()` rows of 64.
-        return unsafe { fa_x86::scores(q, kt, scores) };
-    }
-    for (d, &qd) in q.iter().enumerate() {
-        let kd = &kt[d * FA_TILE_KV..(d + 1) * FA_TILE_KV];
-        for (s, &k) in scores.iter_mut().zip(kd) {
-            *s = qd.mul_add(k, *s);
-        }
-    }
-}
-
-/// `acc[d] = fma(p[t], v32[t · hd + d], acc[d])` for `t` in `ts`, in order (ggml's `simd_gemm`
-/// of the probabilities and the V tile: the dimensions are the vector lanes).
-#[inline]
-fn fa_accumulate(p: &[f32; FA_TILE_KV], ts: std::ops::Range<usize>, v32: &[f32], hd: usize, acc: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if hd % 64 == 0 && crate::quant::Simd::best() == crate::quant::Simd::Avx2 {
-        // SAFETY: AVX2 and FMA are present; `v32` holds 64 rows of `hd`, `acc` `hd` values.
-        return unsafe { fa_x86::accumulate(p, ts, v32, hd, acc) };
-    }
-    for t in ts {
-        let v = &v32[t * hd..(t + 1) * hd];
-        for (x, &vd) in acc.iter_mut().zip(v) {
-            *x = p[t].mul_add(vd, *x);
-        }
-    }
-}
-
-/// The two products of [`attend_tiled`] with their accumulators in registers (the same FMAs
-/// in the same order as the portable loops).
-#[cfg(target_arch = "x86_64")]
-mod fa_x86 {
-    use super::FA_TILE_KV;
-    use std::arch::x86_64::*;
-
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn scores(q: &[f32], kt: &[f32], out: &mut [f32; FA_TILE_KV]) {
-        assert!(kt.len() >= q.len() * FA_TILE_KV);
-        let mut a = [_mm256_setzero_ps(); 8];
-        for (d, &qd) in q.iter().enumerate() {
-            let qv = _mm256_set1_ps(qd);
-            let k = kt.as_ptr().add(d * FA_TILE_KV);
-            for (i, ai) in a.iter_mut().enumerate() {
-                *ai = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k.add(8 * i)), *ai);
-            }
-        }
-        for (i, ai) in a.iter().enumerate() {
-            _mm256_storeu_ps(out.as_mut_ptr().add(8 * i), *ai);
-        }
-    }
-
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn accumulate(p: &[f32; FA_TILE_KV], ts: std::ops::Range<usize>, v32: &[f32], hd: usize, acc: &mut [f32]) {
-        assert!(hd % 64 == 0 && acc.len() >= hd && ts.end <= FA_TILE_KV && v32.len() >= ts.end * hd);
-        for d0 in (0..hd).step_by(64) {
-            let mut a = [_mm256_setzero_ps(); 8];
-            for (i, ai) in a.iter_mut().enumerate() {
-                *ai = _mm256_loadu_ps(acc.as_ptr().add(d0 + 8 * i));
-            }
-            for t in ts.clone() {
-                let pv = _mm256_set1_ps(p[t]);
-                let v = v32.as_ptr().add(t * hd + d0);
-                for (i, ai) in a.iter_mut().enumerate() {
-                    *ai = _mm256_fmadd_ps(pv, _mm256_loadu_ps(v.add(8 * i)), *ai);
-                }
-            }
-            for (i, ai) in a.iter().enumerate() {
-                _mm256_storeu_ps(acc.as_mut_ptr().add(d0 + 8 * i), *ai);
-            }
-        }
-    }
-}
-
-/// Scratch of [`attend_tiled`] (one per thread).
-#[derive(Default)]
-pub struct FaScratch {
-    /// K tile as f32, transposed: `kt[d · FA_TILE_KV + t]`.
-    kt: Vec<f32>,
-    /// V tile as f32: `v32[t · head_dim + d]`.
-    v32: Vec<f32>,
-    /// Per row of the query tile: running max, sum, f32 accumulator.
-    m: Vec<f32>,
-    s: Vec<f32>,
-    acc: Vec<f32>,
-}
-
-/// Query rows `q` (`rows` rows of `head_dim` at stride `q_stride`) of one head attending, row
-/// `r` over positions `kv(r)` (a causal range, shortened by a sliding window), as ggml's tiled
-/// CPU flash attention computes them (`ggml-cpu/ops.cpp`
-/// `ggml_compute_forward_flash_attn_ext_tiled`, `simd-gemm.h`), which llama.cpp runs for batches
-/// of at least [`FA_TILE_Q`] query rows. Per row and per tile of [`FA_TILE_KV`] positions from
-/// position 0: scores `q·k` summed in dimension order with one FMA each from 0 (f32 `q`, `k`
-/// widened from f16), times `scale`; masked positions −∞; a tile with nothing unmasked for the
-/// row is skipped; else the running max `M` rises to the tile's max (`ms = expf(M_old − M)` with
-/// the C library's `expf` scales the accumulator and the sum), the tile's exponentials come from
-/// the vectorised [`ggml_expf`] and their sum in ggml's AVX-512 `ggml_vec_soft_max_f32` order (16
-/// at a time, `_mm512_reduce_add_ps`, into an f64 added to the f32 sum), and the f32 accumulator
-/// takes `p · v` one position after another (one FMA each). Then the sink (as
-/// [`attend_head_ext`]), and the accumulator divided by the sum into `out` (row `r` at
-/// `r · out_stride`). Every step is per row and in a fixed order: the result does not depend on
-/// which rows share a tile or on threads.
-#[allow(clippy::too_many_arguments)]
-pub fn attend_tiled(
-    q: &[f32],
-    q_stride: usize,
-    rows: usize,
-    kv: &dyn Fn(usize) -> std::ops::Range<usize>,
-    k_rows: &[f16],
-    v_rows: &[f16],
-    head_dim: usize,
-    sink: Option<f32>,
-    scale: f32,
-    out: &mut dyn FnMut(usize, &[f32]),
-    sc: &mut FaScratch,
-) {
-    const TK: usize = FA_TILE_KV;
-    let hd = head_dim;
-    sc.kt.resize(hd * TK, 0.0);
-    sc.v32.resize(TK * hd, 0.0);
-    sc.m.clear();
-    sc.m.resize(rows, f32::NEG_INFINITY);
-    sc.s.clear();
-    sc.s.resize(rows, 0.0);
-    sc.acc.clear();
-    sc.acc.resize(rows * hd, 0.0);
-    let lo = (0..rows).map(|r| kv(r).start).min().unwrap_or(0);
-    let hi = (0..rows).map(|r| kv(r).end).max().unwrap_or(0);
-    let mut tile = lo / TK * TK;
-    while tile < hi {
-        let end = (tile + TK).min(hi);
-        let n = end - tile;
-        if (0..rows).all(|r| {
-            let k = kv(r);
-            k.end <= tile || k.start >= end
-        }) {
-            tile += TK;
-            continue;
-        }
-        for t in 0..n {
-            let k = &k_rows[(tile + t) * hd..(tile + t + 1) * hd];
-            for (d, &kd) in k.iter().enumerate() {
-                sc.kt[d * TK + t] = kd.to_f32();
-            }
-            let v = &v_rows[(tile + t) * hd..(tile + t + 1) * hd];
-            for (o, &vd) in sc.v32[t * hd..(t + 1) * hd].iter_mut().zip(v) {
-                *o = vd.to_f32();
-            }
-        }
-        for r in 0..rows {
-            let range = kv(r);
-            let (a, b) = (range.start.max(tile), range.end.min(end));
-            if a >= b {
-                continue;
-            }
-            let qr = &q[r * q_stride..r * q_stride + hd];
-            let mut scores = [0f32; TK];
-            fa_scores(qr, &sc.kt, &mut scores);
-            let mut tmax = f32::NEG_INFINITY;
-            for (t, s) in scores.iter_mut().enumerate() {
-                let j = tile + t;
-                *s = if j >= a && j < b { *s * scale } else { f32::NEG_INFINITY };
-                tmax = if tmax > *s { tmax } else { *s }; // ggml_vec_max_f32: MAX(max, x)
-            }
-            let m_old = sc.m[r];
-            let m = m_old.max(tmax);
-            let acc = &mut sc.acc[r * hd..(r + 1) * hd];
-            if m > m_old {
-                let ms = super::cmath::expf(m_old - m);
-                for x in acc.iter_mut() {
-                    *x *= ms;
-                }
-                sc.s[r] *= ms;
-            }
-            sc.m[r] = m;
-            for s in scores.iter_mut() {
-                *s = ggml_expf_nb(*s - m);
-            }
-            let mut sum = 0f64;
-            for blk in scores.chunks_exact(16) {
-                sum += reduce16(blk.try_into().unwrap()) as f64;
-            }
-            sc.s[r] = (sc.s[r] as f64 + sum) as f32;
-            fa_accumulate(&scores, a - tile..b - tile, &sc.v32, hd, acc);
-        }
-        tile += TK;
-    }
-    for r in 0..rows {
-        let acc = &mut sc.acc[r * hd..(r + 1) * hd];
-        let mut s_sum = sc.s[r];
-        if let Some(s) = sink {
-            let (mut ms, mut vs) = (1.0f32, 1.0f32);
-            let m = sc.m[r];
-            if s > m {
-                ms = super::cmath::expf(m - s);
-                for x in acc.iter_mut() {
-                    *x *= ms;
-                }
-            } else {
-                vs = super::cmath::expf(s - m);
-            }
-            s_sum = s_sum.mul_add(ms, vs);
-        }
-        let inv = if s_sum == 0.0 { 0.0 } else { 1.0 / s_sum };
-        for x in acc.iter_mut() {
-            *x *= inv;
-        }
-        out(r, acc);
-    }
-}
-
 /// gpt-oss's gated activation (ggml `swiglu_oai`, `ggml-cpu/ops.cpp`): `x = min(g, limit)`,
 /// `y = clamp(u, −limit, limit)`, `h = x / (1 + expf(alpha · −x)) · (y + 1)`, with the C
 /// library's `expf` ([`super::cmath::expf`]).
@@ -655,6 +433,19 @@ pub fn swiglu_oai(g: &[f32], u: &[f32], h: &mut [f32], alpha: f32, limit: f32) {
     }
 }
 
+/// Uniform values in [−1, 1) from a 32-bit xorshift (Marsaglia) seeded with `seed` ≠ 0: test
+/// inputs that need no crate.
+#[cfg(test)]
+pub(crate) fn test_rng(seed: u32) -> impl FnMut() -> f32 {
+    let mut z = seed;
+    move || {
+        z ^= z << 13;
+        z ^= z >> 17;
+        z ^= z << 5;
+        z as f32 / u32::MAX as f32 * 2.0 - 1.0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -662,59 +453,39 @@ mod tests {
     #[test]
     fn branchless_expf_has_ggml_expf_bits() {
         let mut xs = vec![f32::NEG_INFINITY, f32::INFINITY, 0.0, -0.0, -87.3, 88.7, -103.0, -150.0, 200.0, -200.0, 1e-30, -1e-30, 133.0, -133.0, 126.9, -126.9];
-        let mut z = 0x1234_5678u32;
+        let mut rnd = test_rng(0x1234_5678);
         for _ in 0..200_000 {
-            z ^= z << 13;
-            z ^= z >> 17;
-            z ^= z << 5;
-            xs.push((z as f32 / u32::MAX as f32 - 0.5) * 300.0);
+            xs.push(rnd() * 150.0);
         }
         for x in xs {
             assert_eq!(ggml_expf_nb(x).to_bits(), ggml_expf(x).to_bits(), "x = {x:e}");
         }
     }
 
-    /// Attention of row `r` in f64 (softmax over `kv(r)` plus the sink), as a check of the tiled
-    /// kernel's arithmetic (not its bits).
-    fn attention_f64(q: &[f32], k: &[f16], v: &[f16], hd: usize, kv: std::ops::Range<usize>, sink: Option<f32>, scale: f32) -> Vec<f64> {
-        let s: Vec<f64> = kv.clone().map(|j| (0..hd).map(|d| q[d] as f64 * k[j * hd + d].to_f64()).sum::<f64>() * scale as f64).collect();
-        let m = s.iter().copied().chain(sink.map(|x| x as f64)).fold(f64::NEG_INFINITY, f64::max);
-        let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
-        let total: f64 = e.iter().sum::<f64>() + sink.map(|x| (x as f64 - m).exp()).unwrap_or(0.0);
-        (0..hd).map(|d| kv.clone().zip(&e).map(|(j, w)| w * v[j * hd + d].to_f64()).sum::<f64>() / total).collect()
-    }
-
+    /// A prompt's causal conv in channel blocks gives the per-token steps' outputs and final
+    /// state, bit for bit.
     #[test]
-    fn tiled_attention_is_attention_and_independent_of_tiling() {
-        let (hd, n) = (64, 150);
-        let mut z = 0x9e37_79b9u32;
-        let mut rnd = move || {
-            z ^= z << 13;
-            z ^= z >> 17;
-            z ^= z << 5;
-            z as f32 / u32::MAX as f32 * 2.0 - 1.0
-        };
-        let q: Vec<f32> = (0..n * hd).map(|_| rnd() * 3.0).collect();
-        let k: Vec<f16> = (0..n * hd).map(|_| f16::from_f32(rnd() * 3.0)).collect();
-        let v: Vec<f16> = (0..n * hd).map(|_| f16::from_f32(rnd())).collect();
-        for (window, sink) in [(0usize, None), (40, Some(1.5f32)), (0, Some(-30.0))] {
-            let range = |r: usize| (if window > 0 { (r + 1).saturating_sub(window) } else { 0 })..r + 1;
-            // All 150 rows in tiles of 64 (as a batch), and each row alone.
-            let mut tiled = vec![0f32; n * hd];
-            let mut sc = FaScratch::default();
-            for t0 in (0..n).step_by(FA_TILE_Q) {
-                let rows = (n - t0).min(FA_TILE_Q);
-                attend_tiled(&q[t0 * hd..], hd, rows, &|r| range(t0 + r), &k, &v, hd, sink, 0.125, &mut |r, o| tiled[(t0 + r) * hd..(t0 + r + 1) * hd].copy_from_slice(o), &mut sc);
+    fn conv_over_channels_equals_token_steps() {
+        let (cols, d_conv, n) = (10, 4, 7);
+        let v = |i: usize| ((i * 2654435761usize) % 1000) as f32 / 300.0 - 1.6;
+        let x: Vec<f32> = (0..n * cols).map(|i| v(i + 7)).collect();
+        let w: Vec<f32> = (0..cols * d_conv).map(|i| v(i + 1000)).collect();
+        let st0: Vec<f32> = (0..cols * (d_conv - 1)).map(|i| v(i + 2000)).collect();
+        let mut st_ref = st0.clone();
+        let mut y_ref = vec![0f32; n * cols];
+        for t in 0..n {
+            conv_silu_step(&mut st_ref, &w, d_conv, &x[t * cols..(t + 1) * cols], &mut y_ref[t * cols..(t + 1) * cols]);
+        }
+        for block in [1, 3, cols] {
+            let mut st = st0.clone();
+            let mut y = vec![f32::NAN; n * cols];
+            for (bi, sb) in st.chunks_mut(block * (d_conv - 1)).enumerate() {
+                let c0 = bi * block;
+                let nb = sb.len() / (d_conv - 1);
+                conv_silu_channels(sb, &w[c0 * d_conv..(c0 + nb) * d_conv], d_conv, &x, cols, c0, n, &mut |t, vals| y[t * cols + c0..t * cols + c0 + nb].copy_from_slice(vals));
             }
-            for r in [0, 1, 63, 64, 100, 149] {
-                let mut alone = vec![0f32; hd];
-                attend_tiled(&q[r * hd..], hd, 1, &|_| range(r), &k, &v, hd, sink, 0.125, &mut |_, o| alone.copy_from_slice(o), &mut sc);
-                assert_eq!(alone, &tiled[r * hd..(r + 1) * hd], "row {r}: a row's bits depend on its tile");
-                let want = attention_f64(&q[r * hd..(r + 1) * hd], &k, &v, hd, range(r), sink, 0.125);
-                for (d, (&got, &w)) in tiled[r * hd..(r + 1) * hd].iter().zip(&want).enumerate() {
-                    assert!((got as f64 - w).abs() <= 1e-5 * (1.0 + w.abs()), "row {r} dim {d}: {got} vs f64 {w}");
-                }
-            }
+            assert!(y.iter().zip(&y_ref).all(|(a, b)| a.to_bits() == b.to_bits()), "block {block}: outputs differ");
+            assert!(st.iter().zip(&st_ref).all(|(a, b)| a.to_bits() == b.to_bits()), "block {block}: state differs");
         }
     }
 
@@ -791,6 +562,47 @@ pub fn conv_silu_step(state: &mut [f32], w: &[f32], d_conv: usize, x: &[f32], y:
         *yc = silu(sum);
         st.copy_within(1.., 0);
         st[kc - 1] = xc;
+    }
+}
+
+/// [`conv_silu_step`] over many tokens for a block of channels: channel `c`'s inputs
+/// `[state (K − 1), x[0][c], x[1][c], …]` as one window, each output summed in the same order
+/// (`y[t] = silu(Σ_k w[k] · win[t + k])`, products rounded before their adds; SiLU's exponential
+/// branch-free, [`ggml_expf_nb`], same bits) and the state left holding the last K − 1 inputs:
+/// the bits of the per-token steps. `x`: `n_tok` rows of `cols`; this call takes channels
+/// `c0 .. c0 + state.len() / (K − 1)` (`state`, `w`: those channels' rows) and hands each
+/// token's outputs for them to `out(token, values)`.
+#[allow(clippy::too_many_arguments)]
+pub fn conv_silu_channels(state: &mut [f32], w: &[f32], d_conv: usize, x: &[f32], cols: usize, c0: usize, n_tok: usize, out: &mut impl FnMut(usize, &[f32])) {
+    let kc = d_conv - 1;
+    let nc = state.len() / kc.max(1);
+    let span = kc + n_tok;
+    let mut win = vec![0f32; nc * span];
+    for (i, st) in state.chunks_exact(kc).enumerate() {
+        win[i * span..i * span + kc].copy_from_slice(st);
+    }
+    for t in 0..n_tok {
+        for (i, &xv) in x[t * cols + c0..t * cols + c0 + nc].iter().enumerate() {
+            win[i * span + kc + t] = xv;
+        }
+    }
+    let mut row = vec![0f32; nc];
+    for t in 0..n_tok {
+        for (i, (o, wc)) in row.iter_mut().zip(w.chunks_exact(d_conv)).enumerate() {
+            let wi = &win[i * span + t..i * span + t + d_conv];
+            let mut sum = 0f32;
+            for (&a, &wk) in wi.iter().zip(wc) {
+                sum += a * wk;
+            }
+            *o = sum;
+        }
+        for v in row.iter_mut() {
+            *v = *v / (1.0 + ggml_expf_nb(-*v));
+        }
+        out(t, &row);
+    }
+    for (i, st) in state.chunks_exact_mut(kc).enumerate() {
+        st.copy_from_slice(&win[i * span + n_tok..(i + 1) * span]);
     }
 }
 
