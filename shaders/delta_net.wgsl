@@ -105,7 +105,10 @@ fn delta_net(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
         }
         workgroupBarrier();
         let decay = expf_glibc(g);
-        for (var j = lid; j < s; j += 64u) {
+        // One state row per thread: a row evolves on its own (it meets only v[j] and its own
+        // d[j]), so the rows of a head split across workgroups (y: blocks of 64 rows).
+        let j = wid.y * 64u + lid;
+        if (j < s) {
             let m = (h * s + j) * s;
             for (var i = 0u; i < s; i++) {
                 S[m + i] = keep(S[m + i] * decay);

@@ -510,8 +510,8 @@ impl Kernels {
     }
 
     /// The gated delta rule over `n_tok` rows (shaders/delta_net.wgsl `delta_net`): one
-    /// workgroup per value head, after rms_norm.wgsl has L2-normalised the q and k heads of `x`
-    /// in place.
+    /// workgroup per value head and block of 64 state rows (one row per thread, through every
+    /// token), after rms_norm.wgsl has L2-normalised the q and k heads of `x` in place.
     #[allow(clippy::too_many_arguments)]
     pub fn delta_net(&self, rec: &mut Recorder<'_>, x: Buf, alpha: Buf, beta: Buf, dt_bias: Buf, a: Buf, state: Buf, y: Buf, n_tok: usize, hk: usize, hv: usize, s: usize, tiled: bool, eps: f32) {
         let cols = (2 * hk + hv) * s;
@@ -519,6 +519,6 @@ impl Kernels {
         let (eps_n, w_all) = (eps / s as f32, 1.0f32 / (s as f32).sqrt());
         self.norm_rows(rec, "inplace", x, &self.dummy2, &self.dummy, [s as u32, (n_tok * 2 * hk) as u32, 0, 0, eps_n.to_bits(), 0, cols as u32, (2 * hk) as u32, w_all.to_bits(), 0, 0, 0]);
         let words = [n_tok as u32, cols as u32, 0, hk as u32, hv as u32, s as u32, tiled as u32, eps.to_bits(), 0, 0, 0, 0];
-        self.dn(rec, "delta_net", [x, alpha, beta, dt_bias, a, state, y], words, (hv as u32, 1, 1));
+        self.dn(rec, "delta_net", [x, alpha, beta, dt_bias, a, state, y], words, (hv as u32, s.div_ceil(64) as u32, 1));
     }
 }
