@@ -38,6 +38,10 @@ pub enum OpError {
     /// A recurrent op ran on a layer whose state is missing or of another shape (a bug).
     #[error("layer {0} has no recurrent state of the shape this op needs")]
     NoState(usize),
+    /// An attention layer beyond the backend's KV slots (the model's attention layer count was
+    /// given wrong: a bug).
+    #[error("layer {0} has no KV cache slot on this backend")]
+    NoKv(usize),
     /// The backend has no kernel for an op this model needs.
     #[error("the {backend} backend does not run {op} yet")]
     Unsupported { backend: &'static str, op: &'static str },

@@ -929,6 +929,12 @@ fn inspect_gguf(path: &str, g: &GgufFile, full: bool) -> Res {
         if cfg.gating != les::model::config::Gating::Softmax || cfg.expert_act != les::backend::ops::ExpertAct::Silu {
             writeln!(o, "router gating {:?} | expert activation {:?}", cfg.gating, cfg.expert_act)?;
         }
+        // What a context costs (the CPU and GPU caches alike): f16 keys and values of the
+        // attention layers grow with it; the recurrent state of a hybrid does not.
+        let per_1k = cfg.cache_bytes(1024) - cfg.cache_bytes(0);
+        let fixed = cfg.cache_bytes(0);
+        let fixed_s = if fixed > 0 { format!(" + {} ({fixed} bytes) fixed (recurrent state and its checkpoint)", human(fixed as u64)) } else { String::new() };
+        writeln!(o, "context memory: {} ({per_1k} bytes) per 1k tokens (f16 keys and values of {} attention layers; every position kept){fixed_s}", human(per_1k as u64), cfg.n_attn_layers())?;
         if let Some(s) = cfg.ssm {
             let pattern: String = (0..cfg.n_layer).map(|il| if cfg.is_recurrent(il) { 'L' } else { 'A' }).collect();
             let list = |rec: bool| (0..cfg.n_layer).filter(|&il| cfg.is_recurrent(il) == rec).map(|il| il.to_string()).collect::<Vec<_>>().join(",");

@@ -73,7 +73,7 @@ impl From<OpError> for ModelError {
             OpError::Expert(x) => ModelError::Expert(x),
             OpError::Quant(q) => ModelError::Quant(q),
             OpError::Store(s) => ModelError::Store(s),
-            OpError::NotReady | OpError::NoState(_) => ModelError::Internal(e.to_string()),
+            OpError::NotReady | OpError::NoState(_) | OpError::NoKv(_) => ModelError::Internal(e.to_string()),
             OpError::Unsupported { .. } => ModelError::Unsupported(e.to_string()),
         }
     }
@@ -455,7 +455,7 @@ impl Model {
     /// What the wgpu backend allocates for this model with `n_ctx` positions.
     pub fn gpu_shapes(&self, n_ctx: usize) -> GpuShapes {
         let c = &self.cfg;
-        GpuShapes { n_layer: c.n_layer, n_head_kv: c.n_head_kv, head_dim: c.head_dim, n_ctx, n_expert: c.n_expert, n_expert_used: c.n_expert_used }
+        GpuShapes { n_layer: c.n_layer, kv_layers: c.n_attn_layers(), n_head_kv: c.n_head_kv, head_dim: c.head_dim, n_ctx, n_expert: c.n_expert, n_expert_used: c.n_expert_used }
     }
 
     /// The forward pass on the wgpu backend `g`, in chunks of [`GPU_BATCH`] tokens. Keys and values

@@ -290,6 +290,10 @@ fn gpu_recurrent_state_follows_checkpoints() {
     let mut cpu = Session::load(&src, ExpertMode::Resident, 256).unwrap();
     let mut gpu = Session::load(&src, ExpertMode::Resident, 256).unwrap();
     gpu.set_backend(BackendKind::Wgpu, &GpuOptions { exact: Some(true), ..Default::default() }).unwrap();
+    // Keys and values on the GPU for the one attention layer of four only (GGUF
+    // `full_attention_interval` 4; 2 KV heads of 64; f16; 256 positions), not for the
+    // recurrent ones.
+    assert_eq!(gpu.gpu.as_ref().unwrap().kv_bytes(), 2 * (2 * 64 * 256 * 2));
     gpu.reuse_prefix = true;
     let g = SamplerConfig::greedy();
     for p in prompts().iter().take(if full_tests() { 2 } else { 1 }) {

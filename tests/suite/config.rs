@@ -103,3 +103,19 @@ fn gpt_oss_hyper_parameters_are_llama_cpps() {
     set(&mut g, "gpt-oss.rope.scaling.type", Value::String("longrope".into()));
     assert!(matches!(Config::from_gguf(&g), Err(ConfigError::UnsupportedValue { .. })));
 }
+
+/// `les inspect` says what a context costs: per 1k tokens, f16 keys and values of the attention
+/// layers only (GGUF: 4 blocks, `full_attention_interval` 4 → one attention layer, 2 KV heads,
+/// key and value length 64); fixed, the recurrent state of the three linear layers twice (the
+/// state and its checkpoint; llama.cpp's `n_embd_r` + `n_embd_s` f32 values per layer).
+#[test]
+fn inspect_prints_context_memory_per_1k_tokens() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_les")).args(["inspect", &model("rand-qwen35moe.gguf").to_string_lossy()]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().find(|l| l.starts_with("context memory:")).unwrap_or_else(|| panic!("no context memory line in:\n{text}"));
+    let bytes: Vec<u64> = line.split(" bytes)").filter_map(|p| p.rsplit('(').next()?.trim().parse().ok()).collect();
+    let per_1k = 1 * 2 * (64 + 64) * 2 * 1024;
+    let fixed = 2 * 3 * (3 * (2 * 2 * 64 + 4 * 64) + 64 * 4 * 64) * 4;
+    assert_eq!(bytes, vec![per_1k, fixed], "{line}");
+}

@@ -83,6 +83,8 @@ pub struct GpuStats {
 #[derive(Clone, Copy, Debug)]
 pub struct GpuShapes {
     pub n_layer: usize,
+    /// Layers with keys and values (attention layers; a hybrid's recurrent layers hold none).
+    pub kv_layers: usize,
     pub n_head_kv: usize,
     pub head_dim: usize,
     /// KV positions held on the GPU.
@@ -103,6 +105,10 @@ pub struct GpuBackend {
     vecs: Vec<(wgpu::Buffer, usize)>,
     kc: wgpu::Buffer,
     vc: wgpu::Buffer,
+    /// The layer holding each KV slot, in the order layers first attended (`kc`/`vc` have
+    /// `kv_layers` slots).
+    kv_slots: Mutex<Vec<usize>>,
+    kv_layers: usize,
     n_ctx: usize,
     acts: Vec<wgpu::Buffer>,
     arena: wgpu::Buffer,
@@ -156,7 +162,7 @@ impl GpuBackend {
             mats.push(if w.host_only(i) { None } else { Some(GpuWeight::upload(g, &format!("mat-{i}"), m)?) });
         }
         let vecs = w.vecs().iter().enumerate().map(|(i, v)| Ok((g.upload(&format!("vec-{i}"), bytemuck::cast_slice(v))?, v.len()))).collect::<Result<Vec<_>, GpuError>>()?;
-        let kv_bytes = s.n_layer * s.n_head_kv * s.n_ctx * s.head_dim * 2;
+        let kv_bytes = (s.kv_layers * s.n_head_kv * s.n_ctx * s.head_dim * 2).max(4);
         if kv_bytes as u64 > g.max_binding() {
             return Err(GpuError::Limit { what: format!("KV cache of {} positions (lower --ctx-size)", s.n_ctx), need: kv_bytes as u64, have: g.max_binding() });
         }
@@ -191,6 +197,8 @@ impl GpuBackend {
             vecs,
             kc,
             vc,
+            kv_slots: Mutex::new(Vec::new()),
+            kv_layers: s.kv_layers,
             n_ctx: s.n_ctx,
             acts,
             arena: Recorder::arena_buffer(g),
@@ -208,6 +216,23 @@ impl GpuBackend {
 
     pub fn n_ctx(&self) -> usize {
         self.n_ctx
+    }
+
+    /// Bytes of the KV cache on the device (keys and values).
+    pub fn kv_bytes(&self) -> u64 {
+        self.kc.size() + self.vc.size()
+    }
+
+    /// Layer `il`'s KV slot: the next free one when it first attends; `None` when all are taken.
+    fn kv_slot(&self, il: usize) -> Option<usize> {
+        let mut s = self.kv_slots.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(i) = s.iter().position(|&l| l == il) {
+            return Some(i);
+        }
+        (s.len() < self.kv_layers).then(|| {
+            s.push(il);
+            s.len() - 1
+        })
     }
 
     /// The kernel variants in use, for logs: the exact path or the parallel matvec reduction,
@@ -560,9 +585,10 @@ impl Ops for GpuExec<'_> {
         // One more column per row: the sink's factor.
         let scores = self.alloc(t_n * p.n_head, n_ctx + 1)?;
         let sinks = p.sinks.map(|v| self.vec(v));
+        let slot = self.g.kv_slot(il).ok_or(OpError::NoKv(il))?;
         let kk = &self.g.k;
-        kk.kv_store(&mut self.rec, k.buf(), v.buf(), &self.g.kc, &self.g.vc, p.n_head_kv, p.head_dim, n_ctx, il, pos0, t_n);
-        kk.attention(&mut self.rec, q.buf(), &self.g.kc, &self.g.vc, o.buf(), scores.buf(), p.n_head, p.n_head_kv, p.head_dim, n_ctx, il, pos0, t_n, p.scale, p.window, sinks);
+        kk.kv_store(&mut self.rec, k.buf(), v.buf(), &self.g.kc, &self.g.vc, p.n_head_kv, p.head_dim, n_ctx, slot, pos0, t_n);
+        kk.attention(&mut self.rec, q.buf(), &self.g.kc, &self.g.vc, o.buf(), scores.buf(), p.n_head, p.n_head_kv, p.head_dim, n_ctx, slot, pos0, t_n, p.scale, p.window, sinks);
         Ok(o)
     }
 
