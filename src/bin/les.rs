@@ -536,14 +536,48 @@ fn run(cli: Cli) -> Res {
             };
             let spec = les::engine::ladder::SpecRung { draft_model, draft_max, mixed_bundle };
             let backend = |sess: &mut Session, gpu_slots: Option<usize>| m.apply_backend_with(sess, gpu_slots.filter(|&n| n > 0));
-            let rep = les::engine::ladder::run(&m.model, &bundle, &opts, &ps, n_predict, !no_resident, &spec, &backend)?;
+            let mut rep = les::engine::ladder::run(&m.model, &bundle, &opts, &ps, n_predict, !no_resident, &spec, &backend)?;
             println!("{}", rep.table());
+            // What makes the run reproducible, after the measurements (hashing reads the file).
+            let a = &mut rep.artifacts;
+            a.insert("command".into(), std::env::args().collect::<Vec<_>>().join(" "));
+            a.insert("les_version".into(), env!("CARGO_PKG_VERSION").into());
+            a.insert("commit".into(), git_commit().unwrap_or_else(|| "unknown".into()));
+            a.insert("model_sha256".into(), sha256_file(&m.model).map_err(|e| format!("{}: {e}", m.model))?);
+            a.insert("bundle".into(), bundle.clone());
+            a.insert("prompts".into(), ps.join("\n"));
+            a.insert("n_predict".into(), n_predict.to_string());
             if let Some(p) = &s.stats_json {
                 std::fs::write(p, serde_json::to_string_pretty(&rep)?)?;
             }
             Ok(())
         }
     }
+}
+
+/// The commit of the working tree `les` runs in (`git rev-parse HEAD`, `+dirty` with local
+/// changes); `None` outside a git checkout.
+fn git_commit() -> Option<String> {
+    let out = std::process::Command::new("git").args(["rev-parse", "HEAD"]).output().ok().filter(|o| o.status.success())?;
+    let dirty = std::process::Command::new("git").args(["status", "--porcelain", "--untracked-files=no"]).output().ok().is_some_and(|o| !o.stdout.is_empty());
+    Some(format!("{}{}", String::from_utf8_lossy(&out.stdout).trim(), if dirty { "+dirty" } else { "" }))
+}
+
+/// SHA-256 of a file (hex), read in 8 MiB pieces.
+fn sha256_file(path: &str) -> std::io::Result<String> {
+    use sha2::Digest;
+    use std::io::Read;
+    let mut f = std::fs::File::open(path)?;
+    let mut h = sha2::Sha256::new();
+    let mut buf = vec![0u8; 8 << 20];
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// A session for `m`: every weight resident, or under `--memory-budget` with experts streamed

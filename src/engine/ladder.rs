@@ -35,6 +35,70 @@ struct Live {
     accepted: u64,
     /// Decode tokens/s of each prompt.
     per_prompt: Vec<f64>,
+    /// What the user waits for, per token: see [`Waits`].
+    waits: Waits,
+}
+
+/// The times a user waits: from the request to the first token of each prompt (prompt
+/// processing included) and between consecutive output tokens (as the caller receives them:
+/// a speculative rung hands over its accepted tokens together).
+#[derive(Clone, Debug, Default)]
+struct Waits {
+    ttft: Vec<f64>,
+    gaps: Vec<f64>,
+}
+
+impl Waits {
+    /// A callback for one generation's tokens (`start`: when the request was made).
+    fn on_token(&mut self, start: Instant) -> impl FnMut() + '_ {
+        let mut last: Option<Instant> = None;
+        move || {
+            let now = Instant::now();
+            match last {
+                None => self.ttft.push((now - start).as_secs_f64() * 1000.0),
+                Some(l) => self.gaps.push((now - l).as_secs_f64() * 1000.0),
+            }
+            last = Some(now);
+        }
+    }
+}
+
+/// The distribution of a rung's waits (ms): time to first token (median over prompts) and the
+/// inter-token latency's percentiles (nearest rank: the smallest value with at least p% of the
+/// gaps at or below it) and the longest stall.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct Latency {
+    pub ttft_p50_ms: f64,
+    pub itl_p50_ms: f64,
+    pub itl_p95_ms: f64,
+    pub itl_p99_ms: f64,
+    pub longest_ms: f64,
+    /// Gaps measured (output tokens after each prompt's first).
+    pub gaps: usize,
+}
+
+/// The nearest-rank `p`-th percentile (0 < p ≤ 100) of `v` (sorted ascending); 0 when empty.
+pub fn percentile(v: &[f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    let rank = ((p / 100.0) * v.len() as f64).ceil() as usize;
+    v[rank.clamp(1, v.len()) - 1]
+}
+
+impl Latency {
+    fn of(w: &Waits) -> Option<Latency> {
+        if w.ttft.is_empty() {
+            return None;
+        }
+        let sorted = |v: &[f64]| {
+            let mut v = v.to_vec();
+            v.sort_by(f64::total_cmp);
+            v
+        };
+        let (t, g) = (sorted(&w.ttft), sorted(&w.gaps));
+        Some(Latency { ttft_p50_ms: percentile(&t, 50.0), itl_p50_ms: percentile(&g, 50.0), itl_p95_ms: percentile(&g, 95.0), itl_p99_ms: percentile(&g, 99.0), longest_ms: g.last().copied().unwrap_or(0.0), gaps: g.len() })
+    }
 }
 
 #[derive(Clone, Debug, Default, serde::Serialize)]
@@ -67,6 +131,8 @@ pub struct Rung {
     pub prompt_tokens_per_s: Vec<f64>,
     /// The median over prompts of this rung's tokens/s over on-demand's on the same prompt.
     pub prompt_ratio_median: Option<f64>,
+    /// Time to first token and the inter-token latency distribution.
+    pub latency: Option<Latency>,
 }
 
 /// The speculative rung's draft source.
@@ -98,6 +164,8 @@ pub struct LadderReport {
     pub per_layer: Vec<(usize, f64, f64, f64)>,
     /// How the speculative rung ran (draft source, γ, memory).
     pub spec_note: String,
+    /// What makes the run reproducible (filled by the caller: model digest, commit, command).
+    pub artifacts: std::collections::BTreeMap<String, String>,
 }
 
 impl LadderReport {
@@ -141,6 +209,12 @@ impl LadderReport {
         for r in self.rungs.iter().filter(|r| r.experts_per_token.is_some()) {
             let acc = r.acceptance_rate.map(|a| format!("{:.1}", 100.0 * a)).unwrap_or_else(|| "-".into());
             s += &format!("{:<20} {:>8} {:>14.1} {:>12.2}\n", r.name, acc, r.experts_per_token.unwrap_or(0.0), r.mb_per_accepted_token.unwrap_or(0.0));
+        }
+        s += &format!("waits (ms): time to first token (median over prompts), then between tokens\n{:<20} {:>9} {:>9} {:>9} {:>9} {:>9}\n", "rung", "TTFT p50", "p50", "p95", "p99", "longest");
+        for r in &self.rungs {
+            if let Some(l) = &r.latency {
+                s += &format!("{:<20} {:>9.1} {:>9.2} {:>9.2} {:>9.2} {:>9.2}\n", r.name, l.ttft_p50_ms, l.itl_p50_ms, l.itl_p95_ms, l.itl_p99_ms, l.longest_ms);
+            }
         }
         if !self.spec_note.is_empty() {
             s += &format!("{}\n", self.spec_note);
@@ -191,12 +265,18 @@ fn io_counts(ex: &StreamingExperts) -> (u64, u64) {
 /// Decode every prompt; returns output tokens, decode ms and, when `ex` is given, the expert loads
 /// and bytes read after each prompt (counted from the first output token, which the prompt's
 /// forward pass produces).
-fn decode_all(sess: &mut Session, prompts: &[String], n: usize, ex: Option<&StreamingExperts>) -> Result<(usize, f64, u64, u64), Box<dyn std::error::Error>> {
+fn decode_all(sess: &mut Session, prompts: &[String], n: usize, ex: Option<&StreamingExperts>, waits: &mut Waits) -> Result<(usize, f64, u64, u64), Box<dyn std::error::Error>> {
     let (mut toks, mut ms, mut loads, mut bytes) = (0, 0.0, 0, 0);
     for p in prompts {
+        let start = Instant::now();
         let t = sess.tokenize(p);
         let mut at_first = None;
-        let (_, st) = sess.generate(&t, n, &SamplerConfig::greedy(), true, &mut |_, _| {
+        let mut tick = waits.on_token(start);
+        let (_, st) = sess.generate(&t, n, &SamplerConfig::greedy(), true, &mut |tok, _| {
+            // (u32::MAX: the text left over at the end, not a token.)
+            if tok != u32::MAX {
+                tick();
+            }
             if at_first.is_none() {
                 at_first = ex.map(io_counts);
             }
@@ -236,9 +316,10 @@ pub fn run(model: &str, bundle: &str, opts: &StreamOptions, prompts: &[String], 
         let src = FileSource::open(model)?;
         let mut s = Session::load(&src, ExpertMode::Resident, opts.n_ctx)?;
         backend(&mut s, None)?;
-        let (t, ms, _, _) = decode_all(&mut s, prompts, n, None)?;
+        let mut waits = Waits::default();
+        let (t, ms, _, _) = decode_all(&mut s, prompts, n, None, &mut waits)?;
         compute_ms_per_tok = Some(ms / t.max(1) as f64);
-        rep.rungs.push(Rung { name: "resident".into(), tokens_per_s: t as f64 / (ms / 1000.0), hit_rate: 1.0, tokens: t, ..Default::default() });
+        rep.rungs.push(Rung { name: "resident".into(), tokens_per_s: t as f64 / (ms / 1000.0), hit_rate: 1.0, tokens: t, latency: Latency::of(&waits), ..Default::default() });
     }
     let mut route = Vec::new();
     let mut expert_bytes_max = 0u64;
@@ -288,7 +369,7 @@ pub fn run(model: &str, bundle: &str, opts: &StreamOptions, prompts: &[String], 
             expert_bytes_max = st.plan.expert_bytes_max;
             rep.slot_fraction = (rep.slots as u64 * st.plan.expert_bytes_max) as f64 / st.plan.total_expert_bytes.max(1) as f64;
         }
-        live.push(Live { name, st, io_threads: o.cache.io_threads, draft: None, t: 0, ms: 0.0, active_ms: 0.0, loads: 0, bytes: 0, drafted: 0, accepted: 0, per_prompt: Vec::new() });
+        live.push(Live { name, st, io_threads: o.cache.io_threads, draft: None, t: 0, ms: 0.0, active_ms: 0.0, loads: 0, bytes: 0, drafted: 0, accepted: 0, per_prompt: Vec::new(), waits: Waits::default() });
     }
     // + speculative: the bundle rung's settings, decoding through speculative verification. A
     // draft model's weights and KV cache come out of the same budget (fewer expert slots).
@@ -315,7 +396,7 @@ pub fn run(model: &str, bundle: &str, opts: &StreamOptions, prompts: &[String], 
         let gamma = spec.draft_max.unwrap_or(if spec.draft_model.is_some() { speculative::DRAFT_MODEL_DRAFT_MAX } else { speculative::LOOKUP_DRAFT_MAX });
         let st = open(spec_bundle, &o)?;
         rep.spec_note += &format!(", {} expert slots, on {spec_bundle}", st.experts.config().slots);
-        live.push(Live { name: "+ speculative".into(), st, io_threads: o.cache.io_threads, draft: Some((draft, gamma)), t: 0, ms: 0.0, active_ms: 0.0, loads: 0, bytes: 0, drafted: 0, accepted: 0, per_prompt: Vec::new() });
+        live.push(Live { name: "+ speculative".into(), st, io_threads: o.cache.io_threads, draft: Some((draft, gamma)), t: 0, ms: 0.0, active_ms: 0.0, loads: 0, bytes: 0, drafted: 0, accepted: 0, per_prompt: Vec::new(), waits: Waits::default() });
     }
     for l in &mut live {
         backend(&mut l.st.session, Some(l.st.plan.gpu_slots))?;
@@ -329,15 +410,22 @@ pub fn run(model: &str, bundle: &str, opts: &StreamOptions, prompts: &[String], 
             let (t0, ms0) = (l.t, l.ms);
             match &mut l.draft {
                 None => {
-                    let (t, ms, loads, bytes) = decode_all(&mut l.st.session, std::slice::from_ref(p), n, Some(&l.st.experts))?;
+                    let (t, ms, loads, bytes) = decode_all(&mut l.st.session, std::slice::from_ref(p), n, Some(&l.st.experts), &mut l.waits)?;
                     (l.t, l.ms, l.loads, l.bytes) = (l.t + t, l.ms + ms, l.loads + loads, l.bytes + bytes);
                 }
                 Some((draft, gamma)) => {
                     let ex = l.st.experts.clone();
                     let probe = move || io_counts(&ex);
                     let so = SpecOptions { draft_max: *gamma, io: Some(&probe), verify_first: false };
+                    let start = Instant::now();
                     let toks = l.st.session.tokenize(p);
-                    let (_, g, sp) = speculative::generate(&mut l.st.session, Some(&mut **draft), &so, &toks, n, &SamplerConfig::greedy(), true, &mut |_, _| true)?;
+                    let mut tick = l.waits.on_token(start);
+                    let (_, g, sp) = speculative::generate(&mut l.st.session, Some(&mut **draft), &so, &toks, n, &SamplerConfig::greedy(), true, &mut |tok, _| {
+                        if tok != u32::MAX {
+                            tick();
+                        }
+                        true
+                    })?;
                     l.t += g.gen_tokens;
                     l.ms += g.gen_ms;
                     l.drafted += sp.drafted;
@@ -369,6 +457,7 @@ pub fn run(model: &str, bundle: &str, opts: &StreamOptions, prompts: &[String], 
         }
         let mut r = streamed_rung(&l.name, l.t, l.ms, &s, l.io_threads, l.loads, l.bytes, l.active_ms);
         r.prompt_tokens_per_s = l.per_prompt.clone();
+        r.latency = Latency::of(&l.waits);
         if l.draft.is_some() {
             if let (Some(rc), Some(pr)) = (s.draft_recall(), s.draft_precision()) {
                 rep.spec_note += &format!("; verification experts predicted from the draft's hidden states: recall {:.1}%, precision {:.1}%", 100.0 * rc, 100.0 * pr);
@@ -422,4 +511,21 @@ pub fn run(model: &str, bundle: &str, opts: &StreamOptions, prompts: &[String], 
     let compute = compute_ms_per_tok.unwrap_or(0.0);
     rep.oracle_tokens_per_s = 1000.0 / compute.max(rep.pure_io_ms_per_token).max(1e-9);
     Ok(rep)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::percentile;
+
+    /// Nearest rank (NIST / Hyndman-Fan definition 1): the value at rank ⌈p·n/100⌉.
+    #[test]
+    fn nearest_rank_percentiles() {
+        let v: Vec<f64> = (1..=20).map(f64::from).collect();
+        assert_eq!(percentile(&v, 50.0), 10.0);
+        assert_eq!(percentile(&v, 95.0), 19.0);
+        assert_eq!(percentile(&v, 99.0), 20.0);
+        assert_eq!(percentile(&v, 100.0), 20.0);
+        assert_eq!(percentile(&[3.0], 50.0), 3.0);
+        assert_eq!(percentile(&[], 50.0), 0.0);
+    }
 }

@@ -325,3 +325,45 @@ fn dense_weights_read_from_storage_are_lossless() {
         }
     }
 }
+
+/// `les bench ladder` (issue 37, item 4): every rung reports what a user waits — time to first
+/// token and the inter-token latency's p50 ≤ p95 ≤ p99 ≤ longest, one gap per output token after
+/// each prompt's first — and the stats JSON carries what reproduces the run: the model's SHA-256
+/// (checked against coreutils' `sha256sum`), the commit, the command and the prompts.
+#[test]
+fn ladder_reports_waits_and_artifacts() {
+    let m = model("rand-qwen35moe.gguf");
+    let m = m.to_str().unwrap();
+    let dir = std::env::temp_dir().join(format!("les-ladder-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (json, bundle) = (dir.join("ladder.json"), dir.join("b.les"));
+    let les = || std::process::Command::new(env!("CARGO_BIN_EXE_les"));
+    assert!(les().args(["pack", m, bundle.to_str().unwrap()]).status().unwrap().success());
+    let n = 6;
+    let o = les()
+        .current_dir(root())
+        .args(["bench", "ladder", "-m", m, "--bundle", bundle.to_str().unwrap(), "--memory-budget", "40MiB", "-n", &n.to_string(), "--n-prompts", "2", "--stats-json", json.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("TTFT p50"), "no waits table");
+    let rep: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let rungs = rep["rungs"].as_array().unwrap();
+    assert!(rungs.len() >= 5, "{rep}");
+    for r in rungs {
+        let l = &r["latency"];
+        let f = |k: &str| l[k].as_f64().unwrap_or_else(|| panic!("{}: no {k} in {l}", r["name"]));
+        assert!(f("ttft_p50_ms") > 0.0, "{}", r["name"]);
+        assert!(f("itl_p50_ms") <= f("itl_p95_ms") && f("itl_p95_ms") <= f("itl_p99_ms") && f("itl_p99_ms") <= f("longest_ms"), "{}: {l}", r["name"]);
+        let tokens = r["tokens"].as_u64().unwrap();
+        assert_eq!(l["gaps"].as_u64().unwrap(), tokens - 2, "{}: a gap per token after each prompt's first", r["name"]);
+    }
+    let a = &rep["artifacts"];
+    let sum = std::process::Command::new("sha256sum").arg(m).output().unwrap();
+    let want = String::from_utf8_lossy(&sum.stdout).split_whitespace().next().unwrap().to_string();
+    assert_eq!(a["model_sha256"].as_str().unwrap(), want);
+    assert!(!a["commit"].as_str().unwrap().is_empty() && a["command"].as_str().unwrap().contains("bench ladder"));
+    let prompts: Vec<String> = std::fs::read_to_string(root().join("tests/fixtures/prompts.txt")).unwrap().lines().filter(|l| !l.trim().is_empty()).take(2).map(String::from).collect();
+    assert_eq!(a["prompts"].as_str().unwrap(), prompts.join("\n"));
+    let _ = std::fs::remove_dir_all(dir);
+}
