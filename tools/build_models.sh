@@ -3,7 +3,7 @@
 #
 #   tools/build_models.sh [small|smolmoe|all] [--check] [--force]
 #
-#   small   models/rand-{llama-moe,qwen2moe,qwen3moe,olmoe,qwen35moe,qwen3next,gpt-oss}.gguf (19-45 MB, ~3 s each)
+#   small   models/rand-{llama-moe,qwen2moe,qwen3moe,olmoe,qwen35moe,qwen35moe-mtp,qwen3next,gpt-oss}.gguf (19-45 MB, ~3 s each)
 #           and the vision-language fixtures (tools/make_vlm.py, issue 36: 4-7 MB each):
 #           models/rand-minicpmv-mmproj.gguf, rand-qwen35-vl.gguf, rand-qwen35moe-vl.gguf
 #   smolmoe small + models/smolmoe-32x2.gguf                        (1.6 GB, ~1-2 min)
@@ -32,7 +32,7 @@ for a in "$@"; do
   esac
 done
 
-small=(rand-llama-moe rand-qwen2moe rand-qwen3moe rand-olmoe rand-qwen35moe rand-qwen3next rand-gpt-oss)
+small=(rand-llama-moe rand-qwen2moe rand-qwen3moe rand-olmoe rand-qwen35moe rand-qwen35moe-mtp rand-qwen3next rand-gpt-oss)
 vlm=(rand-minicpmv-mmproj rand-qwen35-vl rand-qwen35moe-vl)
 big=()
 [ "$what" = smolmoe ] && big=(smolmoe-32x2)

@@ -273,6 +273,19 @@ HYBRID_SPECS = {
         exp_types=[(F16, F16, F32), (F32, F32, F16), (F16, F32, F16), (F32, F16, F32)],
         shexp_types=[(F32, F32, F16), (F16, F16, F16), (F32, F16, F32), (F16, F32, F32)],
     ),
+    # qwen35moe with one multi-token-prediction block after the trunk (`nextn_predict_layers` 1,
+    # `blk.4.*` with `nextn.eh_proj`, `nextn.enorm`, `nextn.hnorm`, `nextn.shared_head_norm`; the
+    # tensors of llama.cpp's `load_block_mtp`, src/models/qwen35moe.cpp).
+    "qwen35moe-mtp": dict(
+        arch="qwen35moe", pre="qwen2", add_bos=False, seed=1007, logit_std=6.0, res_gain=4.0,
+        n_embd=256, n_layer=4, interval=4, n_head=4, n_head_kv=2, head_dim=64, n_rot=16,
+        sections=[3, 3, 2, 0], d_state=64, n_group=2, dt_rank=4, d_conv=4,
+        n_expert=16, top_k=4, n_ff_exp=64, n_ff_shexp=128, rope_base=10000000.0, eps=1e-6,
+        tied=False, embd_type=Q8, out_type=F16, nextn=1,
+        mix_types=[(F32, F16, F16, F32), (F16, F32, F32, F16), (F32, F32, F16, F16), (F16, F32, F16, F32)],
+        exp_types=[(F16, F16, F32), (F32, F32, F16), (F16, F32, F16), (F32, F16, F32)],
+        shexp_types=[(F32, F32, F16), (F16, F16, F16), (F32, F16, F32), (F16, F32, F32)],
+    ),
     "qwen3next": dict(
         arch="qwen3next", pre="qwen2", add_bos=False, seed=1006, logit_std=6.0, res_gain=4.0,
         n_embd=256, n_layer=4, interval=2, n_head=4, n_head_kv=2, head_dim=64, n_rot=16,
@@ -504,8 +517,11 @@ def build_hybrid(arch_key: str, src: str, out: str, seed: int | None = None):
     S, HK, HV, KC = sp["d_state"], sp["n_group"], sp["dt_rank"], sp["d_conv"]
     DI = S * HV
     CD = 2 * HK * S + DI
+    NN = sp.get("nextn", 0)
     sw = StreamWriter(out, arch)
-    write_general(sw, arch, arch_key, seed, D, L, sp.get("context_length", 4096))
+    write_general(sw, arch, arch_key, seed, D, L + NN, sp.get("context_length", 4096))
+    if NN:
+        sw.u32(f"{arch}.nextn_predict_layers", NN)
     u32 = lambda keys: [sw.u32(f"{arch}.{key}", v) for key, v in keys]  # noqa: E731
     u32([("feed_forward_length", 3 * FF), ("expert_feed_forward_length", FF),
          ("expert_shared_feed_forward_length", SF), ("attention.head_count", H),
@@ -551,6 +567,21 @@ def build_hybrid(arch_key: str, src: str, out: str, seed: int | None = None):
             rnd(p + "attn_output.weight", t3, (H * HD, D), gain / math.sqrt(H * HD))
         ni = len(sp["exp_types"])
         moe_tensors(rnd, p, D, E, FF, gain, sp["exp_types"][il % ni], (SF, sp["shexp_types"][il % ni]))
+    for il in range(L, L + NN):  # MTP blocks: a full-attention MoE block plus the nextn tensors
+        p = f"blk.{il}."
+        rnd(p + "nextn.eh_proj.weight", T.F16, (2 * D, D), 1 / math.sqrt(2 * D))
+        rnd(p + "nextn.enorm.weight", T.F32, (D,), 0, "norm")
+        rnd(p + "nextn.hnorm.weight", T.F32, (D,), 0, "norm")
+        rnd(p + "attn_norm.weight", T.F32, (D,), 0, "norm")
+        rnd(p + "post_attention_norm.weight", T.F32, (D,), 0, "norm")
+        rnd(p + "attn_q.weight", T.F16, (D, 2 * H * HD), 1 / math.sqrt(D))
+        rnd(p + "attn_k.weight", T.F32, (D, HKV * HD), 1 / math.sqrt(D))
+        rnd(p + "attn_v.weight", T.F16, (D, HKV * HD), 1 / math.sqrt(D))
+        rnd(p + "attn_q_norm.weight", T.F32, (HD,), 0, "norm")
+        rnd(p + "attn_k_norm.weight", T.F32, (HD,), 0, "norm")
+        rnd(p + "attn_output.weight", T.F32, (H * HD, D), gain / math.sqrt(H * HD))
+        moe_tensors(rnd, p, D, E, FF, gain, sp["exp_types"][0], (SF, sp["shexp_types"][0]))
+        rnd(p + "nextn.shared_head_norm.weight", T.F32, (D,), 0, "norm")
     rnd("output_norm.weight", T.F32, (D,), 0, "norm")
     if not sp["tied"]:
         rnd("output.weight", sp["out_type"], (D, n_vocab), sp["logit_std"] / math.sqrt(D))

@@ -12,6 +12,7 @@ mod serve;
 use clap::{Args, Parser, Subcommand};
 use les::engine::chat::Message;
 use les::engine::sampling::SamplerConfig;
+use les::engine::mtp::MtpDraft;
 use les::engine::speculative::{self, Draft, DraftModel, PromptLookup, SpecOptions};
 use les::engine::{memory_usage, Session};
 use les::gguf::GgufFile;
@@ -296,12 +297,18 @@ struct RunArgs {
     #[command(flatten)]
     g: GenArgs,
     /// Speculative decoding with this draft model (same vocabulary as --model; loaded resident).
-    #[arg(long, conflicts_with = "lookup")]
+    #[arg(long, conflicts_with_all = ["lookup", "mtp"])]
     draft_model: Option<String>,
     /// Speculative decoding with prompt lookup (n-gram drafts from the prompt and the output).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "mtp")]
     lookup: bool,
-    /// Most draft tokens verified per target forward (default 4 with --draft-model, 16 with --lookup).
+    /// Speculative decoding with the model's own multi-token-prediction block (qwen35moe, qwen35,
+    /// qwen3next files with `nextn_predict_layers`; llama.cpp's `--spec-type draft-mtp`). Its
+    /// weights and experts are held in memory, out of --memory-budget.
+    #[arg(long)]
+    mtp: bool,
+    /// Most draft tokens verified per target forward (default 4 with --draft-model, 16 with
+    /// --lookup, 3 with --mtp).
     #[arg(long)]
     draft_max: Option<usize>,
     /// Write the generated token ids as a JSON array to FILE (one array per prompt, one per line).
@@ -676,6 +683,18 @@ fn cmd_run(a: RunArgs) -> Res {
         }
         _ => 0,
     };
+    // So does an MTP block (its tensors and its one layer's cache).
+    let reserve = reserve
+        + match (a.mtp, &a.s.memory_budget) {
+            (true, Some(_)) => {
+                let g = les::gguf::GgufFile::read(&FileSource::open(&a.m.model)?)?;
+                let c = les::model::Config::from_gguf(&g)?;
+                let p = format!("blk.{}.", c.n_layer);
+                let n_ctx = a.m.ctx_size.min(c.n_ctx_train.max(1));
+                g.tensors.iter().filter(|t| t.name.starts_with(&p)).map(|t| t.size).sum::<u64>() + les::model::KvCache::bytes(1, n_ctx, c.n_head_kv, c.head_dim) as u64
+            }
+            _ => 0,
+        };
     // So does a vision tower (its weights and the encoder's activations).
     if a.mmproj.is_none() && !a.image.is_empty() {
         return Err("--image needs --mmproj FILE (the model's vision tower)".into());
@@ -690,9 +709,22 @@ fn cmd_run(a: RunArgs) -> Res {
             Some(Box::new(d))
         }
         (None, true) => Some(Box::new(PromptLookup::default())),
+        (None, false) if a.mtp => {
+            let bytes = sess.model.load_mtp(&FileSource::open(&a.m.model)?, &sess.gguf)?;
+            let d = MtpDraft::new(&sess.model, sess.kv.n_ctx)?;
+            let within = if a.s.memory_budget.is_some() { "taken from --memory-budget" } else { "resident" };
+            eprintln!("les: MTP block: {:.1} MiB of weights + {:.1} MiB of cache ({within}; run on the CPU)", bytes as f64 / 1048576.0, d.cache_bytes() as f64 / 1048576.0);
+            Some(Box::new(d))
+        }
         (None, false) => None,
     };
-    let gamma = a.draft_max.unwrap_or(if a.lookup { speculative::LOOKUP_DRAFT_MAX } else { speculative::DRAFT_MODEL_DRAFT_MAX });
+    let gamma = a.draft_max.unwrap_or(if a.lookup {
+        speculative::LOOKUP_DRAFT_MAX
+    } else if a.mtp {
+        les::engine::mtp::MTP_DRAFT_MAX
+    } else {
+        speculative::DRAFT_MODEL_DRAFT_MAX
+    });
     let probe_ex = streaming.clone();
     let probe = move || {
         probe_ex.as_ref().map(|e| {
@@ -813,7 +845,7 @@ fn cmd_run_inner(a: &RunArgs, sess: &mut Session, mut spec: Spec<'_>, tower: Opt
 /// them), the images encoded, every chunk run, then generation.
 fn run_images(sess: &mut Session, prompt: &str, mp: &les::vision::Mmproj, a: &RunArgs, sampler: &SamplerConfig, spec: &mut Spec<'_>) -> Res {
     if spec.draft.is_some() {
-        return Err("--image is not supported with speculative decoding (--draft-model, --lookup) yet".into());
+        return Err("--image is not supported with speculative decoding (--draft-model, --lookup, --mtp) yet".into());
     }
     let mut images = Vec::new();
     for f in &a.image {
@@ -862,7 +894,7 @@ fn generate_one_with(sess: &mut Session, toks: Vec<u32>, a: &RunArgs, sampler: &
             let (ids, st) = sess.generate_with(&toks, &o, &mut on_text)?;
             (ids, st, None)
         }
-        Some(_) if !a.g.stop.is_empty() || a.g.context_shift => return Err("--stop and --context-shift are not supported with speculative decoding (--draft-model, --lookup)".into()),
+        Some(_) if !a.g.stop.is_empty() || a.g.context_shift => return Err("--stop and --context-shift are not supported with speculative decoding (--draft-model, --lookup, --mtp)".into()),
         Some(d) => {
             let o = SpecOptions { draft_max: spec.gamma, io: spec.io, verify_first: false };
             let (ids, st, sp) = speculative::generate(sess, Some(d), &o, &toks, a.n_predict, sampler, a.ignore_eos, &mut on_text)?;

@@ -10,6 +10,7 @@ pub mod speculative;
 pub mod ladder;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod mixed;
+pub mod mtp;
 pub mod multimodal;
 pub mod stream;
 

@@ -65,8 +65,17 @@ pub trait Draft {
     fn prefill(&mut self, _prompt: &[u32]) -> Result<(), EngineError> {
         Ok(())
     }
-    /// Propose up to `max` tokens continuing `ctx` (every committed token: prompt + output).
-    fn propose(&mut self, ctx: &[u32], max: usize) -> Result<Proposal, EngineError>;
+    /// Propose up to `max` tokens continuing `ctx` (every committed token: prompt + output);
+    /// `target`: the model being verified (a multi-token-prediction block lives in it).
+    fn propose(&mut self, target: &Model, ctx: &[u32], max: usize) -> Result<Proposal, EngineError>;
+    /// Whether the draft reads the target's output-normed hidden states ([`Self::hidden`]).
+    fn wants_hidden(&self) -> bool {
+        false
+    }
+    /// The target's output-normed hidden states (`rows × n_embd`) of `tokens` at positions
+    /// `pos0..` from its latest forward (rows of rejected drafts included: the next forward from
+    /// their position replaces them).
+    fn hidden(&mut self, _pos0: usize, _tokens: &[u32], _rows: &[f32]) {}
     /// Forward passes the draft ran since `start`.
     fn forwards(&self) -> u64 {
         0
@@ -109,6 +118,37 @@ pub fn vocab_difference(target: &Tokenizer, draft: &Tokenizer) -> Option<String>
         return Some(format!("end-of-generation tokens {:?} vs {:?}", target.eog_ids(), draft.eog_ids()));
     }
     None
+}
+
+/// The sampler's history for a proposal: the committed tokens its repetition penalty looks at.
+pub(crate) fn reset_history(sampler: &mut Sampler, ctx: &[u32]) {
+    sampler.truncate_history(0);
+    for &t in &ctx[ctx.len().saturating_sub(sampler.cfg.repeat_last_n.max(1))..] {
+        sampler.accept(t);
+    }
+}
+
+/// The next draft token from `logits`: the sampler's greedy choice, or a draw whose distribution
+/// goes to `p.q`; appended to `p` and to the sampler's history.
+pub(crate) fn draw(sampler: &mut Sampler, logits: &[f32], p: &mut Proposal) -> u32 {
+    let d = match p.q.as_mut() {
+        None => sampler.sample(logits),
+        Some(qs) => {
+            let q = sampler.probs(logits);
+            let d = sampler.sample_probs(&q);
+            qs.push(q);
+            d
+        }
+    };
+    p.tokens.push(d);
+    sampler.accept(d);
+    d
+}
+
+/// An empty proposal for `max` tokens (with room for distributions when the sampler samples).
+pub(crate) fn proposal(sampler: &Sampler, max: usize) -> Proposal {
+    let greedy = sampler.cfg.temperature <= 0.0;
+    Proposal { tokens: Vec::with_capacity(max), q: if greedy { None } else { Some(Vec::with_capacity(max)) } }
 }
 
 impl DraftModel {
@@ -187,7 +227,7 @@ impl Draft for DraftModel {
         Ok(())
     }
 
-    fn propose(&mut self, ctx: &[u32], max: usize) -> Result<Proposal, EngineError> {
+    fn propose(&mut self, _target: &Model, ctx: &[u32], max: usize) -> Result<Proposal, EngineError> {
         if max == 0 || ctx.is_empty() {
             return Ok(Proposal::default());
         }
@@ -208,23 +248,10 @@ impl Draft for DraftModel {
         self.kv.checkpoint();
         self.pass_on(1);
         // Sampler history: the committed tokens the repetition penalty looks at, then the drafts.
-        self.sampler.truncate_history(0);
-        for &t in &ctx[ctx.len().saturating_sub(self.sampler.cfg.repeat_last_n.max(1))..] {
-            self.sampler.accept(t);
-        }
-        let greedy = self.sampler.cfg.temperature <= 0.0;
-        let mut p = Proposal { tokens: Vec::with_capacity(max), q: if greedy { None } else { Some(Vec::with_capacity(max)) } };
+        reset_history(&mut self.sampler, ctx);
+        let mut p = proposal(&self.sampler, max);
         for i in 0..max {
-            let d = if greedy {
-                self.sampler.sample(&logits)
-            } else {
-                let q = self.sampler.probs(&logits);
-                let d = self.sampler.sample_probs(&q);
-                p.q.as_mut().unwrap().push(q);
-                d
-            };
-            p.tokens.push(d);
-            self.sampler.accept(d);
+            let d = draw(&mut self.sampler, &logits, &mut p);
             if i + 1 < max {
                 logits = self.feed(&[d])?;
                 self.pass_on(i + 2);
@@ -273,6 +300,22 @@ pub const LOOKUP_DRAFT_MAX: usize = 16;
 pub const DRAFT_MODEL_DRAFT_MAX: usize = 4;
 
 impl PromptLookup {
+    /// Up to `max` draft tokens continuing `ctx`.
+    pub fn draft(&self, ctx: &[u32], max: usize) -> Proposal {
+        let mut seq = ctx.to_vec();
+        let mut p = Proposal::default();
+        while p.tokens.len() < max {
+            match self.next(&seq) {
+                Some(t) => {
+                    p.tokens.push(t);
+                    seq.push(t);
+                }
+                None => break,
+            }
+        }
+        p
+    }
+
     /// The next draft token after `seq`, if some n-gram suffix predicts one confidently.
     pub fn next(&self, seq: &[u32]) -> Option<u32> {
         let hi = self.ngram_max.min(4);
@@ -313,19 +356,8 @@ impl Draft for PromptLookup {
         "prompt lookup"
     }
 
-    fn propose(&mut self, ctx: &[u32], max: usize) -> Result<Proposal, EngineError> {
-        let mut seq = ctx.to_vec();
-        let mut p = Proposal::default();
-        while p.tokens.len() < max {
-            match self.next(&seq) {
-                Some(t) => {
-                    p.tokens.push(t);
-                    seq.push(t);
-                }
-                None => break,
-            }
-        }
-        Ok(p)
+    fn propose(&mut self, _target: &Model, ctx: &[u32], max: usize) -> Result<Proposal, EngineError> {
+        Ok(self.draft(ctx, max))
     }
 }
 
@@ -430,10 +462,16 @@ fn generate_inner<'d>(
     // output token from its logits; verification forwards then compute every row as a single-token
     // forward would (`forward_per_row`), so greedy output equals plain greedy bit for bit.
     let head = if opts.verify_first { &prompt[..prompt.len() - 1] } else { prompt };
+    // A draft that reads the target's hidden states (MTP) gets each forward's rows.
+    let want_h = draft.as_ref().is_some_and(|d| d.wants_hidden());
+    sess.model.set_record_hidden(want_h);
     let first = if head.len() <= reused { Vec::new() } else { sess.prefill(&head[reused..])? };
     if let Some(d) = draft.as_mut() {
         d.start(sampler);
         d.prefill(head)?;
+        if want_h {
+            d.hidden(reused, &head[reused.min(head.len())..], &sess.model.take_hidden());
+        }
     }
     stats.prompt_ms = now_ms() - t0;
     let io0 = opts.io.map(|f| f());
@@ -464,7 +502,7 @@ fn generate_inner<'d>(
         let room = (n - out.len()).min(n_ctx - toks.len());
         let gamma = opts.draft_max.min(room.saturating_sub(1));
         let prop = match draft.as_mut() {
-            Some(d) if gamma > 0 => d.propose(&toks, gamma)?,
+            Some(d) if gamma > 0 => d.propose(&sess.model, &toks, gamma)?,
             _ => Proposal::default(),
         };
         let d = &prop.tokens[..prop.tokens.len().min(gamma)];
@@ -477,6 +515,9 @@ fn generate_inner<'d>(
             sess.kv.checkpoint();
         }
         let logits = sess.forward_per_row(&batch, Logits::All)?;
+        if let Some(d) = draft.as_mut().filter(|_| want_h) {
+            d.hidden(base, &batch, &sess.model.take_hidden());
+        }
         spec.target_forwards += 1;
         spec.drafted += d.len() as u64;
         let nv = logits.len() / batch.len();
@@ -529,6 +570,9 @@ fn generate_inner<'d>(
             // Back at the checkpoint (recurrent layers): run the accepted tokens again, row by
             // row as verification did, so the state is the one plain decoding reaches.
             sess.forward_per_row(&batch[kept - base..1 + k], Logits::Last)?;
+            if let Some(d) = draft.as_mut().filter(|_| want_h) {
+                d.hidden(kept, &batch[kept - base..1 + k], &sess.model.take_hidden());
+            }
         }
         for &t in &new {
             if !commit(&sess.tokenizer, t, &mut toks, &mut out, &mut s) {
@@ -574,6 +618,7 @@ pub fn generate(
         d.set_lookahead(ex, e, l);
     }
     let r = generate_inner(sess, draft.as_deref_mut(), opts, prompt, n, sampler, ignore_eos, on_token);
+    sess.model.set_record_hidden(false);
     if let Some(d) = draft.as_mut() {
         d.set_lookahead(None, e, l);
     }
@@ -590,8 +635,8 @@ mod tests {
         // "1 2 3 4 ... 1 2 3" → 4 (4-gram-less match: 3-gram "1 2 3" seen once, followed by 4).
         let seq = [1, 2, 3, 4, 9, 1, 2, 3];
         assert_eq!(l.next(&seq), Some(4));
-        let mut d = l.clone();
-        let p = d.propose(&seq, 3).unwrap();
+        let d = l.clone();
+        let p = d.draft(&seq, 3);
         assert_eq!(p.tokens, vec![4, 9, 1]);
         assert!(p.q.is_none());
         // Nothing repeats: no draft.

@@ -157,6 +157,7 @@ pub fn streamable_dense(g: &GgufFile, c: &Config) -> Vec<(String, u64)> {
     for t in &g.tensors {
         let n = t.name.as_str();
         let layer_mat = n.starts_with("blk.")
+            && !c.is_nextn_tensor(n)
             && n.ends_with(".weight")
             && !n.contains("_exps")
             && t.dims.iter().filter(|&&d| d > 1).count() == 2
@@ -360,7 +361,7 @@ pub fn open_streaming_sources(raw: Arc<dyn ByteSource>, expert_src: Arc<dyn Byte
     let routers = (0..c.n_layer).map(|il| tensor_f32(&g, &*dense_src, &format!("blk.{il}.ffn_gate_inp.weight"))).collect::<Result<Vec<_>, _>>()?;
     // Dense: every tensor but the stacked expert weights (gpt-oss's `_exps.bias` rows stay
     // resident), plus the routers' f32 copies.
-    let dense: u64 = g.tensors.iter().filter(|t| !t.name.contains("_exps.weight")).map(|t| t.size).sum::<u64>() + routers.iter().map(|r| r.len() as u64 * 4).sum::<u64>();
+    let dense: u64 = g.tensors.iter().filter(|t| !t.name.contains("_exps.weight") && !c.is_nextn_tensor(&t.name)).map(|t| t.size).sum::<u64>() + routers.iter().map(|r| r.len() as u64 * 4).sum::<u64>();
     let n_ctx = opts.n_ctx.min(c.n_ctx_train.max(1));
     let kv = c.cache_bytes(n_ctx) as u64;
     // The vocabulary on the host: each token string lives three times (the GGUF's parsed

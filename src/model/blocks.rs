@@ -147,6 +147,11 @@ pub struct Fwd<'a, B: Ops> {
     pub want: Option<Logits>,
     /// What the rows are: token ids, or embeddings (an image's).
     pub input: Input<'a>,
+    /// The experts of the MoE layers run here: the model's, or a multi-token-prediction block's.
+    pub experts: Option<std::sync::Arc<dyn crate::expert::ExpertSource>>,
+    /// Whether this forward feeds the model's hidden-state records (the lookahead capture and the
+    /// output-normed rows an MTP draft reads): the trunk's forwards do, an MTP block's do not.
+    pub record: bool,
 }
 
 /// A forward's rows: token ids looked up in `token_embd`, or embeddings given directly (an
@@ -176,7 +181,7 @@ impl<'a> Input<'a> {
 
 impl<'a, B: Ops> Fwd<'a, B> {
     pub fn new(m: &'a Model, b: &'a mut B, pos0: usize, input: Input<'a>, want: Option<Logits>) -> Self {
-        Self { m, b, pos0, t_n: input.rows(m.cfg.n_embd), want, input }
+        Self { m, b, pos0, t_n: input.rows(m.cfg.n_embd), want, input, experts: m.experts().cloned(), record: true }
     }
 
     fn rows(t: &B::T) -> usize {
@@ -200,6 +205,11 @@ impl<'a, B: Ops> Fwd<'a, B> {
     /// The input rows: token embeddings (`get_rows` of `token_embd`, on the host), or the
     /// embeddings given.
     pub async fn embed(&mut self) -> Result<B::T, ModelError> {
+        self.embed_from(self.m.tok_embd).await
+    }
+
+    /// [`Self::embed`] looking token ids up in `table` (an MTP block's own `embed_tokens`).
+    pub async fn embed_from(&mut self, table: Mat) -> Result<B::T, ModelError> {
         let tokens = match self.input {
             Input::Tokens(t) => t,
             Input::Embd(e) => {
@@ -208,14 +218,14 @@ impl<'a, B: Ops> Fwd<'a, B> {
                 return Ok(x);
             }
         };
-        let w = self.m.weights.mat(self.m.tok_embd);
+        let w = self.m.weights.mat(table);
         let (e, n_vocab) = (w.cols, w.rows);
         let mut x = vec![0f32; tokens.len() * e];
         for (t, &tok) in tokens.iter().enumerate() {
             if tok as usize >= n_vocab {
                 return Err(ModelError::BadToken(tok));
             }
-            self.m.weights.row_f32(self.m.tok_embd, tok as usize, &mut x[t * e..(t + 1) * e])?;
+            self.m.weights.row_f32(table, tok as usize, &mut x[t * e..(t + 1) * e])?;
         }
         let x = self.b.input(x, e)?;
         self.dump("embd", 0, &x).await?;
@@ -284,7 +294,7 @@ impl<'a, B: Ops> Fwd<'a, B> {
         }
         self.b.add(&mut x, &attn)?;
         self.dump("ffn_inp", il, &x).await?;
-        if let Some(cap) = &self.m.capture {
+        if let Some(cap) = self.m.capture.as_ref().filter(|_| self.record) {
             let n = Self::rows(&x);
             let row = self.b.read(&[(&x, n - 1..n)]).await?.remove(0);
             if let Some(rows) = cap.lock().unwrap().get_mut(il) {
@@ -310,7 +320,7 @@ impl<'a, B: Ops> Fwd<'a, B> {
     /// `x`: the residual entering this FFN (for the scheduler's refinement).
     pub async fn moe(&mut self, il: usize, cur: &B::T, x: &B::T, w: &Moe) -> Result<B::T, ModelError> {
         let c = &self.m.cfg;
-        let src = self.m.experts().ok_or(ModelError::NoExperts)?.clone();
+        let src = self.experts.clone().ok_or(ModelError::NoExperts)?;
         let t_n = Self::rows(cur);
         let [mut logits] = self.matmuls(cur, [w.router])?;
         if let Some(b) = w.router_b {
@@ -352,7 +362,7 @@ impl<'a, B: Ops> Fwd<'a, B> {
         self.dump("ffn_out", il, &out).await?;
         self.b.add(x, &out)?;
         self.dump("l_out", il, x).await?;
-        if let Some(src) = self.m.experts() {
+        if let Some(src) = self.experts.clone() {
             let n = Self::rows(x);
             if n == 1 && src.wants_residual() {
                 let row = self.b.read(&[(&*x, 0..1)]).await?.remove(0);
@@ -363,7 +373,16 @@ impl<'a, B: Ops> Fwd<'a, B> {
     }
 
     /// Final norm and output projection (`result_norm`, `result_output`), read to the host.
+    /// When an MTP draft reads the trunk's hidden states ([`Model::set_record_hidden`]), every
+    /// row's output-normed hidden state (llama.cpp's `h_nextn`) is recorded first, by a norm of
+    /// its own: the logits' path is unchanged.
     pub async fn output(&mut self, x: B::T) -> Result<Vec<f32>, ModelError> {
+        if self.record && self.m.records_hidden() {
+            let n = Self::rows(&x);
+            let h = self.b.rms_norm(&x, self.m.output_norm, self.m.cfg.rms_eps)?;
+            let rows = self.b.read(&[(&h, 0..n)]).await?.remove(0);
+            self.m.push_hidden(&rows);
+        }
         let Some(want) = self.want else { return Ok(Vec::new()) };
         let n = Self::rows(&x);
         let x = if want == Logits::Last && n > 1 { self.b.last_row(x)? } else { x };

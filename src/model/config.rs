@@ -61,7 +61,11 @@ pub struct Config {
     pub n_vocab: usize,
     pub n_ctx_train: usize,
     pub n_embd: usize,
+    /// Trunk layers (`block_count` less the multi-token-prediction blocks).
     pub n_layer: usize,
+    /// Multi-token-prediction (NextN) blocks after the trunk (`nextn_predict_layers`; 0: none).
+    /// They are loaded only for MTP drafting ([`crate::model::Model::load_mtp`]).
+    pub n_nextn: usize,
     pub n_head: usize,
     pub n_head_kv: usize,
     pub head_dim: usize,
@@ -182,7 +186,8 @@ impl Config {
         check("embedding_length", n_embd, n_embd > 0 && n_embd <= 1 << 16, "must be in 1..=65536")?;
         check("block_count", n_layer, n_layer > 0 && n_layer <= 1024, "must be in 1..=1024")?;
         // qwen35moe / qwen3next files may keep multi-token-prediction blocks after the trunk
-        // (`nextn_predict_layers`, llama.cpp `n_layer() = block_count − nextn`); they are not run.
+        // (`nextn_predict_layers`, llama.cpp `n_layer() = block_count − nextn`); the trunk does not
+        // run them (MTP drafting does: `Model::load_mtp`).
         let nextn = if matches!(arch, Arch::Qwen35Moe | Arch::Qwen35 | Arch::Qwen3Next) { opt("nextn_predict_layers").unwrap_or(0) } else { 0 };
         check("nextn_predict_layers", nextn, nextn < n_layer, "must be below block_count")?;
         let n_layer = n_layer - nextn;
@@ -288,6 +293,7 @@ impl Config {
             n_ctx_train,
             n_embd,
             n_layer,
+            n_nextn: nextn,
             n_head,
             n_head_kv,
             head_dim,
@@ -335,6 +341,12 @@ impl Config {
         self.n_head_kv * self.head_dim
     }
     /// Whether layer `il` is a recurrent (Gated DeltaNet) layer.
+    /// Whether tensor `name` belongs to a multi-token-prediction block (`blk.N.*` with N past the
+    /// trunk): the trunk neither loads nor counts it.
+    pub fn is_nextn_tensor(&self, name: &str) -> bool {
+        self.n_nextn > 0 && name.strip_prefix("blk.").and_then(|r| r.split('.').next()).and_then(|n| n.parse::<usize>().ok()).is_some_and(|il| il >= self.n_layer)
+    }
+
     pub fn is_recurrent(&self, il: usize) -> bool {
         self.recurrent.get(il).copied().unwrap_or(false)
     }

@@ -289,6 +289,11 @@ pub struct Model {
     /// stream before `ffn_norm`) to `capture[layer]` (a draft's hidden states, used by a
     /// streamed target as a lookahead signal).
     capture: Option<std::sync::Mutex<Vec<Vec<f32>>>>,
+    /// When `Some`, each forward appends every row's output-normed hidden state (`rows ×
+    /// n_embd`, llama.cpp's `h_nextn`): what a multi-token-prediction draft reads.
+    hidden: std::sync::Mutex<Option<Vec<f32>>>,
+    /// The multi-token-prediction block, once [`Model::load_mtp`] loaded it.
+    pub mtp: Option<qwen35moe::Mtp>,
 }
 
 /// How expert weights are provided when loading.
@@ -338,8 +343,8 @@ impl Model {
             (true, ExpertMode::External(s)) => Some(s),
         };
         let weights = ld.finish()?;
-        let dense_bytes = g.tensors.iter().filter(|t| !t.name.contains("_exps.weight")).map(|t| t.size as usize).sum::<usize>().saturating_sub(weights.streamed_bytes() as usize);
-        Ok(Self { cfg, weights, tok_embd, output_norm, output, layers, experts, expert_tensors, dense_bytes, capture: None })
+        let dense_bytes = g.tensors.iter().filter(|t| !t.name.contains("_exps.weight") && !cfg.is_nextn_tensor(&t.name)).map(|t| t.size as usize).sum::<usize>().saturating_sub(weights.streamed_bytes() as usize);
+        Ok(Self { cfg, weights, tok_embd, output_norm, output, layers, experts, expert_tensors, dense_bytes, capture: None, hidden: Default::default(), mtp: None })
     }
 
     /// The per-sequence cache: keys and values of the attention layers, recurrent states of the
@@ -367,6 +372,84 @@ impl Model {
             }
             None => Vec::new(),
         }
+    }
+
+    /// Start (or stop) recording every forward's output-normed hidden rows.
+    pub fn set_record_hidden(&self, on: bool) {
+        *self.hidden.lock().unwrap() = on.then(Vec::new);
+    }
+    pub(crate) fn records_hidden(&self) -> bool {
+        self.hidden.lock().unwrap().is_some()
+    }
+    pub(crate) fn push_hidden(&self, rows: &[f32]) {
+        if let Some(h) = self.hidden.lock().unwrap().as_mut() {
+            h.extend_from_slice(rows);
+        }
+    }
+    /// The hidden rows recorded since the last call (`rows × n_embd`, in forward order).
+    pub fn take_hidden(&self) -> Vec<f32> {
+        self.hidden.lock().unwrap().as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    /// Load the multi-token-prediction (NextN) block that follows the trunk (`qwen35moe`,
+    /// `qwen35`, `qwen3next` files with `nextn_predict_layers` ≥ 1; llama.cpp's `load_block_mtp`
+    /// and `graph_mtp`, `src/models/qwen35moe.cpp`): its weights join the model's (the token
+    /// embeddings and output matrix stay shared), its experts are held in memory. Returns the
+    /// bytes it holds.
+    pub fn load_mtp(&mut self, src: &dyn ByteSource, g: &GgufFile) -> Result<usize, ModelError> {
+        let Layers::Hybrid(_) = &self.layers else {
+            return Err(ModelError::Unsupported(format!("{}: multi-token prediction is implemented for qwen35moe, qwen35 and qwen3next", self.cfg.arch.name())));
+        };
+        if self.cfg.n_nextn == 0 {
+            return Err(ModelError::Unsupported("the model has no multi-token-prediction block (nextn_predict_layers is 0 or absent)".into()));
+        }
+        let mut ld = Loader::new(src, g);
+        ld.w = std::mem::take(&mut self.weights);
+        let r = qwen35moe::Mtp::load(&mut ld, &self.cfg, self.tok_embd, self.output_norm, self.output);
+        self.weights = ld.w;
+        let mut mtp = r?;
+        let il = self.cfg.n_layer;
+        if self.cfg.is_moe() {
+            let t = GgufExpertTensors::find(g, il, self.cfg.n_embd, self.cfg.n_expert)?;
+            mtp.experts = Some(Arc::new(ResidentExperts::load(src, &[t], self.cfg.n_expert)?));
+        }
+        let prefix = format!("blk.{il}.");
+        let bytes = g.tensors.iter().filter(|t| t.name.starts_with(&prefix)).map(|t| t.size as usize).sum();
+        mtp.bytes = bytes;
+        self.mtp = Some(mtp);
+        Ok(bytes)
+    }
+
+    /// The MTP block's forward on the CPU: `tokens` at positions `kv.len..` of the block's own
+    /// cache (one attention layer, [`Self::new_mtp_kv`]), each paired with the hidden state `h`
+    /// (`tokens.len() × n_embd`) of the position before it. Returns the last row's logits and its
+    /// output-normed hidden state (the next draft step's `h`).
+    pub fn forward_mtp(&self, tokens: &[u32], h: &[f32], kv: &mut KvCache) -> Result<(Vec<f32>, Vec<f32>), ModelError> {
+        let (Some(mtp), Layers::Hybrid(hy)) = (&self.mtp, &self.layers) else {
+            return Err(ModelError::Unsupported("no multi-token-prediction block is loaded".into()));
+        };
+        if h.len() != tokens.len() * self.cfg.n_embd || tokens.is_empty() {
+            return Err(ModelError::Internal(format!("{} hidden values for {} MTP rows of {}", h.len(), tokens.len(), self.cfg.n_embd)));
+        }
+        let pos0 = kv.len;
+        if pos0 + tokens.len() > kv.n_ctx {
+            return Err(ModelError::ContextFull(kv.n_ctx));
+        }
+        kv.take_events();
+        let out = {
+            let mut b = CpuExec::new(&self.weights, kv, false);
+            let mut f = blocks::Fwd::new(self, &mut b, pos0, Input::Tokens(tokens), Some(Logits::Last));
+            f.experts = mtp.experts.clone();
+            f.record = false;
+            ops::ready(hy.forward_mtp(&mut f, mtp, h))??
+        };
+        kv.len = pos0 + tokens.len();
+        Ok(out)
+    }
+
+    /// The MTP block's cache: one attention layer.
+    pub fn new_mtp_kv(&self, n_ctx: usize) -> KvCache {
+        KvCache::hybrid(&[None], n_ctx, self.cfg.n_head_kv, self.cfg.head_dim)
     }
 
     pub fn experts(&self) -> Option<&Arc<dyn ExpertSource>> {

@@ -67,11 +67,19 @@ pub struct Hybrid {
 impl Hybrid {
     pub fn load(ld: &mut Loader<'_>, c: &Config) -> Result<Self, ModelError> {
         let ssm = c.ssm.ok_or_else(|| ModelError::Internal("a hybrid model without ssm hyper-parameters".into()))?;
-        let (e, s, hk, hv) = (c.n_embd, ssm.d_state, ssm.n_group, ssm.dt_rank);
         let mut layers = Vec::with_capacity(c.n_layer);
         for il in 0..c.n_layer {
+            layers.push(Self::load_layer(ld, c, &ssm, il, c.is_recurrent(il))?);
+        }
+        Ok(Self { layers, ssm })
+    }
+
+    /// Block `il`'s weights (`recurrent`: a Gated DeltaNet layer, else gated attention).
+    fn load_layer(ld: &mut Loader<'_>, c: &Config, ssm: &Ssm, il: usize, recurrent: bool) -> Result<Layer, ModelError> {
+        let (e, s, hk, hv) = (c.n_embd, ssm.d_state, ssm.n_group, ssm.dt_rank);
+        {
             let n = |x: &str| format!("blk.{il}.{x}");
-            let mixer = if c.is_recurrent(il) {
+            let mixer = if recurrent {
                 let (beta, alpha) = match ssm.head_map {
                     HeadMap::Tiled => (ld.mat(&n("ssm_beta.weight"), [e, hv])?, ld.mat(&n("ssm_alpha.weight"), [e, hv])?),
                     HeadMap::Grouped => {
@@ -120,33 +128,60 @@ impl Hybrid {
                     k_norm: ld.vec(&n("attn_k_norm.weight"), d)?,
                 })
             };
-            layers.push(Layer {
+            Ok(Layer {
                 attn_norm: ld.vec(&n("attn_norm.weight"), e)?,
                 mixer,
                 post_norm: ld.vec(&n("post_attention_norm.weight"), e)?,
                 ffn: Ffn::load(ld, c, il)?,
-            });
+            })
         }
-        Ok(Self { layers, ssm })
     }
 
     pub async fn forward<B: Ops>(&self, f: &mut Fwd<'_, B>) -> Result<Vec<f32>, ModelError> {
         let mut x = f.embed().await?;
         for (il, l) in self.layers.iter().enumerate() {
-            let cur = f.norm(&x, l.attn_norm, "attn_norm", il).await?;
-            let mixed = match &l.mixer {
-                Mixer::Linear(w) => self.linear(f, il, &cur, w).await?,
-                Mixer::Attn(w) => gated_attention(f, il, &cur, w).await?,
-            };
-            x = f.attn_residual(il, x, mixed).await?;
-            let cur = f.norm(&x, l.post_norm, "attn_post_norm", il).await?;
-            let out = match &l.ffn {
-                Ffn::Moe(w) => f.moe(il, &cur, &x, w).await?,
-                Ffn::Dense(w) => f.ffn(il, &cur, w).await?,
-            };
-            f.layer_out(il, &mut x, out).await?;
+            x = self.block(f, il, x, l).await?;
         }
         f.output(x).await
+    }
+
+    /// One decoder block: norm → mixer → residual → norm → FFN → residual.
+    async fn block<B: Ops>(&self, f: &mut Fwd<'_, B>, il: usize, mut x: B::T, l: &Layer) -> Result<B::T, ModelError> {
+        let cur = f.norm(&x, l.attn_norm, "attn_norm", il).await?;
+        let mixed = match &l.mixer {
+            Mixer::Linear(w) => self.linear(f, il, &cur, w).await?,
+            Mixer::Attn(w) => gated_attention(f, il, &cur, w).await?,
+        };
+        x = f.attn_residual(il, x, mixed).await?;
+        let cur = f.norm(&x, l.post_norm, "attn_post_norm", il).await?;
+        let out = match &l.ffn {
+            Ffn::Moe(w) => f.moe(il, &cur, &x, w).await?,
+            Ffn::Dense(w) => f.ffn(il, &cur, w).await?,
+        };
+        f.layer_out(il, &mut x, out).await?;
+        Ok(x)
+    }
+
+    /// The MTP block's forward (`graph_mtp`): `x = eh_proj · [enorm(embed(token)) | hnorm(h)]`,
+    /// one gated-attention block with its own cache (layer 0 of `f`'s backend) and experts
+    /// (`f.experts`), then `shared_head_norm` and the head, on the last row. Returns that row's
+    /// logits and normed hidden state.
+    pub async fn forward_mtp<B: Ops>(&self, f: &mut Fwd<'_, B>, m: &Mtp, h: &[f32]) -> Result<(Vec<f32>, Vec<f32>), ModelError> {
+        let e = f.embed_from(m.embed).await?;
+        let hx = f.b.input(h.to_vec(), f.m.cfg.n_embd)?;
+        let hn = f.norm(&hx, m.hnorm, "mtp_hnorm", 0).await?;
+        let en = f.norm(&e, m.enorm, "mtp_enorm", 0).await?;
+        let cat = f.b.concat_cols(&[&en, &hn])?;
+        let [x] = f.matmuls(&cat, [m.eh_proj])?;
+        f.dump("mtp_eh_proj", 0, &x).await?;
+        let x = self.block(f, 0, x, &m.layer).await?;
+        let n = B::shape(&x).0;
+        let x = if n > 1 { f.b.last_row(x)? } else { x };
+        let hn = f.norm(&x, m.head_norm, "h_nextn", 0).await?;
+        let [logits] = f.matmuls(&hn, [m.head])?;
+        let mut back = f.b.read(&[(&logits, 0..1), (&hn, 0..1)]).await?;
+        let h_out = back.pop().unwrap_or_default();
+        Ok((back.pop().unwrap_or_default(), h_out))
     }
 
     /// A Gated DeltaNet layer (`build_layer_attn_linear`).
@@ -164,6 +199,57 @@ impl Hybrid {
         let [out] = f.matmuls(&o, [w.out])?;
         f.dump("linear_attn_out", il, &out).await?;
         Ok(out)
+    }
+}
+
+/// A multi-token-prediction (NextN) block (llama.cpp `load_block_mtp` and `graph_mtp`,
+/// `src/models/qwen35moe.cpp`; one block, as llama.cpp supports): a full-attention decoder block
+/// with the trunk's FFN kind, fed `eh_proj · [enorm(embed(x_p)) | hnorm(h_{p−1})]` where
+/// `h_{p−1}` is the trunk's output-normed hidden state at the previous position; its head
+/// predicts `x_{p+1}`.
+pub struct Mtp {
+    pub layer: Layer,
+    pub eh_proj: Mat,
+    pub enorm: Vector,
+    pub hnorm: Vector,
+    /// `nextn.embed_tokens`, else the trunk's `token_embd`.
+    pub embed: Mat,
+    /// `nextn.shared_head_norm`, else the trunk's `output_norm`.
+    pub head_norm: Vector,
+    /// `nextn.shared_head_head`, else the trunk's output matrix.
+    pub head: Mat,
+    /// The block's experts (layer 0 of this source), `None` for a dense FFN.
+    pub experts: Option<std::sync::Arc<dyn crate::expert::ExpertSource>>,
+    /// Bytes of the block's tensors (weights and experts) in the file.
+    pub bytes: usize,
+}
+
+impl Mtp {
+    /// Load the first NextN block (`blk.{n_layer}`); the experts are the caller's.
+    pub fn load(ld: &mut Loader<'_>, c: &Config, tok_embd: Mat, output_norm: Vector, output: Mat) -> Result<Self, ModelError> {
+        let ssm = c.ssm.ok_or_else(|| ModelError::Internal("a hybrid model without ssm hyper-parameters".into()))?;
+        let (il, e, v) = (c.n_layer, c.n_embd, c.n_vocab);
+        let layer = Hybrid::load_layer(ld, c, &ssm, il, false)?;
+        let n = |x: &str| format!("blk.{il}.nextn.{x}.weight");
+        let embed = if ld.has(&n("embed_tokens")) {
+            let m = ld.mat(&n("embed_tokens"), [e, v])?;
+            ld.w.set_host_only(m);
+            m
+        } else {
+            tok_embd
+        };
+        let head = if ld.has(&n("shared_head_head")) { ld.mat(&n("shared_head_head"), [e, v])? } else { output };
+        Ok(Self {
+            layer,
+            eh_proj: ld.mat(&n("eh_proj"), [2 * e, e])?,
+            enorm: ld.vec(&n("enorm"), e)?,
+            hnorm: ld.vec(&n("hnorm"), e)?,
+            embed,
+            head_norm: ld.opt_vec(&n("shared_head_norm"), e)?.unwrap_or(output_norm),
+            head,
+            experts: None,
+            bytes: 0,
+        })
     }
 }
 

@@ -1,0 +1,152 @@
+//! Multi-token-prediction (MTP) self-speculation: the target's own NextN block drafts
+//! (`qwen35moe`, `qwen35`, `qwen3next` files with `nextn_predict_layers` ≥ 1; llama.cpp's
+//! `common_speculative_impl_draft_mtp`, `common/speculative.cpp`, and `graph_mtp`,
+//! `src/models/qwen35moe.cpp`).
+//!
+//! The block's cache holds, at position `p`, the pair (token `x_p`, the target's output-normed
+//! hidden state `h_{p−1}`; zeros at `p = 0`): the target's forwards hand their hidden rows over
+//! ([`Draft::hidden`]), and before each proposal the block catches up on the committed pairs it
+//! lacks. Its head at the last committed position predicts the first draft token; each further
+//! draft step feeds the drafted token with the block's own hidden state from the step before, at
+//! the next position (those cells are cut back at the next proposal). Verification is the
+//! target's (`speculative::generate`): greedy output equals plain greedy output bit for bit.
+//!
+//! The block runs on the CPU backend (whatever the target's backend), its experts held in memory.
+
+use super::sampling::{Sampler, SamplerConfig};
+use super::speculative::{draw, proposal, reset_history, Draft, Proposal};
+use super::EngineError;
+use crate::model::{KvCache, Model};
+
+/// Most pairs the block's catch-up feeds per forward.
+const CATCH_UP: usize = 256;
+
+/// Default γ with MTP (llama.cpp's `--spec-draft-n-max` default, `common_params_speculative_draft::n_max`).
+pub const MTP_DRAFT_MAX: usize = 3;
+
+pub struct MtpDraft {
+    kv: KvCache,
+    /// Tokens of the pairs in `kv`, position order; the first `valid` hold committed tokens and
+    /// the target's hidden states, the rest a proposal's own.
+    kv_tokens: Vec<u32>,
+    valid: usize,
+    /// The target's hidden state per position (`h[p·n_embd..]`) and the token at each position.
+    h: Vec<f32>,
+    h_tokens: Vec<u32>,
+    /// Rows arrived after a gap (the target reused a cache beyond the rows held here): no drafts
+    /// until the next prompt.
+    gap: bool,
+    n_embd: usize,
+    sampler: Sampler,
+    forwards: u64,
+}
+
+impl MtpDraft {
+    /// A draft for `target` (whose MTP block is loaded: [`Model::load_mtp`]) with `n_ctx` positions.
+    pub fn new(target: &Model, n_ctx: usize) -> Result<Self, EngineError> {
+        if target.mtp.is_none() {
+            return Err(crate::model::ModelError::Unsupported("no multi-token-prediction block is loaded".into()).into());
+        }
+        Ok(Self {
+            kv: target.new_mtp_kv(n_ctx),
+            kv_tokens: Vec::new(),
+            valid: 0,
+            h: Vec::new(),
+            h_tokens: Vec::new(),
+            gap: false,
+            n_embd: target.cfg.n_embd,
+            sampler: Sampler::new(SamplerConfig::greedy()),
+            forwards: 0,
+        })
+    }
+
+    /// Bytes of the block's cache.
+    pub fn cache_bytes(&self) -> usize {
+        KvCache::bytes(1, self.kv.n_ctx, self.kv.n_head_kv, self.kv.head_dim)
+    }
+
+    /// The draft chain: from the last committed position, up to `max` tokens.
+    fn chain(&mut self, target: &Model, ctx: &[u32], max: usize) -> Result<Proposal, EngineError> {
+        let (e, l) = (self.n_embd, ctx.len());
+        // Catch up on the committed pairs (x_p, h_{p−1}) the cache lacks, up to the last one.
+        let common = super::common_prefix(&self.kv_tokens, ctx).min(self.valid).min(l - 1);
+        let common = self.kv.truncate(common);
+        self.kv_tokens.truncate(common);
+        let mut out = (Vec::new(), Vec::new());
+        let mut p = common;
+        while p < l {
+            let end = (p + CATCH_UP).min(l);
+            let mut hs = vec![0f32; (end - p) * e];
+            for q in p.max(1)..end {
+                hs[(q - p) * e..(q - p + 1) * e].copy_from_slice(&self.h[(q - 1) * e..q * e]);
+            }
+            out = target.forward_mtp(&ctx[p..end], &hs, &mut self.kv)?;
+            self.forwards += 1;
+            p = end;
+        }
+        self.kv_tokens = ctx.to_vec();
+        self.valid = l;
+        reset_history(&mut self.sampler, ctx);
+        let mut prop = proposal(&self.sampler, max);
+        let (mut logits, mut h) = out;
+        for i in 0..max {
+            let d = draw(&mut self.sampler, &logits, &mut prop);
+            if i + 1 < max {
+                (logits, h) = target.forward_mtp(&[d], &h, &mut self.kv)?;
+                self.kv_tokens.push(d);
+                self.forwards += 1;
+            }
+        }
+        Ok(prop)
+    }
+}
+
+impl Draft for MtpDraft {
+    fn name(&self) -> &'static str {
+        "MTP"
+    }
+
+    fn start(&mut self, sampler: &SamplerConfig) {
+        let cfg = SamplerConfig { seed: sampler.seed ^ 0x9E37_79B9_7F4A_7C15, ..sampler.clone() };
+        self.sampler = Sampler::new(cfg);
+        self.forwards = 0;
+    }
+
+    fn prefill(&mut self, prompt: &[u32]) -> Result<(), EngineError> {
+        // Rows of an earlier turn's common prefix stay (the target reuses its cache as far).
+        let common = super::common_prefix(&self.h_tokens, prompt);
+        self.h.truncate(common * self.n_embd);
+        self.h_tokens.truncate(common);
+        self.gap = false;
+        Ok(())
+    }
+
+    fn wants_hidden(&self) -> bool {
+        true
+    }
+
+    fn hidden(&mut self, pos0: usize, tokens: &[u32], rows: &[f32]) {
+        if self.h_tokens.len() < pos0 || rows.len() != tokens.len() * self.n_embd {
+            self.gap = true;
+            return;
+        }
+        self.h.truncate(pos0 * self.n_embd);
+        self.h_tokens.truncate(pos0);
+        self.h.extend_from_slice(rows);
+        self.h_tokens.extend_from_slice(tokens);
+    }
+
+    fn propose(&mut self, target: &Model, ctx: &[u32], max: usize) -> Result<Proposal, EngineError> {
+        // The block's cache holds ctx and max − 1 drafts after the proposal.
+        let max = max.min((self.kv.n_ctx + 1).saturating_sub(ctx.len()));
+        // Hidden states of every committed position but the last (fed with the drafts).
+        if self.gap || max == 0 || ctx.is_empty() || super::common_prefix(&self.h_tokens, ctx) < ctx.len() - 1 {
+            return Ok(Proposal::default());
+        }
+        self.chain(target, ctx, max)
+    }
+
+    fn forwards(&self) -> u64 {
+        self.forwards
+    }
+}
