@@ -689,9 +689,8 @@ fn cmd_run(a: RunArgs) -> Res {
             (true, Some(_)) => {
                 let g = les::gguf::GgufFile::read(&FileSource::open(&a.m.model)?)?;
                 let c = les::model::Config::from_gguf(&g)?;
-                let p = format!("blk.{}.", c.n_layer);
                 let n_ctx = a.m.ctx_size.min(c.n_ctx_train.max(1));
-                g.tensors.iter().filter(|t| t.name.starts_with(&p)).map(|t| t.size).sum::<u64>() + les::model::KvCache::bytes(1, n_ctx, c.n_head_kv, c.head_dim) as u64
+                c.mtp_bytes(&g) + les::model::KvCache::bytes(1, n_ctx, c.n_head_kv, c.head_dim) as u64
             }
             _ => 0,
         };

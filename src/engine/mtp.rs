@@ -14,7 +14,7 @@
 //! The block runs on the CPU backend (whatever the target's backend), its experts held in memory.
 
 use super::sampling::{Sampler, SamplerConfig};
-use super::speculative::{draw, proposal, reset_history, Draft, Proposal};
+use super::speculative::{draft_sampler, draw, proposal, reset_history, Draft, Proposal};
 use super::EngineError;
 use crate::model::{KvCache, Model};
 
@@ -107,8 +107,7 @@ impl Draft for MtpDraft {
     }
 
     fn start(&mut self, sampler: &SamplerConfig) {
-        let cfg = SamplerConfig { seed: sampler.seed ^ 0x9E37_79B9_7F4A_7C15, ..sampler.clone() };
-        self.sampler = Sampler::new(cfg);
+        self.sampler = draft_sampler(sampler);
         self.forwards = 0;
     }
 

@@ -120,6 +120,12 @@ pub fn vocab_difference(target: &Tokenizer, draft: &Tokenizer) -> Option<String>
     None
 }
 
+/// A draft's sampler for a generation with `sampler`: the same transforms with its own
+/// generator (draft draws must be independent of the target's acceptance draws).
+pub(crate) fn draft_sampler(sampler: &SamplerConfig) -> Sampler {
+    Sampler::new(SamplerConfig { seed: sampler.seed ^ 0x9E37_79B9_7F4A_7C15, ..sampler.clone() })
+}
+
 /// The sampler's history for a proposal: the committed tokens its repetition penalty looks at.
 pub(crate) fn reset_history(sampler: &mut Sampler, ctx: &[u32]) {
     sampler.truncate_history(0);
@@ -204,9 +210,7 @@ impl Draft for DraftModel {
     }
 
     fn start(&mut self, sampler: &SamplerConfig) {
-        // Its own generator: draft draws must be independent of the target's acceptance draws.
-        let cfg = SamplerConfig { seed: sampler.seed ^ 0x9E37_79B9_7F4A_7C15, ..sampler.clone() };
-        self.sampler = Sampler::new(cfg);
+        self.sampler = draft_sampler(sampler);
         self.forwards = 0;
     }
 

@@ -362,7 +362,7 @@ impl<'a, B: Ops> Fwd<'a, B> {
         self.dump("ffn_out", il, &out).await?;
         self.b.add(x, &out)?;
         self.dump("l_out", il, x).await?;
-        if let Some(src) = self.experts.clone() {
+        if let Some(src) = &self.experts {
             let n = Self::rows(x);
             if n == 1 && src.wants_residual() {
                 let row = self.b.read(&[(&*x, 0..1)]).await?.remove(0);

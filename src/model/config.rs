@@ -169,6 +169,11 @@ pub enum ConfigError {
     UnsupportedValue { key: String, value: String, known: &'static str },
 }
 
+/// The block index of a layer tensor's name (`blk.N.…` → N).
+pub fn tensor_block(name: &str) -> Option<usize> {
+    name.strip_prefix("blk.")?.split('.').next()?.parse().ok()
+}
+
 impl Config {
     pub fn from_gguf(g: &GgufFile) -> Result<Self, ConfigError> {
         let a = g.architecture()?.to_string();
@@ -340,13 +345,22 @@ impl Config {
     pub fn n_embd_kv(&self) -> usize {
         self.n_head_kv * self.head_dim
     }
-    /// Whether layer `il` is a recurrent (Gated DeltaNet) layer.
     /// Whether tensor `name` belongs to a multi-token-prediction block (`blk.N.*` with N past the
     /// trunk): the trunk neither loads nor counts it.
     pub fn is_nextn_tensor(&self, name: &str) -> bool {
-        self.n_nextn > 0 && name.strip_prefix("blk.").and_then(|r| r.split('.').next()).and_then(|n| n.parse::<usize>().ok()).is_some_and(|il| il >= self.n_layer)
+        self.n_nextn > 0 && tensor_block(name).is_some_and(|il| il >= self.n_layer)
     }
 
+    /// Bytes of the first multi-token-prediction block's tensors (`blk.{n_layer}.*`: what
+    /// [`crate::model::Model::load_mtp`] holds) in `g`.
+    pub fn mtp_bytes(&self, g: &GgufFile) -> u64 {
+        if self.n_nextn == 0 {
+            return 0;
+        }
+        g.tensors.iter().filter(|t| tensor_block(&t.name) == Some(self.n_layer)).map(|t| t.size).sum()
+    }
+
+    /// Whether layer `il` is a recurrent (Gated DeltaNet) layer.
     pub fn is_recurrent(&self, il: usize) -> bool {
         self.recurrent.get(il).copied().unwrap_or(false)
     }

@@ -146,7 +146,7 @@ impl<'a> Loader<'a> {
         let m = self.w.add_streamed(t.ty, cols, rows, ops::StreamedMat { first: 0, n: pieces.len(), rows_per, offset: t.offset });
         let untied_embd = name == "token_embd.weight" && self.has("output.weight");
         if !untied_embd {
-            let rank = name.strip_prefix("blk.").and_then(|r| r.split('.').next()).and_then(|l| l.parse::<usize>().ok()).unwrap_or(usize::MAX);
+            let rank = config::tensor_block(name).unwrap_or(usize::MAX);
             self.cycle.push((rank, m, pieces));
         }
         Ok(m)
@@ -413,8 +413,7 @@ impl Model {
             let t = GgufExpertTensors::find(g, il, self.cfg.n_embd, self.cfg.n_expert)?;
             mtp.experts = Some(Arc::new(ResidentExperts::load(src, &[t], self.cfg.n_expert)?));
         }
-        let prefix = format!("blk.{il}.");
-        let bytes = g.tensors.iter().filter(|t| t.name.starts_with(&prefix)).map(|t| t.size as usize).sum();
+        let bytes = self.cfg.mtp_bytes(g) as usize;
         mtp.bytes = bytes;
         self.mtp = Some(mtp);
         Ok(bytes)
