@@ -269,6 +269,9 @@ struct RunArgs {
     /// Prompt text (tokenized as llama.cpp does: special tokens parsed, BOS as the model says).
     #[arg(short, long, conflicts_with = "chat")]
     prompt: Option<String>,
+    /// Read the prompt text from FILE (llama.cpp's `-f`; for prompts longer than a command line).
+    #[arg(short = 'f', long = "file", value_name = "FILE", conflicts_with_all = ["chat", "prompt"])]
+    prompt_file: Option<std::path::PathBuf>,
     /// Chat: read one user message per line from stdin, render with the model's chat template.
     #[arg(long)]
     chat: bool,
@@ -827,10 +830,14 @@ fn cmd_run_inner(a: &RunArgs, sess: &mut Session, mut spec: Spec<'_>, tower: Opt
         }
         return Ok(());
     }
-    match (&a.prompt, tower) {
+    let from_file = match &a.prompt_file {
+        Some(f) => Some(std::fs::read_to_string(f).map_err(|e| format!("--file {}: {e}", f.display()))?),
+        None => None,
+    };
+    match (a.prompt.as_ref().or(from_file.as_ref()), tower) {
         (Some(p), Some(mp)) => return run_images(sess, p, mp, a, &sampler, &mut spec),
         (Some(p), None) => prompts.push(p.clone()),
-        (None, _) => return Err("give --prompt TEXT or --chat".into()),
+        (None, _) => return Err("give --prompt TEXT, --file FILE or --chat".into()),
     }
     for p in prompts {
         let toks = sess.tokenize(&p);
@@ -994,12 +1001,20 @@ fn inspect_gguf(path: &str, g: &GgufFile, full: bool) -> Res {
         if cfg.gating != les::model::config::Gating::Softmax || cfg.expert_act != les::backend::ops::ExpertAct::Silu {
             writeln!(o, "router gating {:?} | expert activation {:?}", cfg.gating, cfg.expert_act)?;
         }
-        // What a context costs (the CPU and GPU caches alike): f16 keys and values of the
-        // attention layers grow with it; the recurrent state of a hybrid does not.
-        let per_1k = cfg.cache_bytes(1024) - cfg.cache_bytes(0);
-        let fixed = cfg.cache_bytes(0);
-        let fixed_s = if fixed > 0 { format!(" + {} ({fixed} bytes) fixed (recurrent state and its checkpoint)", human(fixed as u64)) } else { String::new() };
-        writeln!(o, "context memory: {} ({per_1k} bytes) per 1k tokens (f16 keys and values of {} attention layers; every position kept){fixed_s}", human(per_1k as u64), cfg.n_attn_layers())?;
+        // What a context costs (the CPU cache): f16 keys and values of the full-attention layers
+        // grow with it; the recurrent state of a hybrid and the cells of a sliding window do not
+        // (once the context is longer than the window's cells).
+        let far = 1usize << 24;
+        let per_1k = cfg.cache_bytes(far + 1024) - cfg.cache_bytes(far);
+        let fixed = cfg.cache_bytes(far) - far / 1024 * per_1k;
+        let n_swa = (0..cfg.n_layer).filter(|&il| !cfg.is_recurrent(il) && cfg.window(il) > 0).count();
+        let what = match (cfg.ssm.is_some(), n_swa) {
+            (true, _) => " (recurrent state and its checkpoint)".to_string(),
+            (false, 0) => String::new(),
+            (false, n) => format!(" ({n} sliding-window layers of {} cells: window {} + batch {} + rollback {} + {})", les::backend::cpu::kv::swa_cells(cfg.n_swa, far), cfg.n_swa, les::backend::cpu::kv::UBATCH, les::backend::cpu::kv::SWA_KEEP, les::backend::cpu::kv::SWA_ALIGN),
+        };
+        let fixed_s = if fixed > 0 { format!(" + {} ({fixed} bytes) fixed{what}", human(fixed as u64)) } else { String::new() };
+        writeln!(o, "context memory: {} ({per_1k} bytes) per 1k tokens (f16 keys and values of {} full-attention layers){fixed_s}", human(per_1k as u64), cfg.n_attn_layers() - n_swa)?;
         if let Some(s) = cfg.ssm {
             let pattern: String = (0..cfg.n_layer).map(|il| if cfg.is_recurrent(il) { 'L' } else { 'A' }).collect();
             let list = |rec: bool| (0..cfg.n_layer).filter(|&il| cfg.is_recurrent(il) == rec).map(|il| il.to_string()).collect::<Vec<_>>().join(",");

@@ -103,7 +103,8 @@ pub struct Session {
     pub tokenizer: Tokenizer,
     pub kv: KvCache,
     pub gguf: GgufFile,
-    /// Prompt tokens per forward pass (0 = the whole prompt at once).
+    /// Prompt tokens per forward pass (0: [`crate::backend::cpu::kv::UBATCH`], llama.cpp's
+    /// default `n_ubatch`; it bounds the activations and a sliding-window layer's cells).
     pub prefill_batch: usize,
     /// The GPU forward when the session runs on the wgpu backend (`None`: the CPU).
     pub gpu: Option<GpuBackend>,
@@ -294,7 +295,7 @@ impl Session {
 
     /// Run the prompt (in batches of `prefill_batch`), returning the last position's logits.
     pub fn prefill(&mut self, prompt: &[u32]) -> Result<Vec<f32>, EngineError> {
-        let b = if self.prefill_batch == 0 { prompt.len().max(1) } else { self.prefill_batch };
+        let b = if self.prefill_batch == 0 { crate::backend::cpu::kv::UBATCH } else { self.prefill_batch };
         // A recurrent state cannot be cut back: keep a copy before the prompt's last token, where
         // the same prompt again (regenerate) or a longer one (the next turn) comes back to.
         let (head, last) = match self.kv.rs.iter().any(Option::is_some) {

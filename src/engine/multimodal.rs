@@ -162,7 +162,7 @@ impl Session {
         let reused = kept;
         let (mut encoded, mut encode_ms) = (0, 0.0);
         let end = all.len() - 1;
-        let batch = if self.prefill_batch == 0 { usize::MAX } else { self.prefill_batch };
+        let batch = if self.prefill_batch == 0 { crate::backend::cpu::kv::UBATCH } else { self.prefill_batch };
         let mut s = 0;
         for c in &p.chunks {
             let e = s + c.n_tokens();

@@ -370,8 +370,21 @@ impl Config {
     }
     /// Bytes of one sequence's cache with `n_ctx` positions: f16 keys and values of the attention
     /// layers, and the recurrent state of the others twice (the state and its checkpoint).
+    /// Sliding-window layers count their bounded cells ([`crate::backend::cpu::kv::swa_cells`]).
     pub fn cache_bytes(&self, n_ctx: usize) -> usize {
-        crate::backend::cpu::kv::KvCache::bytes(self.n_attn_layers(), n_ctx, self.n_head_kv, self.head_dim) + 2 * self.recurrent_state_bytes()
+        let cells: usize = (0..self.n_layer).filter(|&il| !self.is_recurrent(il)).map(|il| self.kv_cells(il, n_ctx)).sum();
+        crate::backend::cpu::kv::KvCache::bytes(1, cells, self.n_head_kv, self.head_dim) + 2 * self.recurrent_state_bytes()
+    }
+    /// KV cells of attention layer `il` in a cache of `n_ctx` positions.
+    pub fn kv_cells(&self, il: usize, n_ctx: usize) -> usize {
+        match self.window(il) {
+            0 => n_ctx,
+            w => crate::backend::cpu::kv::swa_cells(w, n_ctx),
+        }
+    }
+    /// The sliding window of layer `il` (0: none).
+    pub fn window(&self, il: usize) -> usize {
+        if self.is_swa(il) { self.n_swa } else { 0 }
     }
     /// Bytes of recurrent state (conv + delta-rule state, f32) of one sequence.
     pub fn recurrent_state_bytes(&self) -> usize {

@@ -353,7 +353,8 @@ impl Model {
         let c = &self.cfg;
         let layers: Vec<Option<(usize, usize)>> =
             (0..c.n_layer).map(|il| c.ssm.filter(|_| c.is_recurrent(il)).map(|s| (s.conv_state_len(), s.ssm_state_len()))).collect();
-        KvCache::hybrid(&layers, n_ctx, c.n_head_kv, c.head_dim)
+        let windows: Vec<usize> = (0..c.n_layer).map(|il| c.window(il)).collect();
+        KvCache::with_windows(&layers, &windows, n_ctx, c.n_head_kv, c.head_dim)
     }
 
     /// Start (or stop) recording each forward's last-row FFN inputs per layer.

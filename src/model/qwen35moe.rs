@@ -77,64 +77,62 @@ impl Hybrid {
     /// Block `il`'s weights (`recurrent`: a Gated DeltaNet layer, else gated attention).
     fn load_layer(ld: &mut Loader<'_>, c: &Config, ssm: &Ssm, il: usize, recurrent: bool) -> Result<Layer, ModelError> {
         let (e, s, hk, hv) = (c.n_embd, ssm.d_state, ssm.n_group, ssm.dt_rank);
-        {
-            let n = |x: &str| format!("blk.{il}.{x}");
-            let mixer = if recurrent {
-                let (beta, alpha) = match ssm.head_map {
-                    HeadMap::Tiled => (ld.mat(&n("ssm_beta.weight"), [e, hv])?, ld.mat(&n("ssm_alpha.weight"), [e, hv])?),
-                    HeadMap::Grouped => {
-                        if ld.has(&n("ssm_in.weight")) {
-                            return Err(ModelError::Unsupported(format!("{}: the legacy fused ssm_in projection is not supported (convert the model again)", n("ssm_in.weight"))));
-                        }
-                        // `ssm_ba` rows: per key head g, [beta (r) | alpha (r)].
-                        let r = hv / hk;
-                        let beta_rows = (0..hk).map(|g| g * 2 * r..g * 2 * r + r).collect();
-                        let alpha_rows = (0..hk).map(|g| g * 2 * r + r..(g + 1) * 2 * r).collect();
-                        let m = ld.mat_parts(&n("ssm_ba.weight"), [e, 2 * hv], &[beta_rows, alpha_rows])?;
-                        (m[0], m[1])
+        let n = |x: &str| format!("blk.{il}.{x}");
+        let mixer = if recurrent {
+            let (beta, alpha) = match ssm.head_map {
+                HeadMap::Tiled => (ld.mat(&n("ssm_beta.weight"), [e, hv])?, ld.mat(&n("ssm_alpha.weight"), [e, hv])?),
+                HeadMap::Grouped => {
+                    if ld.has(&n("ssm_in.weight")) {
+                        return Err(ModelError::Unsupported(format!("{}: the legacy fused ssm_in projection is not supported (convert the model again)", n("ssm_in.weight"))));
                     }
-                };
-                Mixer::Linear(Linear {
-                    qkv: ld.mat(&n("attn_qkv.weight"), [e, ssm.conv_dim()])?,
-                    gate: ld.mat(&n("attn_gate.weight"), [e, ssm.d_inner])?,
-                    beta,
-                    alpha,
-                    conv: ld.vec_shaped(&n("ssm_conv1d.weight"), &[ssm.d_conv, ssm.conv_dim()])?,
-                    net: DeltaNet {
-                        dt_bias: ld.vec(&n("ssm_dt.bias"), hv)?,
-                        a: ld.vec(&n("ssm_a"), hv)?,
-                        n_group: hk,
-                        dt_rank: hv,
-                        d_state: s,
-                        tiled: ssm.head_map == HeadMap::Tiled,
-                        eps: c.rms_eps,
-                    },
-                    norm: ld.vec(&n("ssm_norm.weight"), s)?,
-                    out: ld.mat(&n("ssm_out.weight"), [ssm.d_inner, e])?,
-                })
-            } else {
-                let (d, hq) = (c.head_dim, c.n_head);
-                // `attn_q` rows: per head, [q (D) | gate (D)].
-                let q_rows = (0..hq).map(|h| 2 * h * d..2 * h * d + d).collect();
-                let g_rows = (0..hq).map(|h| 2 * h * d + d..2 * (h + 1) * d).collect();
-                let qg = ld.mat_parts(&n("attn_q.weight"), [e, 2 * hq * d], &[q_rows, g_rows])?;
-                Mixer::Attn(GatedAttn {
-                    wq: qg[0],
-                    wgate: qg[1],
-                    wk: ld.mat(&n("attn_k.weight"), [e, c.n_embd_kv()])?,
-                    wv: ld.mat(&n("attn_v.weight"), [e, c.n_embd_kv()])?,
-                    wo: ld.mat(&n("attn_output.weight"), [c.n_embd_q(), e])?,
-                    q_norm: ld.vec(&n("attn_q_norm.weight"), d)?,
-                    k_norm: ld.vec(&n("attn_k_norm.weight"), d)?,
-                })
+                    // `ssm_ba` rows: per key head g, [beta (r) | alpha (r)].
+                    let r = hv / hk;
+                    let beta_rows = (0..hk).map(|g| g * 2 * r..g * 2 * r + r).collect();
+                    let alpha_rows = (0..hk).map(|g| g * 2 * r + r..(g + 1) * 2 * r).collect();
+                    let m = ld.mat_parts(&n("ssm_ba.weight"), [e, 2 * hv], &[beta_rows, alpha_rows])?;
+                    (m[0], m[1])
+                }
             };
-            Ok(Layer {
-                attn_norm: ld.vec(&n("attn_norm.weight"), e)?,
-                mixer,
-                post_norm: ld.vec(&n("post_attention_norm.weight"), e)?,
-                ffn: Ffn::load(ld, c, il)?,
+            Mixer::Linear(Linear {
+                qkv: ld.mat(&n("attn_qkv.weight"), [e, ssm.conv_dim()])?,
+                gate: ld.mat(&n("attn_gate.weight"), [e, ssm.d_inner])?,
+                beta,
+                alpha,
+                conv: ld.vec_shaped(&n("ssm_conv1d.weight"), &[ssm.d_conv, ssm.conv_dim()])?,
+                net: DeltaNet {
+                    dt_bias: ld.vec(&n("ssm_dt.bias"), hv)?,
+                    a: ld.vec(&n("ssm_a"), hv)?,
+                    n_group: hk,
+                    dt_rank: hv,
+                    d_state: s,
+                    tiled: ssm.head_map == HeadMap::Tiled,
+                    eps: c.rms_eps,
+                },
+                norm: ld.vec(&n("ssm_norm.weight"), s)?,
+                out: ld.mat(&n("ssm_out.weight"), [ssm.d_inner, e])?,
             })
-        }
+        } else {
+            let (d, hq) = (c.head_dim, c.n_head);
+            // `attn_q` rows: per head, [q (D) | gate (D)].
+            let q_rows = (0..hq).map(|h| 2 * h * d..2 * h * d + d).collect();
+            let g_rows = (0..hq).map(|h| 2 * h * d + d..2 * (h + 1) * d).collect();
+            let qg = ld.mat_parts(&n("attn_q.weight"), [e, 2 * hq * d], &[q_rows, g_rows])?;
+            Mixer::Attn(GatedAttn {
+                wq: qg[0],
+                wgate: qg[1],
+                wk: ld.mat(&n("attn_k.weight"), [e, c.n_embd_kv()])?,
+                wv: ld.mat(&n("attn_v.weight"), [e, c.n_embd_kv()])?,
+                wo: ld.mat(&n("attn_output.weight"), [c.n_embd_q(), e])?,
+                q_norm: ld.vec(&n("attn_q_norm.weight"), d)?,
+                k_norm: ld.vec(&n("attn_k_norm.weight"), d)?,
+            })
+        };
+        Ok(Layer {
+            attn_norm: ld.vec(&n("attn_norm.weight"), e)?,
+            mixer,
+            post_norm: ld.vec(&n("post_attention_norm.weight"), e)?,
+            ffn: Ffn::load(ld, c, il)?,
+        })
     }
 
     pub async fn forward<B: Ops>(&self, f: &mut Fwd<'_, B>) -> Result<Vec<f32>, ModelError> {

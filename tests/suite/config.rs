@@ -104,18 +104,34 @@ fn gpt_oss_hyper_parameters_are_llama_cpps() {
     assert!(matches!(Config::from_gguf(&g), Err(ConfigError::UnsupportedValue { .. })));
 }
 
+/// The byte counts of `les inspect`'s "context memory:" line, and the line.
+fn context_memory(name: &str) -> (Vec<u64>, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_les")).args(["inspect", &model(name).to_string_lossy()]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().find(|l| l.starts_with("context memory:")).unwrap_or_else(|| panic!("no context memory line in:\n{text}"));
+    let bytes: Vec<u64> = line.split(" bytes)").filter_map(|p| p.rsplit('(').next()?.trim().parse().ok()).collect();
+    (bytes, line.to_string())
+}
+
 /// `les inspect` says what a context costs: per 1k tokens, f16 keys and values of the attention
 /// layers only (GGUF: 4 blocks, `full_attention_interval` 4 → one attention layer, 2 KV heads,
 /// key and value length 64); fixed, the recurrent state of the three linear layers twice (the
 /// state and its checkpoint; llama.cpp's `n_embd_r` + `n_embd_s` f32 values per layer).
 #[test]
 fn inspect_prints_context_memory_per_1k_tokens() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_les")).args(["inspect", &model("rand-qwen35moe.gguf").to_string_lossy()]).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let text = String::from_utf8_lossy(&out.stdout);
-    let line = text.lines().find(|l| l.starts_with("context memory:")).unwrap_or_else(|| panic!("no context memory line in:\n{text}"));
-    let bytes: Vec<u64> = line.split(" bytes)").filter_map(|p| p.rsplit('(').next()?.trim().parse().ok()).collect();
+    let (bytes, line) = context_memory("rand-qwen35moe.gguf");
     let per_1k = 1 * 2 * (64 + 64) * 2 * 1024;
     let fixed = 2 * 3 * (3 * (2 * 2 * 64 + 4 * 64) + 64 * 4 * 64) * 4;
     assert_eq!(bytes, vec![per_1k, fixed], "{line}");
+}
+
+/// gpt-oss: per 1k tokens the two full-attention layers only (2 KV heads of 64, f16 keys and
+/// values); fixed, the two sliding-window layers' cells (window 16 + batch 512 + rollback 64 +
+/// alignment 64).
+#[test]
+fn inspect_counts_sliding_window_layers_as_fixed() {
+    let (bytes, line) = context_memory("rand-gpt-oss.gguf");
+    let per_cell = 2 * 2 * 64 * 2;
+    assert_eq!(bytes, vec![2 * 1024 * per_cell, 2 * (16 + 512 + 64 + 64) * per_cell], "{line}");
 }

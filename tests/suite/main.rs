@@ -13,6 +13,7 @@ mod bundle;
 mod c_abi;
 mod chat_templates;
 mod config;
+mod context;
 mod eval;
 mod gguf;
 mod mixed_precision;

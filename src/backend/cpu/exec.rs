@@ -183,6 +183,7 @@ impl Ops for CpuExec<'_> {
 
     fn attention(&mut self, il: usize, q: &CpuT, k: &CpuT, v: &CpuT, pos0: usize, p: &Attn) -> Result<CpuT, OpError> {
         let t_n = q.rows();
+        self.kv.make_room(il, pos0, t_n);
         for t in 0..t_n {
             self.kv.store(il, pos0 + t, k.row(t), v.row(t));
         }
@@ -191,9 +192,11 @@ impl Ops for CpuExec<'_> {
         let mut out = vec![0f32; t_n * nq];
         let kv = &*self.kv;
         let sinks = p.sinks.map(|s| self.w.vec(s));
+        // Cells, not positions: a sliding-window layer's first cell holds position `base`.
+        let base = kv.base(il);
         let range = |t: usize| {
             let n_kv = pos0 + t + 1;
-            (if p.window > 0 { n_kv.saturating_sub(p.window) } else { 0 })..n_kv
+            (if p.window > 0 { n_kv.saturating_sub(p.window) } else { 0 }) - base..n_kv - base
         };
         if t_n >= flash::FA_TILE_Q && !self.per_row && crate::quant::Simd::best() == crate::quant::Simd::Avx2 {
             // llama.cpp's tiled flash attention (batches of ≥ 64 rows on x86): one task per
@@ -221,7 +224,7 @@ impl Ops for CpuExec<'_> {
         par::for_each_chunk(&mut out, hd, |i, o| {
             let (t, h) = (i / p.n_head, i % p.n_head);
             let kv_range = range(t);
-            let (kr, vr) = kv.head(il, h / group, kv_range.end);
+            let (kr, vr) = kv.head(il, h / group, kv_range.end + base);
             let qh = &q.v[t * nq + h * hd..t * nq + (h + 1) * hd];
             let (mut qb, mut acc) = (Vec::new(), Vec::new());
             let sink = sinks.and_then(|s| s.get(h).copied());

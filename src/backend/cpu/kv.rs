@@ -8,6 +8,16 @@
 //! [`KvCache::truncate`] to a position before the newest state goes back to the newest checkpoint
 //! at or before that position (or to the start), and returns where it went, so the caller feeds
 //! the tokens in between again.
+//!
+//! A sliding-window layer (gpt-oss's even layers: a query at position p sees positions
+//! `p − n_swa + 1 ..= p`) keeps a bounded run of cells, as llama.cpp's SWA cache does
+//! (`llama-kv-cache-iswa.cpp`: `n_swa + n_ubatch` cells): [`swa_cells`] of them, cell `c` holding
+//! position `base + c`. When a batch does not fit, the positions no query can see any more are
+//! dropped from the front (all but [`SWA_KEEP`] of them, kept for short rollbacks) and `base`
+//! moves on in steps of [`SWA_ALIGN`] positions, so the tiled attention's 64-position key tiles
+//! start where they would in a full cache and the sums are the same bits. A rollback further back
+//! than the cells reach clears the cache (the caller feeds everything again, as llama.cpp's
+//! server does when its SWA cache lacks the data).
 
 use half::f16;
 
@@ -32,6 +42,22 @@ pub enum StateEvent {
     Clear,
 }
 
+/// Positions of a batch for which a sliding-window layer keeps cells (llama.cpp's default
+/// `n_ubatch`; prompts are fed in batches of at most this many tokens, [`crate::engine`]).
+pub const UBATCH: usize = 512;
+/// Positions before the window a sliding-window layer keeps, so that a rollback of up to this
+/// many tokens (speculative decoding, a regenerated reply) finds its cells.
+pub const SWA_KEEP: usize = 64;
+/// The steps in which a sliding-window layer's first position moves (the tiled attention's key
+/// tile, `flash::TK`).
+pub const SWA_ALIGN: usize = 64;
+
+/// Cells of a sliding-window layer of window `n_swa` in a cache of `n_ctx` positions: the window,
+/// a batch, the rollback reserve and the alignment slack.
+pub fn swa_cells(n_swa: usize, n_ctx: usize) -> usize {
+    (n_swa + UBATCH + SWA_KEEP + SWA_ALIGN).min(n_ctx)
+}
+
 pub struct KvCache {
     pub n_ctx: usize,
     pub n_head_kv: usize,
@@ -42,6 +68,12 @@ pub struct KvCache {
     pub v: Vec<Vec<f16>>,
     /// Per layer: the recurrent state of a Gated DeltaNet layer (`None` for attention layers).
     pub rs: Vec<Option<RecState>>,
+    /// Per layer: cells of keys and values per KV head (`n_ctx`, fewer for a sliding window).
+    cells: Vec<usize>,
+    /// Per layer: the sliding window (0: every position is kept).
+    window: Vec<usize>,
+    /// Per layer: the position held by cell 0 (moves on for a sliding window only).
+    base: Vec<usize>,
     /// A copy of every recurrent state at a position (see [`KvCache::checkpoint`]).
     saved: Option<(usize, Vec<Option<RecState>>)>,
     /// State events not yet taken by a device backend ([`KvCache::take_events`]).
@@ -56,16 +88,34 @@ impl KvCache {
     /// A cache for layers that are attention (`None`) or recurrent (`Some((conv, ssm))`: the
     /// state sizes in f32 values); attention layers get `n_ctx` positions, recurrent ones none.
     pub fn hybrid(layers: &[Option<(usize, usize)>], n_ctx: usize, n_head_kv: usize, head_dim: usize) -> Self {
-        let per = n_ctx * n_head_kv * head_dim;
-        let kv = |l: &Option<(usize, usize)>| if l.is_none() { vec![f16::ZERO; per] } else { Vec::new() };
+        Self::with_windows(layers, &[], n_ctx, n_head_kv, head_dim)
+    }
+
+    /// [`Self::hybrid`] with a sliding window per layer (`windows[il]`, 0 or missing: none): those
+    /// layers get [`swa_cells`] cells.
+    pub fn with_windows(layers: &[Option<(usize, usize)>], windows: &[usize], n_ctx: usize, n_head_kv: usize, head_dim: usize) -> Self {
+        let window: Vec<usize> = (0..layers.len()).map(|il| windows.get(il).copied().unwrap_or(0)).collect();
+        let cells: Vec<usize> = layers
+            .iter()
+            .zip(&window)
+            .map(|(l, &w)| match (l, w) {
+                (Some(_), _) => 0,
+                (None, 0) => n_ctx,
+                (None, w) => swa_cells(w, n_ctx),
+            })
+            .collect();
+        let kv = |&c: &usize| vec![f16::ZERO; c * n_head_kv * head_dim];
         Self {
             n_ctx,
             n_head_kv,
             head_dim,
             len: 0,
-            k: layers.iter().map(kv).collect(),
-            v: layers.iter().map(kv).collect(),
+            k: cells.iter().map(kv).collect(),
+            v: cells.iter().map(kv).collect(),
             rs: layers.iter().map(|l| l.map(|(c, s)| RecState { conv: vec![0.0; c], ssm: vec![0.0; s] })).collect(),
+            base: vec![0; layers.len()],
+            cells,
+            window,
             saved: None,
             events: Vec::new(),
         }
@@ -83,9 +133,14 @@ impl KvCache {
         std::mem::take(&mut self.events)
     }
 
-    /// Bytes held (for the memory budget).
-    pub fn bytes(n_layer: usize, n_ctx: usize, n_head_kv: usize, head_dim: usize) -> usize {
-        2 * n_layer * n_ctx * n_head_kv * head_dim * 2
+    /// Bytes of keys and values of `n_layer` layers of `cells` cells each (for the memory budget).
+    pub fn bytes(n_layer: usize, cells: usize, n_head_kv: usize, head_dim: usize) -> usize {
+        2 * n_layer * cells * n_head_kv * head_dim * 2
+    }
+
+    /// Bytes of keys and values held now.
+    pub fn kv_bytes(&self) -> usize {
+        (self.k.iter().chain(&self.v)).map(|x| x.len() * 2).sum()
     }
 
     fn recurrent(&self) -> bool {
@@ -101,6 +156,7 @@ impl KvCache {
 
     pub fn clear(&mut self) {
         self.len = 0;
+        self.base.fill(0);
         self.zero_states();
         if self.recurrent() {
             self.events.push(StateEvent::Clear);
@@ -130,6 +186,12 @@ impl KvCache {
     /// [`Self::truncate`] even when nothing is cut: after a forward that failed half-way, the
     /// recurrent states may hold part of it, so they go back to the checkpoint at or before `n`.
     pub fn restore(&mut self, n: usize) -> usize {
+        // A query at position n sees n + 1 − window .. n: a sliding-window layer must still hold them.
+        if self.window.iter().zip(&self.base).any(|(&w, &b)| w > 0 && b > (n + 1).saturating_sub(w)) {
+            self.saved = None;
+            self.clear();
+            return 0;
+        }
         if !self.recurrent() {
             self.len = self.len.min(n);
             return self.len;
@@ -148,13 +210,56 @@ impl KvCache {
         self.len
     }
 
-    fn at(&self, h: usize, pos: usize) -> usize {
-        (h * self.n_ctx + pos) * self.head_dim
+    fn at(&self, il: usize, h: usize, cell: usize) -> usize {
+        (h * self.cells[il] + cell) * self.head_dim
     }
-    /// Store `k`/`v` (`n_head_kv * head_dim` values each) for position `pos` of layer `il`.
+
+    /// The position held by layer `il`'s first cell ([`Self::head`]'s slices start there).
+    pub fn base(&self, il: usize) -> usize {
+        self.base[il]
+    }
+
+    /// Make room in layer `il` for positions `pos0 .. pos0 + n` (a batch about to be stored): a
+    /// sliding-window layer drops the positions that neither this batch's queries nor a rollback
+    /// of [`SWA_KEEP`] tokens can see, and grows only when a batch is larger than [`UBATCH`].
+    pub fn make_room(&mut self, il: usize, pos0: usize, n: usize) {
+        let (w, cap) = (self.window[il], self.cells[il]);
+        if w == 0 || pos0 + n - self.base[il] <= cap {
+            return;
+        }
+        let hd = self.head_dim;
+        let keep = (pos0 + 1).saturating_sub(w).saturating_sub(SWA_KEEP) / SWA_ALIGN * SWA_ALIGN;
+        let base = self.base[il];
+        if keep > base {
+            // Cells base..pos0 hold positions; keep..pos0 move to the front of each head's run.
+            let (from, used) = ((keep - base) * hd, (pos0.max(keep) - base) * hd);
+            for h in 0..self.n_head_kv {
+                let o = h * cap * hd;
+                self.k[il].copy_within(o + from..o + used, o);
+                self.v[il].copy_within(o + from..o + used, o);
+            }
+            self.base[il] = keep;
+        }
+        let need = pos0 + n - self.base[il];
+        if need > cap {
+            let grown = need.div_ceil(SWA_ALIGN) * SWA_ALIGN;
+            for x in [&mut self.k[il], &mut self.v[il]] {
+                let mut y = vec![f16::ZERO; grown * self.n_head_kv * hd];
+                for h in 0..self.n_head_kv {
+                    y[h * grown * hd..(h * grown + cap) * hd].copy_from_slice(&x[h * cap * hd..(h + 1) * cap * hd]);
+                }
+                *x = y;
+            }
+            self.cells[il] = grown;
+        }
+    }
+
+    /// Store `k`/`v` (`n_head_kv * head_dim` values each) for position `pos` of layer `il` (a
+    /// sliding-window layer: after [`Self::make_room`] for it).
     pub fn store(&mut self, il: usize, pos: usize, k: &[f32], v: &[f32]) {
+        let cell = pos - self.base[il];
         for h in 0..self.n_head_kv {
-            let o = self.at(h, pos);
+            let o = self.at(il, h, cell);
             let src = h * self.head_dim..(h + 1) * self.head_dim;
             for (d, &x) in self.k[il][o..o + self.head_dim].iter_mut().zip(&k[src.clone()]) {
                 *d = f16::from_f32(x);
@@ -164,10 +269,10 @@ impl KvCache {
             }
         }
     }
-    /// Keys and values of head `h` for positions `0..n` of layer `il`.
+    /// Keys and values of head `h` for positions [`Self::base`]`..n` of layer `il`.
     pub fn head(&self, il: usize, h: usize, n: usize) -> (&[f16], &[f16]) {
-        let o = self.at(h, 0);
-        let e = o + n * self.head_dim;
+        let o = self.at(il, h, 0);
+        let e = o + (n - self.base[il]) * self.head_dim;
         (&self.k[il][o..e], &self.v[il][o..e])
     }
 }
