@@ -1011,7 +1011,10 @@ fn inspect_gguf(path: &str, g: &GgufFile, full: bool) -> Res {
         let what = match (cfg.ssm.is_some(), n_swa) {
             (true, _) => " (recurrent state and its checkpoint)".to_string(),
             (false, 0) => String::new(),
-            (false, n) => format!(" ({n} sliding-window layers of {} cells: window {} + batch {} + rollback {} + {})", les::backend::cpu::kv::swa_cells(cfg.n_swa, far), cfg.n_swa, les::backend::cpu::kv::UBATCH, les::backend::cpu::kv::SWA_KEEP, les::backend::cpu::kv::SWA_ALIGN),
+            (false, n) => {
+                use les::backend::cpu::kv::{swa_cells, SWA_ALIGN, SWA_KEEP, UBATCH};
+                format!(" ({n} sliding-window layers of {} cells: window {} + batch {UBATCH} + rollback {SWA_KEEP} + alignment {SWA_ALIGN})", swa_cells(cfg.n_swa, far), cfg.n_swa)
+            }
         };
         let fixed_s = if fixed > 0 { format!(" + {} ({fixed} bytes) fixed{what}", human(fixed as u64)) } else { String::new() };
         writeln!(o, "context memory: {} ({per_1k} bytes) per 1k tokens (f16 keys and values of {} full-attention layers){fixed_s}", human(per_1k as u64), cfg.n_attn_layers() - n_swa)?;

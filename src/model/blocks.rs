@@ -276,8 +276,7 @@ impl<'a, B: Ops> Fwd<'a, B> {
         self.b.rope(&mut k, self.pos0, &rope)?;
         self.dump("Qrope", il, &q).await?;
         self.dump("Krope", il, &k).await?;
-        let window = if swa { c.n_swa } else { 0 };
-        let p = Attn { n_head: c.n_head, n_head_kv: c.n_head_kv, head_dim: c.head_dim, scale: 1.0 / (c.head_dim as f32).sqrt(), window, sinks };
+        let p = Attn { n_head: c.n_head, n_head_kv: c.n_head_kv, head_dim: c.head_dim, scale: 1.0 / (c.head_dim as f32).sqrt(), window: c.window(il), sinks };
         let o = self.b.attention(il, &q, &k, v, self.pos0, &p)?;
         self.dump("kqv_out", il, &o).await?;
         Ok(o)

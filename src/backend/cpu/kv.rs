@@ -49,8 +49,8 @@ pub const UBATCH: usize = 512;
 /// many tokens (speculative decoding, a regenerated reply) finds its cells.
 pub const SWA_KEEP: usize = 64;
 /// The steps in which a sliding-window layer's first position moves (the tiled attention's key
-/// tile, `flash::TK`).
-pub const SWA_ALIGN: usize = 64;
+/// tile).
+pub const SWA_ALIGN: usize = super::flash::FA_TILE_KV;
 
 /// Cells of a sliding-window layer of window `n_swa` in a cache of `n_ctx` positions: the window,
 /// a batch, the rollback reserve and the alignment slack.
@@ -186,26 +186,27 @@ impl KvCache {
     /// [`Self::truncate`] even when nothing is cut: after a forward that failed half-way, the
     /// recurrent states may hold part of it, so they go back to the checkpoint at or before `n`.
     pub fn restore(&mut self, n: usize) -> usize {
-        // A query at position n sees n + 1 − window .. n: a sliding-window layer must still hold them.
-        if self.window.iter().zip(&self.base).any(|(&w, &b)| w > 0 && b > (n + 1).saturating_sub(w)) {
-            self.saved = None;
-            self.clear();
-            return 0;
-        }
         if !self.recurrent() {
             self.len = self.len.min(n);
-            return self.len;
+        } else {
+            match &self.saved {
+                Some((p, states)) if *p <= n => {
+                    self.len = *p;
+                    self.rs.clone_from(states);
+                    self.events.push(StateEvent::Restore);
+                }
+                _ => {
+                    self.saved = None;
+                    self.clear();
+                }
+            }
         }
-        match &self.saved {
-            Some((p, states)) if *p <= n => {
-                self.len = *p;
-                self.rs.clone_from(states);
-                self.events.push(StateEvent::Restore);
-            }
-            _ => {
-                self.saved = None;
-                self.clear();
-            }
+        // The next query, at position len, sees len + 1 − window .. len: a sliding-window layer
+        // must still hold them, or the cache starts over.
+        let next = self.len + 1;
+        if self.window.iter().zip(&self.base).any(|(&w, &b)| w > 0 && b > next.saturating_sub(w)) {
+            self.saved = None;
+            self.clear();
         }
         self.len
     }
@@ -232,7 +233,8 @@ impl KvCache {
         let base = self.base[il];
         if keep > base {
             // Cells base..pos0 hold positions; keep..pos0 move to the front of each head's run.
-            let (from, used) = ((keep - base) * hd, (pos0.max(keep) - base) * hd);
+            // (keep ≤ pos0: the window holds at least the query's own position.)
+            let (from, used) = ((keep - base) * hd, (pos0 - base) * hd);
             for h in 0..self.n_head_kv {
                 let o = h * cap * hd;
                 self.k[il].copy_within(o + from..o + used, o);
