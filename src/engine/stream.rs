@@ -61,6 +61,87 @@ pub struct BudgetPlan {
 pub enum BudgetError {
     #[error("memory budget {budget} bytes ({budget_mib:.1} MiB) is below the minimum this model runs in: {minimum} bytes ({minimum_mib:.1} MiB) = dense weights {dense} + KV cache {kv} + scratch {scratch} + {min_slots} expert slots of {slot} bytes (lower --ctx-size to shrink the KV cache)")]
     TooSmall { budget: u64, budget_mib: f64, minimum: u64, minimum_mib: f64, dense: u64, kv: u64, scratch: u64, min_slots: usize, slot: u64 },
+    #[error("the memory budget cannot change while experts are cached on the GPU ({gpu_slots} GPU slots); run on the CPU backend to change it at run time")]
+    GpuPool { gpu_slots: usize },
+}
+
+/// The memory budget of a running streaming session, changeable from any thread while the
+/// model runs (an app's memory warning, `les serve`'s `/les/budget`, the `--adapt-budget`
+/// watchdog, the browser page): the dense weights, KV cache and scratch stay as planned at
+/// load, and the expert cache takes what is left ([`StreamingExperts::set_slots`]). The
+/// conversation and the logits are unchanged: only which experts are resident changes.
+#[derive(Clone)]
+pub struct BudgetControl {
+    experts: Arc<StreamingExperts>,
+    plan: Arc<std::sync::Mutex<BudgetPlan>>,
+    /// Bytes of the user's budget held beside the model (a draft model, an MTP block, a vision
+    /// tower): [`Self::set`] takes the whole budget and leaves these out.
+    reserve: u64,
+}
+
+impl BudgetControl {
+    pub fn new(experts: Arc<StreamingExperts>, plan: BudgetPlan) -> Self {
+        Self { experts, plan: Arc::new(std::sync::Mutex::new(plan)), reserve: 0 }
+    }
+
+    /// Count `bytes` of every budget given to [`Self::set`] as held beside the model.
+    pub fn with_reserve(mut self, bytes: u64) -> Self {
+        self.reserve = bytes;
+        self
+    }
+
+    /// The plan now (its `budget` and `minimum` without the reserve; `slots`: the cache's).
+    pub fn plan(&self) -> BudgetPlan {
+        self.plan.lock().unwrap().clone()
+    }
+
+    /// The whole budget now and the smallest one [`Self::set`] accepts (reserve included).
+    pub fn budget(&self) -> u64 {
+        self.plan.lock().unwrap().budget + self.reserve
+    }
+    pub fn minimum(&self) -> u64 {
+        self.plan.lock().unwrap().minimum + self.reserve
+    }
+
+    /// Change the budget to `budget` bytes (the whole budget, as `--memory-budget`): below the
+    /// model's minimum it is refused ([`BudgetError::TooSmall`]) and nothing changes. A lower
+    /// budget frees expert slots at once (those in use when the forward using them is done) and
+    /// returns the freed memory to the system; a higher one gives the cache more slots, up to
+    /// one per expert. Returns the new plan.
+    pub fn set(&self, budget: u64) -> Result<BudgetPlan, BudgetError> {
+        let mut p = self.plan.lock().unwrap();
+        if p.gpu_slots > 0 {
+            return Err(BudgetError::GpuPool { gpu_slots: p.gpu_slots });
+        }
+        let fixed = p.dense + p.kv + p.scratch;
+        let min_slots = ((p.minimum - fixed) / p.expert_bytes_max.max(1)) as usize;
+        let whole = |e: BudgetError| match e {
+            BudgetError::TooSmall { minimum, dense, kv, scratch, min_slots, slot, .. } => {
+                let minimum = minimum + self.reserve;
+                BudgetError::TooSmall { budget, budget_mib: budget as f64 / 1048576.0, minimum, minimum_mib: minimum as f64 / 1048576.0, dense, kv, scratch, min_slots, slot }
+            }
+            e => e,
+        };
+        let mut q = plan_budget(budget.saturating_sub(self.reserve), p.dense, p.kv, p.scratch, p.expert_bytes_max, p.total_expert_bytes, min_slots).map_err(whole)?;
+        let before = self.experts.slots();
+        q.slots = self.experts.set_slots(q.slots);
+        (q.dense_streamed, q.dense_window) = (p.dense_streamed, p.dense_window);
+        if q.slots < before {
+            release_freed_memory();
+        }
+        *p = q.clone();
+        Ok(q)
+    }
+}
+
+/// Hand the memory of freed expert buffers back to the system: glibc keeps freed blocks below
+/// its mmap threshold in the heap; `malloc_trim(0)` returns their whole pages (`malloc_trim(3)`).
+fn release_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only releases free heap memory; it is safe to call at any time.
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }
 
 /// Tokens per prefill batch when streaming (bounds scratch memory).
@@ -268,8 +349,11 @@ pub enum OpenError {
 pub struct Streaming {
     pub session: Session,
     pub experts: Arc<StreamingExperts>,
+    /// The plan at load ([`BudgetControl::plan`] follows later changes).
     pub plan: BudgetPlan,
     pub store_kind: &'static str,
+    /// Changes the budget while the session runs.
+    pub budget: BudgetControl,
 }
 
 /// A whole tensor dequantized to f32 (routers, norms).
@@ -420,7 +504,8 @@ pub fn open_streaming_sources(raw: Arc<dyn ByteSource>, expert_src: Arc<dyn Byte
         .collect::<Result<Vec<_>, _>>()?;
     let experts = Arc::new(StreamingExperts::new(store, routers, c.n_expert, c.n_expert_used, cfg).with_ffn_norms(norms).with_router_biases(router_b));
     let session = Session::load_streaming_dense(&*dense_src, ExpertMode::External(experts.clone()), n_ctx, PREFILL_BATCH, dense_streaming.as_ref())?;
-    Ok(Streaming { session, experts, plan, store_kind })
+    let budget = BudgetControl::new(experts.clone(), plan.clone());
+    Ok(Streaming { session, experts, plan, store_kind, budget })
 }
 
 #[cfg(test)]

@@ -50,7 +50,15 @@ pub(super) struct Req {
 
 /// The policy's state, behind [`Shared`]'s lock.
 pub(crate) struct Inner {
+    /// Every slot the cache may use (one per expert of the model at most); only the first
+    /// `limit` are used now.
     pub(super) slots: Vec<Slot>,
+    /// Slots in use now ([`super::stream::StreamingExperts::set_slots`]: the budget may change
+    /// while the model runs).
+    pub(super) limit: usize,
+    /// Slots at or above `limit` and below `high` may still hold an expert (a shrink waits for
+    /// the ones in use or being read); `high <= limit` once they are all freed.
+    pub(super) high: usize,
     pub(super) map: HashMap<(usize, usize), usize>,
     pub(super) queue: Vec<Req>,
     pub(super) seq: u64,
@@ -97,6 +105,9 @@ pub(crate) struct Shared {
     /// Signalled when a read finished (the compute thread waits on it).
     pub(crate) done_cv: Condvar,
     pub(super) bufs: Vec<RwLock<ExpertBlock>>,
+    /// The largest expert's bytes: each slot's buffer is reserved at this size when first used,
+    /// so it never grows again.
+    pub(super) slot_bytes: usize,
     pub(super) store: Arc<dyn ExpertStore>,
     pub(super) cfg: StreamConfig,
     pub(super) t0: Instant,
@@ -200,6 +211,11 @@ impl Shared {
         if err.is_none() && req.done == 0 {
             let mut b = self.bufs[req.slot].write().unwrap();
             b.layout = self.store.layout(layer).clone();
+            if b.data.capacity() < self.slot_bytes.max(total) {
+                // A slot used for the first time (or again after a shrink freed it).
+                let want = self.slot_bytes.max(total) - b.data.len();
+                b.data.reserve_exact(want);
+            }
             b.data.resize(total, 0);
         }
         Some(Job { req, ranges, total, err })
@@ -287,6 +303,7 @@ impl Shared {
                             // Stale: the router of its layer has decided without it.
                             g.drop_prefetch(req.slot);
                             g.inflight_prefetch -= 1;
+                            self.retire(&mut g);
                             drop(g);
                             self.io_cv.notify_all();
                             return Next::Stop;
@@ -343,6 +360,7 @@ impl Shared {
                 }
             }
         }
+        self.retire(&mut g);
         drop(g);
         self.done_cv.notify_all();
         self.io_cv.notify_all();
@@ -360,6 +378,7 @@ impl Shared {
         }
         if g.slots[job.req.slot].pins == 0 && !job.req.demand {
             g.drop_prefetch(job.req.slot);
+            self.retire(&mut g);
         } else {
             // Somebody waits for it: back to the queue as a demand read.
             g.slots[job.req.slot].state = State::Queued;
@@ -386,6 +405,49 @@ impl Shared {
         g.shutdown
     }
 
+    /// Free the slots at or above the limit that nobody uses or reads now (after a shrink):
+    /// their experts leave the cache and their buffers the process. Prefetches still being
+    /// read into them are cancelled (dropped at their next chunk, then freed here). Cheap when
+    /// nothing is left to free. Returns the bytes freed.
+    pub(super) fn retire(&self, g: &mut Inner) -> usize {
+        if g.high <= g.limit {
+            return 0;
+        }
+        let (mut freed, mut busy_top) = (0, g.limit);
+        for s in g.limit..g.high {
+            let sl = &mut g.slots[s];
+            if sl.pins > 0 || sl.state == State::Loading {
+                if sl.pins == 0 && sl.prefetched_unused {
+                    sl.cancel = true;
+                }
+                busy_top = s + 1;
+                continue;
+            }
+            if sl.state == State::Queued {
+                // A prefetch nobody waits for (a waited-for request holds a pin).
+                g.queue.retain(|r| r.slot != s);
+                g.stats.prefetch_cancelled += 1;
+            }
+            let sl = &mut g.slots[s];
+            if let Some(k) = sl.key.take() {
+                g.map.remove(&k);
+            }
+            let sl = &mut g.slots[s];
+            sl.state = State::Empty;
+            sl.hot = false;
+            sl.prefetched_unused = false;
+            sl.cancel = false;
+            sl.failed = None;
+            // Nobody holds this buffer's lock: readers pin the slot, writers load it.
+            let mut b = self.bufs[s].write().unwrap();
+            freed += b.data.capacity();
+            b.data = Vec::new();
+        }
+        g.high = busy_top;
+        g.stats.slot_bytes_freed += freed as u64;
+        freed
+    }
+
     /// Does the compute thread wait for (or use) `slot`?
     pub(crate) fn pinned(g: &Inner, slot: usize) -> bool {
         g.slots[slot].pins > 0
@@ -398,7 +460,7 @@ impl Inner {
     /// them), then the policy's choice.
     pub(super) fn victim(&self, policy: Policy, protect: &HashSet<(usize, usize)>) -> Option<usize> {
         let mut best: Option<(usize, (u8, f64, u64))> = None;
-        for (i, s) in self.slots.iter().enumerate() {
+        for (i, s) in self.slots[..self.limit].iter().enumerate() {
             if s.pins > 0 || matches!(s.state, State::Queued | State::Loading) || s.hot {
                 continue;
             }

@@ -45,6 +45,10 @@ pub struct StreamStats {
     pub refine_pred_made: u64,
     pub refine_pred_routed: u64,
     pub load_failures: u64,
+    /// Times the number of expert slots was changed while running (a budget change) and the
+    /// bytes of slot buffers freed by them.
+    pub slot_changes: u64,
+    pub slot_bytes_freed: u64,
     pub stall_ms: f64,
     /// Sum over workers of time spent reading.
     pub io_busy_ms: f64,

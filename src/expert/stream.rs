@@ -67,14 +67,19 @@ impl StreamingExperts {
     pub fn new(store: Arc<dyn ExpertStore>, routers: Vec<Vec<f32>>, n_expert: usize, n_used: usize, cfg: StreamConfig) -> Self {
         let n_layers = store.n_layers();
         let max_bytes = (0..n_layers).map(|l| store.layout(l).bytes()).max().unwrap_or(0);
-        let bufs = (0..cfg.slots)
-            .map(|_| RwLock::new(ExpertBlock { data: Vec::with_capacity(max_bytes), layout: store.layout(0).clone() }))
+        // A slot for every expert the budget may ever grow to; buffers only for the first
+        // `cfg.slots` (the others get theirs when the budget grows, [`Self::set_slots`]).
+        let n_slots = cfg.slots.max(n_layers * n_expert);
+        let bufs = (0..n_slots)
+            .map(|i| RwLock::new(ExpertBlock { data: if i < cfg.slots { Vec::with_capacity(max_bytes) } else { Vec::new() }, layout: store.layout(0).clone() }))
             .collect();
         let empty = Slot { key: None, state: State::Empty, pins: 0, last_use: 0, prefetched_unused: false, hot: false, failed: None, cancel: false };
         let d = cfg.depth.max(1);
         let stats = StreamStats::empty(n_layers, d);
         let inner = Inner {
-            slots: vec![empty; cfg.slots],
+            slots: vec![empty; n_slots],
+            limit: cfg.slots,
+            high: cfg.slots,
             map: HashMap::new(),
             queue: Vec::new(),
             seq: 0,
@@ -99,7 +104,7 @@ impl StreamingExperts {
             verifying: false,
         };
         let pf_on = AtomicBool::new(cfg.prefetch);
-        let sh = Arc::new(Shared { inner: Mutex::new(inner), io_cv: Condvar::new(), done_cv: Condvar::new(), bufs, store, cfg: cfg.clone(), t0: Instant::now(), pf_on });
+        let sh = Arc::new(Shared { inner: Mutex::new(inner), io_cv: Condvar::new(), done_cv: Condvar::new(), bufs, slot_bytes: max_bytes, store, cfg: cfg.clone(), t0: Instant::now(), pf_on });
         // `io_threads == 0` (always on wasm32, which has no threads): no workers; the thread
         // that needs an expert reads it itself (the browser installs its own executor).
         let n_workers = if cfg!(target_arch = "wasm32") { 0 } else { cfg.io_threads };
@@ -348,6 +353,46 @@ impl StreamingExperts {
         &self.sh.cfg
     }
 
+    /// Expert slots in use now (`config().slots` at the start; [`Self::set_slots`] changes it).
+    pub fn slots(&self) -> usize {
+        self.sh.inner.lock().unwrap().limit
+    }
+
+    /// The most slots the cache can have: one per expert of the model.
+    pub fn max_slots(&self) -> usize {
+        self.sh.bufs.len()
+    }
+
+    /// Bytes the slot buffers hold now (reserved at the largest expert's size when first used,
+    /// freed when a shrink retires them).
+    pub fn held_bytes(&self) -> u64 {
+        let g = self.sh.inner.lock().unwrap();
+        let top = g.high.max(g.limit);
+        self.sh.bufs[..top].iter().map(|b| b.read().unwrap().data.capacity() as u64).sum()
+    }
+
+    /// Change the number of expert slots while the model runs (a budget lowered under memory
+    /// pressure, raised when it passes), from any thread, also during a forward: the first `n`
+    /// slots stay (clamped to top-k + 1 ..= [`Self::max_slots`]); the experts in the others
+    /// leave the cache and their buffers are freed at once, or as soon as the forward using
+    /// them or the read filling them is done. Growing only makes more slots available (their
+    /// buffers are allocated when first filled). Which experts are resident changes, never what
+    /// the model computes: the router decides and a miss is read again. Returns the new count.
+    pub fn set_slots(&self, n: usize) -> usize {
+        let n = n.clamp(self.n_used + 1, self.max_slots());
+        let mut g = self.sh.inner.lock().unwrap();
+        if n != g.limit {
+            g.stats.slot_changes += 1;
+        }
+        g.limit = n;
+        g.high = g.high.max(n);
+        self.sh.retire(&mut g);
+        drop(g);
+        self.sh.done_cv.notify_all();
+        self.kick();
+        n
+    }
+
     /// Experts resident now (for tests and inspection).
     pub fn resident(&self) -> Vec<(usize, usize)> {
         let g = self.sh.inner.lock().unwrap();
@@ -506,7 +551,8 @@ impl ExpertSource for StreamingExperts {
             // Cancel queued prefetches for this layer and earlier ones that the router did not pick.
             g.drop_queued(|r, _| r.key.0 <= layer && !needed.contains(&r.key));
             // In-flight ones: their workers drop them at the next chunk.
-            for sl in g.slots.iter_mut() {
+            let top = g.high.max(g.limit);
+            for sl in g.slots[..top].iter_mut() {
                 if let (State::Loading, true, Some(k), 0) = (sl.state, sl.prefetched_unused, sl.key, sl.pins) {
                     if k.0 <= layer && !needed.contains(&k) {
                         sl.cancel = true;
@@ -582,6 +628,7 @@ impl ExpertSource for StreamingExperts {
             let mut g = sh.inner.lock().unwrap();
             g.touch(slot);
             g.slots[slot].pins -= 1;
+            sh.retire(&mut g);
             drop(g);
             sh.done_cv.notify_all();
         };

@@ -367,3 +367,85 @@ fn ladder_reports_waits_and_artifacts() {
     assert_eq!(a["prompts"].as_str().unwrap(), prompts.join("\n"));
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// The budget lowered and raised while the model runs (issue 39 item 2), between tokens and
+/// from another thread in the middle of forwards: the logits stay the resident run's bits (the
+/// hybrid's recurrent state and the KV cache are untouched), the cache's buffers follow the
+/// budget, and a budget below the minimum is refused without changing anything.
+#[test]
+fn budget_changes_while_running_are_lossless() {
+    let path = model("rand-qwen35moe.gguf");
+    let (seqs, want) = reference(&path, &["The capital of France is"], 24);
+    let (p, cont) = &seqs[0];
+    let g = GgufFile::read(&FileSource::open(&path).unwrap()).unwrap();
+    let c = Config::from_gguf(&g).unwrap();
+    let open = |prefetch: bool| {
+        let cache = StreamConfig { prefetch, depth: 2, io_threads: 3, ..Default::default() };
+        let opts = StreamOptions { budget: 0, n_ctx: 256, direct: false, profile: None, cache, slots: Some(c.n_layer * c.n_expert * 6 / 10), gpu_pool: false, dense: Default::default() };
+        open_streaming(path.to_str().unwrap(), &opts).unwrap()
+    };
+    for prefetch in [false, true] {
+        // Between tokens: 60% of the experts → the minimum → back → one slot above the minimum.
+        let mut st = open(prefetch);
+        let (full, min, slot) = (st.budget.budget(), st.budget.minimum(), st.plan.expert_bytes_max);
+        let s = &mut st.session;
+        s.kv.clear();
+        let mut got = vec![s.prefill(p).unwrap()];
+        for (i, &t) in cont.iter().enumerate() {
+            let change = match i {
+                6 => Some(min),
+                12 => Some(full),
+                18 => Some(min + slot),
+                _ => None,
+            };
+            if let Some(b) = change {
+                let plan = st.budget.set(b).unwrap();
+                assert_eq!(plan.slots, st.experts.slots());
+                assert_eq!(plan.slots as u64, (b - plan.dense - plan.kv - plan.scratch) / slot);
+                if i == 6 {
+                    assert_eq!(plan.slots, c.n_expert_used + 1, "the minimum holds one layer's top-k + 1");
+                    // Below the minimum: refused, nothing changes.
+                    match st.budget.set(min - 1) {
+                        Err(les::engine::stream::BudgetError::TooSmall { minimum, .. }) => assert_eq!(minimum, min),
+                        r => panic!("a budget below the minimum must be refused: {:?}", r.map(|p| p.slots)),
+                    }
+                    assert_eq!(st.experts.slots(), plan.slots);
+                }
+            }
+            got.push(s.model.forward(&[t], &mut s.kv, Logits::Last).unwrap());
+            // Freed buffers leave (slots read into when the budget fell retire when done).
+            let bound = st.experts.slots() as u64 * slot;
+            let t0 = std::time::Instant::now();
+            while st.experts.held_bytes() > bound && t0.elapsed().as_secs() < 5 {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            assert!(st.experts.held_bytes() <= bound, "token {i}: {} bytes held by {} slots of {slot}", st.experts.held_bytes(), st.experts.slots());
+        }
+        assert!(got == want[0], "prefetch {prefetch}: logits changed with the budget");
+        let stats = st.experts.stats();
+        assert_eq!(stats.slot_changes, 3);
+        assert!(stats.slot_bytes_freed >= (c.n_layer * c.n_expert * 6 / 10 - c.n_expert_used - 1) as u64 * slot / 2, "{stats:?}");
+
+        // From another thread, during forwards: the budget swings between the minimum and 60%.
+        let mut st = open(prefetch);
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let ctl = st.budget.clone();
+        let swing = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut n = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    ctl.set(if n % 2 == 0 { min } else { full }).unwrap();
+                    n += 1;
+                    std::thread::sleep(std::time::Duration::from_micros(300));
+                }
+                n
+            })
+        };
+        let got = logits_seq(&mut st.session, p, cont).unwrap();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let swings = swing.join().unwrap();
+        assert!(swings >= 2, "the budget changed {swings} times");
+        assert!(got == want[0], "prefetch {prefetch}: logits changed while the budget swung {swings} times");
+    }
+}
