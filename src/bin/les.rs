@@ -14,6 +14,7 @@ use les::engine::chat::Message;
 use les::engine::sampling::SamplerConfig;
 use les::engine::mtp::MtpDraft;
 use les::engine::speculative::{self, Draft, DraftModel, PromptLookup, SpecOptions};
+use les::engine::stream::BudgetControl;
 use les::engine::{memory_usage, Session};
 use les::gguf::GgufFile;
 use les::model::ExpertMode;
@@ -192,6 +193,12 @@ struct StreamArgs {
     /// I/O threads (reads in flight).
     #[arg(long, default_value_t = 4)]
     io_threads: usize,
+    /// Follow the memory available to the process (Linux: its memory cgroup's limit less its
+    /// working set, and MemAvailable): below max(64 MiB, 5% of the budget) free the expert
+    /// cache shrinks, above four times that it grows back, never past --memory-budget nor below
+    /// the model's minimum. The output does not change. CPU backend.
+    #[arg(long, requires = "memory_budget")]
+    adapt_budget: bool,
     /// Two-stage lookahead: after each layer's FFN, its output re-predicts layer l+1 and predicts
     /// l+2 (recall 80% vs 56%, but slower in the measured ladders: see BENCHMARKS.md).
     #[arg(long)]
@@ -596,7 +603,7 @@ fn sha256_file(path: &str) -> std::io::Result<String> {
 /// [`open_session`] with a vision tower (`--mmproj`): under `--memory-budget` its weights and
 /// encoder activations come out of the budget; when the budget cannot hold them beside the
 /// model, the tower's matrices are read from storage at each use instead (the same bits).
-fn open_session_with_tower(m: &ModelArgs, s: &StreamArgs, reserve: u64, mmproj: Option<&str>) -> Result<(Session, Option<std::sync::Arc<les::expert::stream::StreamingExperts>>, Option<les::vision::Mmproj>), Box<dyn std::error::Error>> {
+fn open_session_with_tower(m: &ModelArgs, s: &StreamArgs, reserve: u64, mmproj: Option<&str>) -> Result<(Session, Option<BudgetControl>, Option<les::vision::Mmproj>), Box<dyn std::error::Error>> {
     let Some(p) = mmproj else {
         let (sess, ex) = open_session(m, s, reserve)?;
         return Ok((sess, ex, None));
@@ -633,7 +640,10 @@ fn open_session_with_tower(m: &ModelArgs, s: &StreamArgs, reserve: u64, mmproj: 
     Ok((sess, ex, Some(mp)))
 }
 
-fn open_session(m: &ModelArgs, s: &StreamArgs, reserve: u64) -> Result<(Session, Option<std::sync::Arc<les::expert::stream::StreamingExperts>>), Box<dyn std::error::Error>> {
+/// Open the model: resident, or streamed under `--memory-budget` (less `reserve`, held beside the
+/// model), with the `--adapt-budget` watchdog when asked; the budget's control for streamed
+/// sessions.
+fn open_session(m: &ModelArgs, s: &StreamArgs, reserve: u64) -> Result<(Session, Option<BudgetControl>), Box<dyn std::error::Error>> {
     let Some(b) = &s.memory_budget else { return Ok((open(m)?, None)) };
     if let Some(t) = m.threads {
         les::backend::cpu::par::init_threads(t);
@@ -670,9 +680,33 @@ fn open_session(m: &ModelArgs, s: &StreamArgs, reserve: u64) -> Result<(Session,
         st.store_kind,
         s.store
     );
-    let les::engine::stream::Streaming { mut session, experts, .. } = st;
+    let les::engine::stream::Streaming { mut session, budget, .. } = st;
     m.apply_backend_with(&mut session, Some(if gpu_slots > 0 { gpu_slots } else { cpu_slots }))?;
-    Ok((session, Some(experts)))
+    let budget = budget.with_reserve(reserve);
+    if s.adapt_budget {
+        if gpu_slots > 0 {
+            return Err(les::engine::stream::BudgetError::GpuPool { gpu_slots }.into());
+        }
+        adapt_budget(&budget)?;
+    }
+    Ok((session, Some(budget)))
+}
+
+/// `--adapt-budget`: a watchdog that follows the memory available to the process for the rest
+/// of the run (`les::engine::pressure`).
+fn adapt_budget(budget: &BudgetControl) -> Res {
+    use les::engine::pressure::{available_memory, AdaptRule, Watchdog};
+    if available_memory().is_none() {
+        return Err("--adapt-budget: this system does not say how much memory is available (Linux: /proc/meminfo, memory cgroups)".into());
+    }
+    let rule = AdaptRule::for_budget(budget.budget(), budget.minimum());
+    let mib = |b: u64| b as f64 / 1048576.0;
+    eprintln!("les: --adapt-budget: below {:.0} MiB free the budget shrinks (to {:.0} MiB at least), above {:.0} MiB it grows back (to {:.0} MiB at most)", mib(rule.low), mib(rule.minimum), mib(rule.high), mib(rule.target));
+    let ctl = budget.clone();
+    let log = move |old: u64, new: u64, free: u64| eprintln!("les: memory budget {:.0} → {:.0} MiB ({:.0} MiB free; {} expert slots)", mib(old), mib(new), mib(free), ctl.plan().slots);
+    // Lives as long as the process.
+    std::mem::forget(Watchdog::spawn(budget.clone(), rule, std::time::Duration::from_millis(250), available_memory, log)?);
+    Ok(())
 }
 
 fn cmd_run(a: RunArgs) -> Res {
@@ -701,7 +735,8 @@ fn cmd_run(a: RunArgs) -> Res {
     if a.mmproj.is_none() && !a.image.is_empty() {
         return Err("--image needs --mmproj FILE (the model's vision tower)".into());
     }
-    let (mut sess, streaming, tower) = open_session_with_tower(&a.m, &a.s, reserve, a.mmproj.as_deref())?;
+    let (mut sess, budget, tower) = open_session_with_tower(&a.m, &a.s, reserve, a.mmproj.as_deref())?;
+    let streaming = budget.as_ref().map(|b| b.experts().clone());
     let mut draft: Option<Box<dyn Draft>> = match (&a.draft_model, a.lookup) {
         (Some(p), _) => {
             let src = FileSource::open(p)?;
@@ -1170,7 +1205,8 @@ fn cmd_pack(input: &str, output: &str, expert_types: Option<&str>) -> Res {
 
 fn cmd_bench_chat(m: &ModelArgs, s: &StreamArgs, n: usize, reps: usize, messages: &str) -> Res {
     let users: Vec<String> = std::fs::read_to_string(messages)?.lines().filter(|l| !l.trim().is_empty()).map(String::from).collect();
-    let (mut sess, experts) = open_session(m, s, 0)?;
+    let (mut sess, budget) = open_session(m, s, 0)?;
+    let experts = budget.as_ref().map(|b| b.experts().clone());
     println!("les bench chat: model {} | {} turns, {n} tokens per reply, greedy | budget {}", m.model, users.len(), s.memory_budget.as_deref().unwrap_or("none (resident)"));
     println!("{:<4} {:<9} {:>5} {:>14} {:>8} {:>10} {:>12}", "rep", "reuse", "turn", "prompt tokens", "reused", "TTFT ms", "prefill MB");
     for rep in 0..reps.max(1) {
@@ -1215,7 +1251,7 @@ fn cmd_bench_chat(m: &ModelArgs, s: &StreamArgs, n: usize, reps: usize, messages
 
 fn cmd_bench_pp_tg(m: &ModelArgs, s: &StreamArgs, n_prompt: &[usize], n_gen: &[usize], reps: usize, profile: bool) -> Res {
     use les::model::Logits;
-    let (mut sess, _experts) = open_session(m, s, 0)?;
+    let (mut sess, _budget) = open_session(m, s, 0)?;
     if m.ctx_size < n_prompt.iter().chain(n_gen).copied().max().unwrap_or(0) {
         return Err(format!("-c {} is smaller than the longest test", m.ctx_size).into());
     }

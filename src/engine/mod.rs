@@ -12,6 +12,8 @@ pub mod ladder;
 pub mod mixed;
 pub mod mtp;
 pub mod multimodal;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod pressure;
 pub mod stream;
 
 use crate::gguf::{GgufError, GgufFile};

@@ -80,8 +80,17 @@ pub struct BudgetControl {
 }
 
 impl BudgetControl {
-    pub fn new(experts: Arc<StreamingExperts>, plan: BudgetPlan) -> Self {
+    pub fn new(experts: Arc<StreamingExperts>, mut plan: BudgetPlan) -> Self {
+        if plan.gpu_slots == 0 {
+            // The cache's own count (at most one slot per expert).
+            plan.slots = experts.slots();
+        }
         Self { experts, plan: Arc::new(std::sync::Mutex::new(plan)), reserve: 0 }
+    }
+
+    /// The expert cache it sizes.
+    pub fn experts(&self) -> &Arc<StreamingExperts> {
+        &self.experts
     }
 
     /// Count `bytes` of every budget given to [`Self::set`] as held beside the model.
@@ -543,7 +552,7 @@ mod tests {
     #[test]
     fn budget_below_minimum_names_the_minimum() {
         let e = plan_budget(100, 50, 20, 10, 30, 300, 3).unwrap_err();
-        let BudgetError::TooSmall { minimum, .. } = e;
+        let BudgetError::TooSmall { minimum, .. } = e else { panic!("{e}") };
         assert_eq!(minimum, 50 + 20 + 10 + 90);
         let p = plan_budget(1000, 50, 20, 10, 30, 300, 3).unwrap();
         assert_eq!(p.slots, (1000 - 80) / 30);

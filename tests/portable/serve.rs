@@ -278,6 +278,69 @@ fn serve_end_to_end() {
         assert_eq!(h.join().unwrap(), 200);
     }
     assert_eq!(http(a, "GET", "/health", None).status, 200);
+
+    // Every weight resident: no budget to change.
+    let v = assert_error(&post(a, "/les/budget", &json!({ "memory_budget": "64MiB" })), 400, "budget without --memory-budget");
+    assert_eq!(v["error"]["code"], "no_memory_budget");
+}
+
+/// `/les/budget` (issue 39 item 2): a streamed server's budget lowered to the model's minimum
+/// and raised again between requests, and once while a request is generating: every reply is the
+/// resident engine's greedy text, the expert slots follow, and bad values are refused with
+/// nothing changed.
+#[test]
+fn serve_memory_budget() {
+    const MOE: &str = "rand-qwen3moe.gguf";
+    let greedy = |prompt: &str, n: usize| {
+        let src = FileSource::open(model(MOE)).unwrap();
+        let mut s = Session::load(&src, ExpertMode::Resident, CTX).unwrap();
+        let toks = s.tokenize(prompt);
+        let mut text = String::new();
+        s.generate(&toks, n, &SamplerConfig::greedy(), false, &mut |_, t| {
+            text.push_str(t);
+            true
+        })
+        .unwrap();
+        text
+    };
+    // 40 MiB: room for 21 of the 64 experts' slots beside the rest.
+    let srv = start_with(MOE, &["--memory-budget", "40MiB"]);
+    let a = srv.addr.as_str();
+    let b0 = http(a, "GET", "/les/budget", None).json();
+    assert_eq!(b0["budget"].as_u64(), Some(40 << 20), "{b0}");
+    let (min, slot) = (b0["minimum"].as_u64().unwrap(), b0["expert_slot_bytes"].as_u64().unwrap());
+    let fixed = b0["dense"].as_u64().unwrap() + b0["kv"].as_u64().unwrap() + b0["scratch"].as_u64().unwrap();
+    assert_eq!(b0["expert_slots"].as_u64(), Some((40 << 20) - fixed).map(|b| b / slot), "{b0}");
+    assert!(b0["expert_slots"].as_u64().unwrap() < 64, "{b0}");
+    let complete = |prompt: &str| post(a, "/v1/completions", &json!({ "prompt": prompt, "max_tokens": 12, "temperature": 0 })).json()["choices"][0]["text"].as_str().unwrap().to_string();
+
+    let prompts = ["The capital of France is", "def fibonacci(n):", "Once upon a time"];
+    assert_eq!(complete(prompts[0]), greedy(prompts[0], 12));
+    // Down to the minimum: one layer's top-k + 1 slots, their buffers only.
+    let v = post(a, "/les/budget", &json!({ "memory_budget": min })).json();
+    assert_eq!((v["budget"].as_u64(), v["minimum"].as_u64()), (Some(min), Some(min)), "{v}");
+    let n_min = (min - fixed) / slot;
+    assert_eq!(v["expert_slots"].as_u64(), Some(n_min), "{v}");
+    assert!(v["expert_bytes_held"].as_u64().unwrap() <= n_min * slot, "{v}");
+    assert_eq!(complete(prompts[1]), greedy(prompts[1], 12));
+    // Refused, nothing changed.
+    let e = assert_error(&post(a, "/les/budget", &json!({ "memory_budget": min - 1 })), 400, "below the minimum");
+    assert_eq!(e["error"]["code"], "budget_too_small");
+    assert!(e["error"]["message"].as_str().unwrap().contains(&min.to_string()), "{e}");
+    assert_error(&post(a, "/les/budget", &json!({ "memory_budget": "12 parsecs" })), 400, "a bad size");
+    assert_error(&post(a, "/les/budget", &json!({ "budget": 1 })), 400, "an unknown field");
+    assert_error(&post(a, "/les/budget", &json!({ "memory_budget": -5 })), 400, "a negative size");
+    assert_eq!(http(a, "GET", "/les/budget", None).json()["budget"].as_u64(), Some(min));
+    // Back up (a size string), then down again as a request starts generating.
+    let v = post(a, "/les/budget", &json!({ "memory_budget": "40MiB" })).json();
+    assert_eq!(v["expert_slots"], b0["expert_slots"], "{v}");
+    let busy = {
+        let a = a.to_string();
+        std::thread::spawn(move || post(&a, "/v1/completions", &json!({ "prompt": "Once upon a time", "max_tokens": 40, "temperature": 0 })).json()["choices"][0]["text"].as_str().unwrap().to_string())
+    };
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(post(a, "/les/budget", &json!({ "memory_budget": min })).status, 200);
+    assert_eq!(busy.join().unwrap(), greedy(prompts[2], 40));
 }
 
 const VL_MODEL: &str = "rand-qwen35-vl.gguf";

@@ -449,3 +449,40 @@ fn budget_changes_while_running_are_lossless() {
         assert!(got == want[0], "prefetch {prefetch}: logits changed while the budget swung {swings} times");
     }
 }
+
+/// `--adapt-budget`'s watchdog: free memory falling below the low mark shrinks the budget
+/// toward the minimum, free memory coming back grows it to the user's budget, never beyond.
+#[test]
+fn watchdog_follows_free_memory() {
+    use les::engine::pressure::{AdaptRule, Watchdog};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let path = model("rand-llama-moe.gguf");
+    let g = GgufFile::read(&FileSource::open(&path).unwrap()).unwrap();
+    let c = Config::from_gguf(&g).unwrap();
+    let opts = StreamOptions { budget: 0, n_ctx: 256, direct: false, profile: None, cache: StreamConfig::default(), slots: Some(c.n_layer * c.n_expert / 2), gpu_pool: false, dense: Default::default() };
+    let st = open_streaming(path.to_str().unwrap(), &opts).unwrap();
+    let (full, min) = (st.budget.budget(), st.budget.minimum());
+    let rule = AdaptRule { target: full, minimum: min, low: 1 << 20, high: 8 << 20 };
+    let free = Arc::new(AtomicU64::new(4 << 20));
+    let f = free.clone();
+    let _w = Watchdog::spawn(st.budget.clone(), rule, std::time::Duration::from_millis(2), move || Some(f.load(Ordering::Relaxed)), |_, _, _| {}).unwrap();
+    let wait_for = |want: u64| {
+        let t0 = std::time::Instant::now();
+        while st.budget.budget() != want && t0.elapsed().as_secs() < 5 {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        assert_eq!(st.budget.budget(), want);
+    };
+    // Between the marks: unchanged.
+    std::thread::sleep(std::time::Duration::from_millis(30));
+    assert_eq!(st.budget.budget(), full);
+    // Nothing free: down to the minimum (repeated steps of 2 MiB), slots top-k + 1.
+    free.store(0, Ordering::Relaxed);
+    wait_for(min);
+    assert_eq!(st.experts.slots(), c.n_expert_used + 1);
+    // Plenty free: back to the user's budget, no further.
+    free.store(1 << 40, Ordering::Relaxed);
+    wait_for(full);
+    std::thread::sleep(std::time::Duration::from_millis(30));
+    assert_eq!((st.budget.budget(), st.experts.slots()), (full, c.n_layer * c.n_expert / 2));
+}

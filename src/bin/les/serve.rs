@@ -2,7 +2,10 @@
 //! defaults), on axum + tokio.
 //!
 //! Endpoints: `POST /v1/chat/completions` and `POST /v1/completions` (streamed as server-sent
-//! events with `"stream": true`, as OpenAI streams them), `GET /v1/models`, `GET /health`.
+//! events with `"stream": true`, as OpenAI streams them), `GET /v1/models`, `GET /health`, and
+//! LES's own `GET|POST /les/budget` (the memory budget of a `--memory-budget` session: read it,
+//! or lower and raise it while the server runs, e.g. when the host is short of memory; the
+//! expert cache follows at once, requests in progress go on with the same output).
 //! One worker thread owns the session and serves requests one at a time from a bounded queue;
 //! the session keeps its cache between requests, so a conversation's next turn runs only what
 //! follows the longest prefix it shares with the previous one (`usage.prompt_tokens_details.
@@ -197,6 +200,8 @@ struct App {
     defaults: GenArgs,
     /// A vision tower was loaded (`--mmproj`): images are accepted.
     vision: bool,
+    /// The budget of a streamed session (`--memory-budget`).
+    budget: Option<les::engine::stream::BudgetControl>,
 }
 
 fn unix_now() -> u64 {
@@ -206,7 +211,8 @@ fn unix_now() -> u64 {
 pub fn cmd_serve(a: ServeArgs) -> Res {
     // A vision tower's weights and activations come out of the budget too (its matrices read
     // from storage at each image when the budget cannot hold them beside the model).
-    let (mut sess, experts, mmproj) = open_session_with_tower(&a.m, &a.s, 0, a.mmproj.as_deref())?;
+    let (mut sess, budget, mmproj) = open_session_with_tower(&a.m, &a.s, 0, a.mmproj.as_deref())?;
+    let experts = budget.as_ref().map(|b| b.experts().clone());
     sess.reuse_prefix = true;
     if mmproj.is_some() {
         eprintln!("les serve: accepts images (image_url parts with data: URLs)");
@@ -220,12 +226,13 @@ pub fn cmd_serve(a: ServeArgs) -> Res {
         worker(sess, experts, mmproj, rx);
         flag.store(false, std::sync::atomic::Ordering::Relaxed);
     })?;
-    let app = Arc::new(App { jobs: tx, alive, model, created: unix_now(), next_id: 0.into(), defaults: a.g.clone(), vision });
+    let app = Arc::new(App { jobs: tx, alive, model, created: unix_now(), next_id: 0.into(), defaults: a.g.clone(), vision, budget });
     let router = Router::new()
         .route("/health", get(health))
         .route("/v1/models", get(models))
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
+        .route("/les/budget", get(get_budget).post(set_budget))
         .fallback(|| async { ApiError { status: StatusCode::NOT_FOUND, message: "no such endpoint".into(), kind: "invalid_request_error", param: None, code: None } })
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(app);
@@ -361,6 +368,61 @@ fn image_error(e: les::engine::EngineError) -> ApiError {
     match e {
         les::engine::EngineError::Vision(v @ (V::Decode(_) | V::Format(_) | V::Empty { .. } | V::TooLarge { .. } | V::Invalid { .. })) => ApiError::bad(v.to_string(), Some("messages")),
         e => ApiError::server(e.to_string()),
+    }
+}
+
+/// `GET /les/budget`: the plan now (bytes): `budget`, `minimum`, `expert_slots`, and what the
+/// budget holds (`dense`, `kv`, `scratch`, `expert_slot_bytes`).
+async fn get_budget(State(app): State<Arc<App>>) -> Response {
+    match &app.budget {
+        Some(b) => Json(budget_json(b)).into_response(),
+        None => no_budget().into_response(),
+    }
+}
+
+fn no_budget() -> ApiError {
+    ApiError { status: StatusCode::BAD_REQUEST, message: "this server holds every weight in memory (started without --memory-budget): there is no budget to change".into(), kind: "invalid_request_error", param: None, code: Some("no_memory_budget") }
+}
+
+fn budget_json(b: &les::engine::stream::BudgetControl) -> Value {
+    let p = b.plan();
+    json!({ "budget": b.budget(), "minimum": b.minimum(), "expert_slots": p.slots, "expert_slot_bytes": p.expert_bytes_max, "dense": p.dense, "kv": p.kv, "scratch": p.scratch, "expert_bytes_held": b.experts().held_bytes() })
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BudgetReq {
+    /// Bytes, or a size as `--memory-budget` takes it ("300MiB").
+    memory_budget: Value,
+}
+
+/// `POST /les/budget {"memory_budget": "300MiB" | bytes}`: change the budget now (from the
+/// HTTP thread: the worker may be generating). Below the model's minimum: 400 with code
+/// `budget_too_small` and the minimum in the message; nothing changes.
+async fn set_budget(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejection>) -> Response {
+    let Some(b) = &app.budget else { return no_budget().into_response() };
+    let r: BudgetReq = match parse(body) {
+        Ok(r) => r,
+        Err(e) => return e.into_response(),
+    };
+    let bytes = match &r.memory_budget {
+        Value::Number(n) => n.as_u64().ok_or_else(|| "a whole number of bytes".to_string()),
+        Value::String(s) => les::engine::stream::parse_bytes(s),
+        _ => Err("a number of bytes or a size such as \"300MiB\"".into()),
+    };
+    let bytes = match bytes {
+        Ok(v) => v,
+        Err(e) => return ApiError::bad(format!("memory_budget: {e}"), Some("memory_budget")).into_response(),
+    };
+    match b.set(bytes) {
+        Ok(_) => Json(budget_json(b)).into_response(),
+        Err(e) => {
+            let code = match e {
+                les::engine::stream::BudgetError::TooSmall { .. } => "budget_too_small",
+                les::engine::stream::BudgetError::GpuPool { .. } => "budget_fixed",
+            };
+            ApiError { status: StatusCode::BAD_REQUEST, message: e.to_string(), kind: "invalid_request_error", param: Some("memory_budget"), code: Some(code) }.into_response()
+        }
     }
 }
 
