@@ -142,7 +142,11 @@ fn post(addr: &str, path: &str, v: &Value) -> Resp {
 /// The server reuses cached prefixes; on the portable kernels (forced on both sides) that gives
 /// a cold run's bits (`tests/portable/conversation.rs`).
 fn engine_greedy(prompt: &str, n: usize) -> String {
-    let src = FileSource::open(model(MODEL)).unwrap();
+    engine_greedy_on(MODEL, prompt, n)
+}
+
+fn engine_greedy_on(file: &str, prompt: &str, n: usize) -> String {
+    let src = FileSource::open(model(file)).unwrap();
     let mut s = Session::load(&src, ExpertMode::Resident, CTX).unwrap();
     let toks = s.tokenize(prompt);
     let mut text = String::new();
@@ -291,18 +295,7 @@ fn serve_end_to_end() {
 #[test]
 fn serve_memory_budget() {
     const MOE: &str = "rand-qwen3moe.gguf";
-    let greedy = |prompt: &str, n: usize| {
-        let src = FileSource::open(model(MOE)).unwrap();
-        let mut s = Session::load(&src, ExpertMode::Resident, CTX).unwrap();
-        let toks = s.tokenize(prompt);
-        let mut text = String::new();
-        s.generate(&toks, n, &SamplerConfig::greedy(), false, &mut |_, t| {
-            text.push_str(t);
-            true
-        })
-        .unwrap();
-        text
-    };
+    let greedy = |prompt: &str, n: usize| engine_greedy_on(MOE, prompt, n);
     // 40 MiB: room for 21 of the 64 experts' slots beside the rest.
     let srv = start_with(MOE, &["--memory-budget", "40MiB"]);
     let a = srv.addr.as_str();
