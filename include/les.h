@@ -11,6 +11,14 @@
 #include <stdlib.h>
 
 /**
+ * A handle on a streamed engine's memory budget ([`les_budget`]), for [`les_set_memory_budget`]
+ * from any thread: on iOS the memory warning (`didReceiveMemoryWarning`,
+ * `UIApplication.didReceiveMemoryWarningNotification`) arrives on the main thread while
+ * [`les_generate`] runs on another. Valid until [`les_budget_free`], also after [`les_free`].
+ */
+typedef struct LesBudget LesBudget;
+
+/**
  * An engine: one model session (and its expert cache when a memory budget is set).
  */
 typedef struct LesEngine LesEngine;
@@ -110,6 +118,38 @@ char *les_stats_json(const struct LesEngine *engine);
  * Returns 0, or -1 when `engine` is NULL.
  */
 int32_t les_reset(struct LesEngine *engine);
+
+/**
+ * The budget handle of an engine loaded with a `memory_budget`; NULL for an engine holding every
+ * weight (nothing to change) or a NULL engine. Call it while no other call uses the engine;
+ * free the handle with [`les_budget_free`].
+ */
+struct LesBudget *les_budget(const struct LesEngine *engine);
+
+/**
+ * Change the memory budget to `bytes` (the whole budget, as the `memory_budget` load option;
+ * 0: the model's minimum), from any thread, also while a generation runs: a lower budget frees
+ * expert cache memory at once (what a running layer uses, when it is done), a higher one lets
+ * the cache grow again. The conversation and the output do not change. Returns 0, or -1 with
+ * the reason in `err` (`err_len` bytes, NUL-terminated; may be NULL): a budget below the
+ * model's minimum (the message names it; nothing changes), a NULL handle, or an engine whose
+ * experts sit in a GPU pool.
+ */
+int32_t les_set_memory_budget(const struct LesBudget *budget,
+                              uint64_t bytes,
+                              char *err,
+                              size_t err_len);
+
+/**
+ * The memory budget now (bytes; 0 for a NULL handle); writes the model's minimum to `minimum`
+ * when it is not NULL.
+ */
+uint64_t les_memory_budget(const struct LesBudget *budget, uint64_t *minimum);
+
+/**
+ * Free a handle from [`les_budget`] (NULL is ignored).
+ */
+void les_budget_free(struct LesBudget *budget);
 
 /**
  * Free a string returned by LES.

@@ -12,9 +12,9 @@ use crate::backend::wgpu::exec::GpuOptions;
 use crate::backend::BackendKind;
 use crate::engine::chat::Message;
 use crate::engine::sampling::SamplerConfig;
-use crate::engine::stream::{open_streaming, parse_bytes, StreamOptions};
+use crate::engine::stream::{open_streaming, parse_bytes, BudgetControl, StreamOptions};
 use crate::engine::{GenOptions, Session};
-use crate::expert::stream::{StreamConfig, StreamingExperts};
+use crate::expert::stream::StreamConfig;
 use crate::model::ExpertMode;
 use crate::store::FileSource;
 use crate::vision::{layout, Mmproj, VisionError};
@@ -25,7 +25,8 @@ use std::sync::Arc;
 /// An engine: one model session (and its expert cache when a memory budget is set).
 pub struct LesEngine {
     session: Session,
-    experts: Option<Arc<StreamingExperts>>,
+    /// The budget and expert cache of a streamed engine (`memory_budget`).
+    budget: Option<BudgetControl>,
     last_error: CString,
     backend_line: String,
     /// Statistics of the last generation.
@@ -106,7 +107,7 @@ fn load(path: &str, opts: &str) -> Result<LesEngine, String> {
     let o: LoadOptions = if opts.trim().is_empty() { LoadOptions::default() } else { serde_json::from_str(opts).map_err(|e| format!("options: {e}"))? };
     let n_ctx = o.n_ctx.unwrap_or(2048);
     let backend: BackendKind = o.backend.as_deref().unwrap_or("auto").parse()?;
-    let (mut session, experts) = match &o.memory_budget {
+    let (mut session, budget) = match &o.memory_budget {
         None => {
             let src = FileSource::open(path).map_err(|e| e.to_string())?;
             (Session::load(&src, ExpertMode::Resident, n_ctx).map_err(|e| e.to_string())?, None)
@@ -125,13 +126,13 @@ fn load(path: &str, opts: &str) -> Result<LesEngine, String> {
             let budget = budget.checked_sub(reserve).ok_or_else(|| format!("memory_budget {b} is smaller than the vision tower's {:.1} MiB", reserve as f64 / 1048576.0))?;
             let so = StreamOptions { budget, n_ctx, direct: false, profile, cache: StreamConfig::default(), slots: None, gpu_pool: false, dense: crate::engine::stream::DenseOptions::default() };
             let st = open_streaming(path, &so).map_err(|e| e.to_string())?;
-            (st.session, Some(st.experts))
+            (st.session, Some(st.budget.with_reserve(reserve)))
         }
     };
     let backend_line = session.set_backend(backend, &GpuOptions::default()).map_err(|e| e.to_string())?;
     session.reuse_prefix = o.reuse_prefix.unwrap_or(true);
     let mmproj = o.mmproj.as_deref().map(|p| load_mmproj(&session, p)).transpose()?;
-    Ok(LesEngine { session, experts, last_error: CString::default(), backend_line, last: None, mmproj, last_images: None })
+    Ok(LesEngine { session, budget, last_error: CString::default(), backend_line, last: None, mmproj, last_images: None })
 }
 
 /// A vision tower for `session`'s text model, checked against it when loaded (the embedding
@@ -332,8 +333,10 @@ pub extern "C" fn les_stats_json(engine: *const LesEngine) -> *mut c_char {
         if let (Some(im), Some(last)) = (&e.last_images, v["last"].as_object_mut()) {
             last.insert("images".into(), serde_json::to_value(im).unwrap_or_default());
         }
-        if let Some(x) = &e.experts {
-            let s = x.stats();
+        if let Some(b) = &e.budget {
+            let p = b.plan();
+            v["budget"] = serde_json::json!({ "budget": b.budget(), "minimum": b.minimum(), "expert_slots": p.slots, "expert_bytes_held": b.experts().held_bytes() });
+            let s = b.experts().stats();
             v["experts"] = serde_json::json!({
                 "hit_rate": s.hit_rate(),
                 "bytes_per_token": s.bytes_per_token(),
@@ -358,6 +361,84 @@ pub extern "C" fn les_reset(engine: *mut LesEngine) -> i32 {
         e.session.reset();
         Ok(0)
     })
+}
+
+/// A handle on a streamed engine's memory budget ([`les_budget`]), for [`les_set_memory_budget`]
+/// from any thread: on iOS the memory warning (`didReceiveMemoryWarning`,
+/// `UIApplication.didReceiveMemoryWarningNotification`) arrives on the main thread while
+/// [`les_generate`] runs on another. Valid until [`les_budget_free`], also after [`les_free`].
+pub struct LesBudget {
+    ctl: BudgetControl,
+}
+
+/// The budget handle of an engine loaded with a `memory_budget`; NULL for an engine holding every
+/// weight (nothing to change) or a NULL engine. Call it while no other call uses the engine;
+/// free the handle with [`les_budget_free`].
+#[no_mangle]
+pub extern "C" fn les_budget(engine: *const LesEngine) -> *mut LesBudget {
+    if engine.is_null() {
+        return std::ptr::null_mut();
+    }
+    // SAFETY: a live engine pointer, not used by another call now.
+    let e = unsafe { &*engine };
+    match &e.budget {
+        Some(b) => Box::into_raw(Box::new(LesBudget { ctl: b.clone() })),
+        None => std::ptr::null_mut(),
+    }
+}
+
+/// Change the memory budget to `bytes` (the whole budget, as the `memory_budget` load option;
+/// 0: the model's minimum), from any thread, also while a generation runs: a lower budget frees
+/// expert cache memory at once (what a running layer uses, when it is done), a higher one lets
+/// the cache grow again. The conversation and the output do not change. Returns 0, or -1 with
+/// the reason in `err` (`err_len` bytes, NUL-terminated; may be NULL): a budget below the
+/// model's minimum (the message names it; nothing changes), a NULL handle, or an engine whose
+/// experts sit in a GPU pool.
+#[no_mangle]
+pub extern "C" fn les_set_memory_budget(budget: *const LesBudget, bytes: u64, err: *mut c_char, err_len: usize) -> i32 {
+    if budget.is_null() {
+        write_err(err, err_len, "budget handle is NULL");
+        return -1;
+    }
+    // SAFETY: a handle from les_budget, not yet freed; BudgetControl is Sync.
+    let b = unsafe { &*budget };
+    let r = catch_unwind(AssertUnwindSafe(|| b.ctl.set(if bytes == 0 { b.ctl.minimum() } else { bytes }).map(|_| ()).map_err(|e| e.to_string())));
+    match r {
+        Ok(Ok(())) => 0,
+        Ok(Err(m)) => {
+            write_err(err, err_len, &m);
+            -1
+        }
+        Err(_) => {
+            write_err(err, err_len, "internal error (panic) while changing the memory budget");
+            -1
+        }
+    }
+}
+
+/// The memory budget now (bytes; 0 for a NULL handle); writes the model's minimum to `minimum`
+/// when it is not NULL.
+#[no_mangle]
+pub extern "C" fn les_memory_budget(budget: *const LesBudget, minimum: *mut u64) -> u64 {
+    if budget.is_null() {
+        return 0;
+    }
+    // SAFETY: a handle from les_budget, not yet freed.
+    let b = unsafe { &*budget };
+    if !minimum.is_null() {
+        // SAFETY: the caller passes a writable u64.
+        unsafe { *minimum = b.ctl.minimum() };
+    }
+    b.ctl.budget()
+}
+
+/// Free a handle from [`les_budget`] (NULL is ignored).
+#[no_mangle]
+pub extern "C" fn les_budget_free(budget: *mut LesBudget) {
+    if !budget.is_null() {
+        // SAFETY: a handle from les_budget, freed once.
+        drop(unsafe { Box::from_raw(budget) });
+    }
 }
 
 /// Free a string returned by LES.

@@ -23,7 +23,7 @@ fn header_is_current() {
     let have = std::fs::read(&path).unwrap_or_default();
     assert!(have == out, "include/les.h is stale: run LES_BLESS=1 cargo test --profile ci --test suite -- c_abi::");
     let h = String::from_utf8(out).unwrap();
-    for f in ["les_load", "les_generate", "les_stats_json", "les_free", "les_string_free", "les_last_error", "les_reset", "les_load_mmproj", "les_generate_images", "LesImage"] {
+    for f in ["les_load", "les_generate", "les_stats_json", "les_free", "les_string_free", "les_last_error", "les_reset", "les_load_mmproj", "les_generate_images", "LesImage", "les_budget", "les_set_memory_budget", "les_memory_budget", "les_budget_free", "LesBudget"] {
         assert!(h.contains(f), "header lacks {f}");
     }
 }
@@ -81,7 +81,45 @@ fn load_generate_stats_free_round_trip() {
     assert!(les_generate(e, follow.as_ptr(), 4, 0.0, 1, None, std::ptr::null_mut()) > 0);
     assert_eq!(reused(e), 0);
     assert_eq!(les_reset(std::ptr::null_mut()), -1);
+
+    // The memory budget from another thread while a generation runs (an iOS memory warning):
+    // down to the minimum (0), then a budget below it (refused, named), then back up; the
+    // text stays the resident run's.
+    let b = les_budget(e);
+    assert!(!b.is_null());
+    let mut min = 0u64;
+    assert_eq!(les_memory_budget(b, &mut min), 64 << 20);
+    assert!(min > 0 && min < 64 << 20);
+    struct Handle(*const LesBudget);
+    // SAFETY: the handle is documented as usable from any thread.
+    unsafe impl Send for Handle {}
+    let h = Handle(b);
+    let warning = std::thread::spawn(move || {
+        let h = h;
+        let mut err = [0 as c_char; 256];
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        let r = les_set_memory_budget(h.0, 0, err.as_mut_ptr(), err.len());
+        assert_eq!(r, 0, "{}", unsafe { CStr::from_ptr(err.as_ptr()) }.to_str().unwrap());
+    });
+    assert_eq!(les_reset(e), 0);
+    let mut again = String::new();
+    assert!(les_generate(e, prompt.as_ptr(), 12, 0.0, 1, Some(collect), &mut again as *mut String as *mut c_void) > 0);
+    warning.join().unwrap();
+    assert_eq!(again, want);
+    assert_eq!(les_memory_budget(b, std::ptr::null_mut()), min);
+    assert_eq!(stats(e)["budget"]["budget"].as_u64(), Some(min));
+    let mut err = [0 as c_char; 256];
+    assert_eq!(les_set_memory_budget(b, min - 1, err.as_mut_ptr(), err.len()), -1);
+    let msg = unsafe { CStr::from_ptr(err.as_ptr()) }.to_str().unwrap().to_string();
+    assert!(msg.contains("minimum") && msg.contains(&min.to_string()), "{msg}");
+    assert_eq!(les_memory_budget(b, std::ptr::null_mut()), min);
+    assert_eq!(les_set_memory_budget(b, 64 << 20, err.as_mut_ptr(), err.len()), 0);
+    assert_eq!(les_set_memory_budget(std::ptr::null(), 1, err.as_mut_ptr(), err.len()), -1);
     les_free(e);
+    // The handle outlives the engine.
+    assert_eq!(les_memory_budget(b, std::ptr::null_mut()), 64 << 20);
+    les_budget_free(b);
+    les_budget_free(std::ptr::null_mut());
     les_free(std::ptr::null_mut());
 }
 
