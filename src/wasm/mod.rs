@@ -254,6 +254,9 @@ struct GenOptions {
 #[wasm_bindgen]
 pub struct Engine {
     inner: Rc<RefCell<Inner>>,
+    /// The budget of a streamed model, changeable while a generation runs (outside `inner`,
+    /// which a step holds across its awaits).
+    budget: Option<crate::engine::stream::BudgetControl>,
     /// The last stats JSON (answered while a step holds the engine).
     last_stats: Rc<RefCell<String>>,
 }
@@ -290,28 +293,28 @@ impl Engine {
                 dense: Default::default(),
             };
             match open_streaming_sources(src.clone(), src.clone(), src.clone(), &name, &opts) {
-                Ok(s) => Some((s.session, Some(s.experts), Some(s.plan))),
+                Ok(s) => Some((s.session, Some(s.experts), Some(s.plan), Some(s.budget))),
                 Err(OpenError::NotMoe(_)) => None, // a dense model: the budget does not apply
                 Err(e) => return Err(err(e)),
             }
         } else {
             None
         };
-        let (session, experts, plan) = match streamed {
-            Some((s, Some(ex), plan)) => {
+        let (session, experts, plan, budget) = match streamed {
+            Some((s, Some(ex), plan, budget)) => {
                 if let (Some(r), true) = (reads, eo.prefetch) {
                     ex.use_async_reader(io::JsReads(r), eo.io_lanes);
                 }
-                (s, Some(ex), plan)
+                (s, Some(ex), plan, budget)
             }
             Some(x) => x,
-            None => (Session::load_with_batch(&*src, ExpertMode::Resident, n_ctx, 32).map_err(err)?, None, None),
+            None => (Session::load_with_batch(&*src, ExpertMode::Resident, n_ctx, 32).map_err(err)?, None, None, None),
         };
         let mut session = session;
         // A chat re-sends the conversation: its common prefix with the cache is not run again.
         session.reuse_prefix = true;
         let inner = Inner { session, experts, plan, backend: "cpu (wasm)".into(), gen: None, model_bytes: len as u64, logits_fnv: FNV_OFFSET, at_first_token: None, mmproj: None, mm: None };
-        Ok(Engine { inner: Rc::new(RefCell::new(inner)), last_stats: Rc::new(RefCell::new("{}".into())) })
+        Ok(Engine { inner: Rc::new(RefCell::new(inner)), budget, last_stats: Rc::new(RefCell::new("{}".into())) })
     }
 
     /// Move the model to WebGPU (resolves with a line describing the adapter; rejects when there
@@ -437,6 +440,32 @@ impl Engine {
         }
     }
 
+    /// The memory budget as JSON (bytes): `budget`, `minimum`, `expert_slots`,
+    /// `expert_bytes_held`; `null` for a model held whole (no budget).
+    #[wasm_bindgen(js_name = memoryBudget)]
+    pub fn memory_budget(&self) -> String {
+        match &self.budget {
+            Some(b) => budget_json(b),
+            None => "null".into(),
+        }
+    }
+
+    /// Change the memory budget to `bytes`, also while a generation runs (between its steps):
+    /// the expert cache shrinks at once (experts a running layer uses, when it is done) or may
+    /// grow again; the conversation and the output do not change. Below the model's minimum it
+    /// throws and nothing changes. Returns [`Self::memory_budget`]'s JSON. The wasm heap itself
+    /// never shrinks (WebAssembly memory only grows): what the cache gives back is reused inside
+    /// it (the KV cache, images) instead of growing it.
+    #[wasm_bindgen(js_name = setMemoryBudget)]
+    pub fn set_memory_budget(&self, bytes: f64) -> Result<String, JsError> {
+        let b = self.budget.as_ref().ok_or_else(|| err("this model is held whole (loaded without a memory budget): there is no budget to change"))?;
+        if !(bytes.is_finite() && bytes >= 0.0) {
+            return Err(err(format!("memory budget {bytes}: not a size in bytes")));
+        }
+        b.set(bytes.round() as u64).map_err(err)?;
+        Ok(budget_json(b))
+    }
+
     /// Forget the cached conversation: the next prompt is run from its first token.
     #[wasm_bindgen(js_name = resetChat)]
     pub fn reset_chat(&self) -> Result<(), JsError> {
@@ -519,6 +548,10 @@ async fn begin_images(g: &mut Inner, prompt: &str, images: &js_sys::Array, optio
     *logits_fnv = FNV_OFFSET;
     *at_first_token = None;
     Ok(run.tokens.len() as u32)
+}
+
+fn budget_json(b: &crate::engine::stream::BudgetControl) -> String {
+    serde_json::json!({ "budget": b.budget(), "minimum": b.minimum(), "expert_slots": b.plan().slots, "expert_bytes_held": b.experts().held_bytes() }).to_string()
 }
 
 fn stats_json(g: &Inner) -> String {

@@ -211,6 +211,43 @@ test('JS API: abort stops a generation; chat streaming and non-streaming agree; 
     assert.ok(['stop', 'length'].includes(out.finish));
     assert.equal(out.stats.engine.gen_tokens, out.whole.usage.completion_tokens);
     assert.equal(out.stats.engine.stream.layers.length, 4);
+    // The memory budget changed while a generation runs (issue 39 item 2): down to the minimum
+    // after 3 tokens, back up after 6; tokens and logits equal an unchanged run's, and a budget
+    // below the minimum is refused with nothing changed.
+    const mem = await page.evaluate(async () => {
+      const e = window.les.engine;
+      const b0 = await e.memoryBudget();
+      const run = async (change) => {
+        await e.resetChat();
+        let i = 0;
+        const seen = [];
+        for await (const _ of e.generate('The capital of France is', { max_tokens: 10, temperature: 0, ignore_eos: true })) {
+          i++;
+          if (change && i === 3) seen.push(await e.setMemoryBudget('minimum'));
+          if (change && i === 6) seen.push(await e.setMemoryBudget(b0.budget / 1048576));
+        }
+        return { fnv: e.lastResult.stats.logits_fnv, tokens: e.lastResult.tokens, seen };
+      };
+      const plain = await run(false);
+      const changed = await run(true);
+      let refused = null;
+      try {
+        await e.setMemoryBudget((b0.minimum - 1) / 1048576);
+      } catch (x) {
+        refused = String(x.message ?? x);
+      }
+      return { b0, plain, changed, refused, after: await e.memoryBudget(), info: e.info };
+    });
+    assert.equal(mem.plain.tokens.length, 10);
+    assert.deepEqual(mem.changed.tokens, mem.plain.tokens);
+    assert.equal(mem.changed.fnv, mem.plain.fnv, 'logits changed with the budget');
+    const [low, high] = mem.changed.seen;
+    assert.equal(low.budget, mem.b0.minimum);
+    assert.equal(low.expert_slots, mem.info.n_expert_used + 1);
+    assert.ok(low.expert_bytes_held < mem.b0.expert_bytes_held, JSON.stringify(mem));
+    assert.deepEqual([high.budget, high.expert_slots], [mem.b0.budget, mem.b0.expert_slots]);
+    assert.match(mem.refused, /minimum/);
+    assert.deepEqual(mem.after.budget, mem.b0.budget);
     // Cache management: list, usage, delete.
     const cache = await page.evaluate(async () => {
       const m = await import('/les/index.js');

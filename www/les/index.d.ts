@@ -1,5 +1,15 @@
 // Types of the LES browser API (les-engine).
 
+/** A streamed model's memory budget (bytes). */
+export interface MemoryBudget {
+  budget: number;
+  /** The least budget the model runs in (dense weights + KV cache + scratch + top-k + 1 slots). */
+  minimum: number;
+  expert_slots: number;
+  /** Bytes the expert cache's buffers hold now. */
+  expert_bytes_held: number;
+}
+
 /** Progress of downloading / loading a model. Sizes in bytes. */
 export interface Progress {
   /** 'mmproj': the vision tower being stored (a URL) before it is read into the engine. */
@@ -283,6 +293,15 @@ export declare class Engine {
   };
   /** Forget the cached conversation (chat calls reuse the longest prefix the engine holds). */
   resetChat(): Promise<boolean>;
+  /** The memory budget in bytes; `null` for a model held whole (no `memoryBudgetMB`). */
+  memoryBudget(): Promise<MemoryBudget | null>;
+  /**
+   * Change the memory budget to `mb` MiB (`'minimum'`: the model's minimum), also while a
+   * generation runs: the expert cache shrinks or grows, the conversation and output do not
+   * change. Rejects below the minimum (nothing changes). The wasm heap never shrinks: memory the
+   * cache gives back is reused inside it.
+   */
+  setMemoryBudget(mb: number | 'minimum'): Promise<MemoryBudget>;
   /** Stop the running generation after the current token. */
   abort(): Promise<boolean>;
   stats(): Promise<Stats>;

@@ -154,6 +154,22 @@ export class Engine {
     };
   }
 
+  /** The memory budget (bytes): `{ budget, minimum, expert_slots, expert_bytes_held }`, or
+   *  `null` for a model held whole. */
+  memoryBudget() {
+    return this._rpc.call('memoryBudget');
+  }
+
+  /** Change the memory budget to `mb` MiB (fractions allowed; `'minimum'` for the model's
+   *  minimum), also while a generation runs: the expert cache shrinks or may grow again, the
+   *  conversation and the output do not change. Rejects below the model's minimum (the message
+   *  names it) and changes nothing. The wasm heap never shrinks (WebAssembly memory only grows):
+   *  what the cache gives back is reused inside it instead of growing it. Resolves with
+   *  `memoryBudget()`'s object. */
+  setMemoryBudget(mb) {
+    return this._rpc.call('setMemoryBudget', { mb });
+  }
+
   /** Stop the running generation after the current token. */
   abort() {
     return this._rpc.call('abort');

@@ -213,6 +213,12 @@ const ops = {
     hs.free();
     return out;
   },
+  memoryBudget: async () => (engine ? JSON.parse(engine.memoryBudget()) : null),
+  setMemoryBudget: async ({ mb }) => {
+    if (!engine) throw new Error('no model loaded');
+    const bytes = mb === 'minimum' ? JSON.parse(engine.memoryBudget())?.minimum ?? 0 : Number(mb) * 1048576;
+    return JSON.parse(engine.setMemoryBudget(bytes));
+  },
   resetChat: async () => {
     if (!engine) throw new Error('no model loaded');
     if (generating) throw new Error('a generation is running');
