@@ -6,7 +6,7 @@ reuse). The budget changes through `POST /les/budget`; RSS is the server's `VmRS
 (/proc/PID/status) after each request, `expert_bytes_held` what the cache's buffers hold.
 
     tools/bench_budget.py [--model models/smolmoe-32x2.gguf] [--budget 400MiB] [--rounds 3]
-                          [--requests 3] [-n 48] [--threads 2]
+                          [--requests 3] [-n 48] [--threads 2] [--store disk|phone-4GBps|...]
 
 Prints a Markdown table (median per phase over rounds; decode ratio against the full budget of
 the same round) and the raw rows as JSON on stderr.
@@ -47,9 +47,10 @@ def main():
     ap.add_argument("--requests", type=int, default=3)
     ap.add_argument("-n", type=int, default=48)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--store", default="disk", help="disk or a device profile (les run --store)")
     ap.add_argument("--les", default=os.path.join(ROOT, os.environ.get("LES_BIN_DIR", "target/release"), "les"))
     a = ap.parse_args()
-    srv = subprocess.Popen([a.les, "serve", "--model", a.model, "--memory-budget", a.budget, "--port", "0", "-t", str(a.threads), "-c", "1024"], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    srv = subprocess.Popen([a.les, "serve", "--model", a.model, "--memory-budget", a.budget, "--port", "0", "-t", str(a.threads), "-c", "1024", "--store", a.store], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
     addr = None
     for line in srv.stderr:
         if line.startswith("les serve: listening on http://"):
