@@ -20,7 +20,6 @@ use crate::store::FileSource;
 use crate::vision::{layout, Mmproj, VisionError};
 use std::ffi::{c_char, c_void, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::Arc;
 
 /// An engine: one model session (and its expert cache when a memory budget is set).
 pub struct LesEngine {

@@ -36,6 +36,11 @@ enum Cmd {
     /// An OpenAI-compatible HTTP server (`/v1/chat/completions`, `/v1/completions`,
     /// `/v1/models`, `/health`) with llama-server's flag names and defaults.
     Serve(serve::ServeArgs),
+    /// Will it fit, and how fast? The budget plan of a model (without loading it), the minimum
+    /// budget and longest context, the expert hit rate and bytes read per token, and the decode
+    /// and prompt speed with what bounds them, from this machine's measured compute and the
+    /// store's reads.
+    Plan(PlanArgs),
     /// Print a GGUF file's metadata and tensor table.
     Inspect {
         /// GGUF file.
@@ -81,6 +86,107 @@ enum Cmd {
     /// Quality evaluation.
     #[command(subcommand)]
     Eval(EvalCmd),
+}
+
+#[derive(Args)]
+struct PlanArgs {
+    /// GGUF model or `.les` bundle.
+    #[arg(short, long)]
+    model: String,
+    /// Memory budget (as `les run --memory-budget`).
+    #[arg(long)]
+    memory_budget: String,
+    /// Context size in tokens (the KV cache the budget holds).
+    #[arg(short = 'c', long, default_value_t = 2048)]
+    ctx_size: usize,
+    /// Worker threads of the compute probe (default: all cores), as `les run -t`.
+    #[arg(short = 't', long)]
+    threads: Option<usize>,
+    /// Where experts are read from: `disk` (this machine's file, probed) or a device profile
+    /// (phone-1.5GBps, phone-4GBps, laptop-nvme).
+    #[arg(long, default_value = "disk")]
+    store: String,
+    /// A routing trace of this model (`les run --routes FILE`): the hit rate comes from
+    /// replaying it through the cache; without one, uniform routing is assumed.
+    #[arg(long, value_name = "FILE")]
+    routes: Option<String>,
+    /// Eviction policy (as `les run --policy`).
+    #[arg(long, default_value = "next-use")]
+    policy: String,
+    /// Skip the compute probe (no dense weights loaded): fit and reads only.
+    #[arg(long)]
+    no_probe: bool,
+    /// Prompt length whose speed is forecast (a first prompt: the cache starts empty).
+    #[arg(long, default_value_t = 512)]
+    prompt_tokens: usize,
+    /// Print the forecast as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+fn cmd_plan(a: PlanArgs) -> Res {
+    use les::engine::plan::{plan, PlanOptions};
+    if let Some(t) = a.threads {
+        les::backend::cpu::par::init_threads(t);
+    }
+    let profile = match a.store.as_str() {
+        "disk" => None,
+        n => Some(les::store::throttle::DeviceProfile::by_name(n).ok_or_else(|| format!("unknown --store '{n}' (disk, {})", les::store::throttle::PROFILES.iter().map(|p| p.name).collect::<Vec<_>>().join(", ")))?),
+    };
+    let routes = match &a.routes {
+        Some(p) => Some(serde_json::from_str::<Vec<(u32, u32)>>(&std::fs::read_to_string(p).map_err(|e| format!("--routes {p}: {e}"))?).map_err(|e| format!("--routes {p}: not a routing trace (a JSON array of [layer, expert]): {e}"))?),
+        None => None,
+    };
+    let policy = les::expert::stream::Policy::parse(&a.policy).ok_or_else(|| format!("unknown --policy '{}' (lru, lfu, next-use)", a.policy))?;
+    let budget = les::engine::stream::parse_bytes(&a.memory_budget)?;
+    let f = plan(&a.model, &PlanOptions { budget, n_ctx: a.ctx_size, profile, routes, policy, probe: !a.no_probe, prompt_tokens: a.prompt_tokens })?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&f)?);
+        return Ok(());
+    }
+    let mib = |b: u64| b as f64 / 1048576.0;
+    println!("les plan: {} ({}, {} layers × {} experts, top-{}; {})", a.model, f.arch, f.n_layer, f.n_expert, f.n_expert_used, f.store);
+    match &f.plan {
+        Some(p) => println!(
+            "fits: yes. budget {:.1} MiB = dense {:.1}{} + KV {:.1} ({} tokens) + scratch {:.1} + {} expert slots of {:.2} MiB ({:.1} MiB, {:.1}% of {:.1} MiB of experts)",
+            mib(p.budget),
+            mib(p.dense),
+            if p.dense_streamed > 0 { format!(" (+ {:.1} MiB read from storage at each use)", mib(p.dense_streamed)) } else { String::new() },
+            mib(p.kv),
+            a.ctx_size,
+            mib(p.scratch),
+            p.slots.min(f.n_layer * f.n_expert),
+            mib(p.expert_bytes_max),
+            mib(p.slots.min(f.n_layer * f.n_expert) as u64 * p.expert_bytes_max),
+            100.0 * (p.slots.min(f.n_layer * f.n_expert) as u64 * p.expert_bytes_max) as f64 / p.total_expert_bytes.max(1) as f64,
+            mib(p.total_expert_bytes)
+        ),
+        None => println!("fits: no. {}", f.why.as_deref().unwrap_or("")),
+    }
+    println!("minimum budget: {:.1} MiB at {} tokens of context; longest context in {:.1} MiB: {} tokens", mib(f.minimum), a.ctx_size, mib(budget), f.largest_context);
+    println!("hit rate: {:.1}% ({})", 100.0 * f.hit_rate, f.hit_rate_source);
+    println!(
+        "reads per token: {:.1} experts, {:.1} MB, {:.1} ms ({}: {:.0} µs latency, {:.0} MB/s)",
+        f.reads_per_token,
+        f.bytes_per_token / 1e6,
+        f.read_ms_per_token,
+        f.read.source,
+        f.read.latency_s * 1e6,
+        f.read.bandwidth / 1e6
+    );
+    if let Some(c) = &f.compute {
+        println!("compute (measured here, {} threads): decode {:.1} ms/token, prompt {:.2} ms/token in batches of {}", c.threads, c.decode_ms_per_token, c.prompt_ms_per_token, c.prompt_batch);
+        println!(
+            "forecast: decode {:.1} tokens/s (bound: {}; up to {:.1} with every read hidden by lookahead), a first prompt of {} tokens {:.1} tokens/s (bound: {})",
+            f.decode_tokens_per_s.unwrap_or(0.0),
+            f.decode_bound.unwrap_or("-"),
+            f.decode_tokens_per_s_overlapped.unwrap_or(0.0),
+            f.prompt_tokens,
+            f.prompt_tokens_per_s.unwrap_or(0.0),
+            f.prompt_bound.unwrap_or("-")
+        );
+    }
+    Ok(())
 }
 
 #[derive(Subcommand)]
@@ -491,6 +597,7 @@ fn run(cli: Cli) -> Res {
     match cli.cmd {
         Cmd::Run(a) => cmd_run(a),
         Cmd::Serve(a) => serve::cmd_serve(a),
+        Cmd::Plan(a) => cmd_plan(a),
         Cmd::Inspect { path, full, device } => {
             if device {
                 match les::backend::wgpu::GpuContext::new() {

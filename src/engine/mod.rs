@@ -13,6 +13,8 @@ pub mod mixed;
 pub mod mtp;
 pub mod multimodal;
 #[cfg(not(target_arch = "wasm32"))]
+pub mod plan;
+#[cfg(not(target_arch = "wasm32"))]
 pub mod pressure;
 pub mod stream;
 

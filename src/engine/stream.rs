@@ -374,6 +374,86 @@ pub fn tensor_f32(g: &GgufFile, src: &dyn ByteSource, name: &str) -> Result<Vec<
     Ok(w)
 }
 
+/// What a model's budget plan is made of (bytes), from its metadata and expert layouts only.
+#[derive(Clone, Debug)]
+pub struct Footprint {
+    /// Every tensor but the stacked expert weights (gpt-oss's `_exps.bias` rows stay resident;
+    /// an MTP block is not counted), plus the routers' f32 copies for the lookahead predictor.
+    pub dense: u64,
+    /// Scratch for a forward of [`PREFILL_BATCH`] tokens, plus the vocabulary on the host: each
+    /// token string lives three times (the GGUF's parsed metadata, the tokenizer's list and its
+    /// lookup table), each with 24-40 bytes of headers against ~16 bytes per entry in the file's
+    /// metadata: about 6× the metadata's size (5.6 MB for a 201k-token vocabulary: 34 MB).
+    pub scratch: u64,
+    /// One expert's bytes (gate + up + down) per MoE layer, and the largest (a slot's size).
+    pub expert_bytes: Vec<u64>,
+    pub expert_bytes_max: u64,
+    pub total_expert_bytes: u64,
+    /// Slots the model needs at least: one layer's top-k + 1.
+    pub min_slots: usize,
+}
+
+impl Footprint {
+    pub fn new(g: &GgufFile, c: &Config, store: &dyn ExpertStore) -> Self {
+        let routers = (c.n_layer * c.n_expert * c.n_embd * 4) as u64;
+        let dense = g.tensors.iter().filter(|t| !t.name.contains("_exps.weight") && !c.is_nextn_tensor(&t.name)).map(|t| t.size).sum::<u64>() + routers;
+        let expert_bytes: Vec<u64> = (0..store.n_layers()).map(|l| store.layout(l).bytes() as u64).collect();
+        Self {
+            dense,
+            scratch: scratch_bytes(c, PREFILL_BATCH) + 6 * g.data_offset,
+            expert_bytes_max: expert_bytes.iter().copied().max().unwrap_or(0),
+            total_expert_bytes: expert_bytes.iter().map(|b| b * c.n_expert as u64).sum(),
+            expert_bytes,
+            min_slots: c.n_expert_used + 1,
+        }
+    }
+
+    /// The least budget `opts` can open with (its context; reading dense matrices from
+    /// storage when `opts.dense.stream` allows, as [`Self::plan`] would).
+    pub fn minimum(&self, g: &GgufFile, c: &Config, opts: &StreamOptions) -> u64 {
+        let kv = c.cache_bytes(opts.n_ctx.min(c.n_ctx_train.max(1))) as u64;
+        let slots = self.min_slots as u64 * self.expert_bytes_max;
+        let resident = self.dense + kv + self.scratch + slots;
+        if !opts.dense.stream || opts.gpu_pool {
+            return resident;
+        }
+        let cands = streamable_dense(g, c);
+        let least = DensePlan::first(&cands, cands.len(), &opts.dense).resident(self.dense);
+        resident.min(least + kv + self.scratch + slots)
+    }
+
+    /// The plan for `opts` (its budget, context, slot override, dense streaming and GPU pool
+    /// settings): what the budget holds, and the dense matrices read from storage when it
+    /// cannot hold them all (CPU backend). Refused below the minimum, which the error names.
+    pub fn plan(&self, g: &GgufFile, c: &Config, opts: &StreamOptions) -> Result<(BudgetPlan, Option<DensePlan>), OpenError> {
+        let (dense, scratch, max_e, total_e, min_slots) = (self.dense, self.scratch, self.expert_bytes_max, self.total_expert_bytes, self.min_slots);
+        let kv = c.cache_bytes(opts.n_ctx.min(c.n_ctx_train.max(1))) as u64;
+        if let Some(n) = opts.slots {
+            let n = n.min(c.n_expert * c.n_layer);
+            let p = BudgetPlan { budget: dense + kv + scratch + n as u64 * max_e, dense, kv, scratch, expert_bytes_max: max_e, slots: n, gpu_slots: 0, minimum: dense + kv + scratch + min_slots as u64 * max_e, total_expert_bytes: total_e, dense_streamed: 0, dense_window: 0 };
+            return Ok((p, None));
+        }
+        let e = match plan_budget(opts.budget, dense, kv, scratch, max_e, total_e, min_slots) {
+            Ok(p) => return Ok((p, None)),
+            Err(e) => e,
+        };
+        // Below the dense weights: read some of them from storage (CPU backend).
+        let (room, min_room) = (2 * min_slots as u64 * max_e, min_slots as u64 * max_e);
+        if !opts.dense.stream || opts.gpu_pool {
+            return Err(e.into());
+        }
+        let cands = streamable_dense(g, c);
+        let Some(d) = plan_dense_streaming(&cands, opts.budget, dense, kv, scratch, (room, min_room), &opts.dense) else {
+            // Name the minimum with every candidate streamed.
+            let least = DensePlan::first(&cands, cands.len(), &opts.dense).resident(dense);
+            return Err(plan_budget(opts.budget, least, kv, scratch, max_e, total_e, min_slots).err().map(OpenError::from).unwrap_or(e.into()));
+        };
+        let mut p = plan_budget(opts.budget, d.resident(dense), kv, scratch, max_e, total_e, min_slots)?;
+        (p.dense_streamed, p.dense_window) = (d.streamed, d.held());
+        Ok((p, Some(d)))
+    }
+}
+
 /// Under a budget, memory freed must leave the process: glibc's malloc raises its mmap threshold
 /// to the size of each large block freed (up to 32 MiB), after which 16 MiB read buffers (dense
 /// pieces, O_DIRECT bounce buffers) come from the heap and stay mapped once freed: with
@@ -424,12 +504,26 @@ pub fn open_streaming_from_memory(mem: Arc<dyn ByteSource>, path: &str, opts: &S
     open_streaming_sources(mem.clone(), expert_src, mem, path, opts)
 }
 
-/// [`open_streaming`] over byte sources (the browser's OPFS / HTTP range stores): `raw` is the
-/// model (GGUF or bundle), `expert_src` the same bytes as experts are read (possibly throttled),
-/// `dense_plain` the same bytes for the one-time dense load. `name` is used in errors.
-pub fn open_streaming_sources(raw: Arc<dyn ByteSource>, expert_src: Arc<dyn ByteSource>, dense_plain: Arc<dyn ByteSource>, path: &str, opts: &StreamOptions) -> Result<Streaming, OpenError> {
+/// A MoE model's parts for streaming ([`open_parts`]).
+pub struct Opened {
+    /// The dense weights' bytes (read once at load), and the same read through the expert
+    /// source's path (dense matrices the budget cannot hold: read at each use).
+    pub dense_src: Arc<dyn ByteSource>,
+    pub dense_stream_src: Arc<dyn ByteSource>,
+    pub store: Arc<dyn ExpertStore>,
+    /// "gguf" or "bundle".
+    pub kind: &'static str,
+    /// The dense part's metadata and its configuration.
+    pub g: GgufFile,
+    pub c: Config,
+}
+
+/// Open a GGUF or a `.les` bundle's parts: `raw` is the model, `expert_src` the same bytes as
+/// experts are read (possibly throttled), `dense_plain` the same bytes for the one-time dense
+/// load. A model without experts is refused ([`OpenError::NotMoe`], `path` names it).
+pub fn open_parts(raw: Arc<dyn ByteSource>, expert_src: Arc<dyn ByteSource>, dense_plain: Arc<dyn ByteSource>, path: &str) -> Result<Opened, OpenError> {
     // Dense matrices the budget cannot hold are read through `expert_src` (the modelled device).
-    let (dense_src, dense_stream_src, store, store_kind): (Arc<dyn ByteSource>, Arc<dyn ByteSource>, Arc<dyn ExpertStore>, &'static str) = if is_bundle(&*raw) {
+    let (dense_src, dense_stream_src, store, kind): (Arc<dyn ByteSource>, Arc<dyn ByteSource>, Arc<dyn ExpertStore>, &'static str) = if is_bundle(&*raw) {
         let b = Bundle::open(expert_src.clone())?;
         let dense: Arc<dyn ByteSource> = Arc::new(Bundle::open(dense_plain)?.dense_source());
         (dense, Arc::new(b.dense_source()), Arc::new(b.expert_store()), "bundle")
@@ -450,49 +544,24 @@ pub fn open_streaming_sources(raw: Arc<dyn ByteSource>, expert_src: Arc<dyn Byte
     if !c.is_moe() {
         return Err(OpenError::NotMoe(path.into()));
     }
+    Ok(Opened { dense_src, dense_stream_src, store, kind, g, c })
+}
+
+/// [`open_streaming`] over byte sources (the browser's OPFS / HTTP range stores): `raw` is the
+/// model (GGUF or bundle), `expert_src` the same bytes as experts are read (possibly throttled),
+/// `dense_plain` the same bytes for the one-time dense load. `name` is used in errors.
+pub fn open_streaming_sources(raw: Arc<dyn ByteSource>, expert_src: Arc<dyn ByteSource>, dense_plain: Arc<dyn ByteSource>, path: &str, opts: &StreamOptions) -> Result<Streaming, OpenError> {
+    let Opened { dense_src, dense_stream_src, store, kind: store_kind, g, c } = open_parts(raw, expert_src, dense_plain, path)?;
     // Routers as f32 for the cross-layer predictor.
     let routers = (0..c.n_layer).map(|il| tensor_f32(&g, &*dense_src, &format!("blk.{il}.ffn_gate_inp.weight"))).collect::<Result<Vec<_>, _>>()?;
-    // Dense: every tensor but the stacked expert weights (gpt-oss's `_exps.bias` rows stay
-    // resident), plus the routers' f32 copies.
-    let dense: u64 = g.tensors.iter().filter(|t| !t.name.contains("_exps.weight") && !c.is_nextn_tensor(&t.name)).map(|t| t.size).sum::<u64>() + routers.iter().map(|r| r.len() as u64 * 4).sum::<u64>();
+    let fp = Footprint::new(&g, &c, &*store);
+    let min_slots = fp.min_slots;
     let n_ctx = opts.n_ctx.min(c.n_ctx_train.max(1));
-    let kv = c.cache_bytes(n_ctx) as u64;
-    // The vocabulary on the host: each token string lives three times (the GGUF's parsed
-    // metadata, the tokenizer's list and its lookup table), each with 24-40 bytes of headers
-    // against ~16 bytes per entry in the file's metadata: about 6× the metadata's size (5.6 MB
-    // for a 201k-token vocabulary: 34 MB).
-    let scratch = scratch_bytes(&c, PREFILL_BATCH) + 6 * g.data_offset;
-    let max_e = (0..store.n_layers()).map(|l| store.layout(l).bytes()).max().unwrap_or(0) as u64;
-    let total_e: u64 = (0..store.n_layers()).map(|l| store.layout(l).bytes() as u64 * c.n_expert as u64).sum();
-    let min_slots = c.n_expert_used + 1;
-    let mut dense_streaming = None;
-    let plan = match opts.slots {
-        Some(n) => {
-            let n = n.min(c.n_expert * c.n_layer);
-            BudgetPlan { budget: dense + kv + scratch + n as u64 * max_e, dense, kv, scratch, expert_bytes_max: max_e, slots: n, gpu_slots: 0, minimum: dense + kv + scratch + min_slots as u64 * max_e, total_expert_bytes: total_e, dense_streamed: 0, dense_window: 0 }
-        }
-        None => match plan_budget(opts.budget, dense, kv, scratch, max_e, total_e, min_slots) {
-            Ok(p) => p,
-            Err(e) => {
-                // Below the dense weights: read some of them from storage (CPU backend).
-                let (room, min_room) = (2 * min_slots as u64 * max_e, min_slots as u64 * max_e);
-                if !opts.dense.stream || opts.gpu_pool {
-                    return Err(e.into());
-                }
-                let cands = streamable_dense(&g, &c);
-                let Some(d) = plan_dense_streaming(&cands, opts.budget, dense, kv, scratch, (room, min_room), &opts.dense) else {
-                    // Name the minimum with every candidate streamed.
-                    let least = DensePlan::first(&cands, cands.len(), &opts.dense).resident(dense);
-                    return Err(plan_budget(opts.budget, least, kv, scratch, max_e, total_e, min_slots).err().map(OpenError::from).unwrap_or(e.into()));
-                };
-                return_large_frees_to_the_os();
-                let mut p = plan_budget(opts.budget, d.resident(dense), kv, scratch, max_e, total_e, min_slots)?;
-                (p.dense_streamed, p.dense_window) = (d.streamed, d.held());
-                dense_streaming = Some(DenseStreaming { names: d.names, src: dense_stream_src.clone(), window: d.window as usize, piece: d.piece as usize });
-                p
-            }
-        },
-    };
+    let (plan, dense_plan) = fp.plan(&g, &c, opts)?;
+    let dense_streaming = dense_plan.map(|d| {
+        return_large_frees_to_the_os();
+        DenseStreaming { names: d.names, src: dense_stream_src.clone(), window: d.window as usize, piece: d.piece as usize }
+    });
     let mut plan = plan;
     let mut cfg = opts.cache.clone();
     cfg.slots = plan.slots.max(min_slots).min(c.n_expert * c.n_layer);

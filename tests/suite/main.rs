@@ -17,6 +17,7 @@ mod context;
 mod eval;
 mod gguf;
 mod mixed_precision;
+mod plan;
 mod quant;
 mod quant_bench;
 mod quantize;
