@@ -78,9 +78,9 @@ pub struct Forecast {
     pub fits: bool,
     pub why: Option<String>,
     pub plan: Option<BudgetPlan>,
-    /// The least budget the model runs in at this context (reading dense matrices from storage
-    /// if it must, CPU backend), and the longest context this budget holds (with the fewest
-    /// expert slots and every dense weight held).
+    /// The least budget the model runs in at this context, and the longest context this budget
+    /// holds (with the fewest expert slots); both reading dense matrices from storage if they
+    /// must (CPU backend), as `les run` would.
     pub minimum: u64,
     pub largest_context: usize,
     pub hit_rate: f64,
@@ -125,9 +125,8 @@ pub fn plan(path: &str, o: &PlanOptions) -> Result<Forecast, PlanError> {
         Ok((p, _)) => (Some(p), true, None),
         Err(e) => (None, false, Some(e.to_string())),
     };
-    let kv = |n: usize| c.cache_bytes(n.min(c.n_ctx_train.max(1))) as u64;
     let minimum = fp.minimum(g, c, &opts);
-    let largest_context = largest_context(&fp, c.n_ctx_train.max(1), o.budget, &kv);
+    let largest_context = largest_context(c.n_ctx_train.max(1), &|n| fp.minimum(g, c, &StreamOptions { n_ctx: n, ..opts.clone() }) <= o.budget);
     let slots = plan.as_ref().map_or(fp.min_slots, |p| p.slots.clamp(fp.min_slots, c.n_layer * c.n_expert));
     let (hit_rate, hit_rate_source) = match &o.routes {
         Some(r) => {
@@ -203,11 +202,8 @@ pub fn plan(path: &str, o: &PlanOptions) -> Result<Forecast, PlanError> {
     })
 }
 
-/// The longest context (tokens, at most `n_train`) whose KV cache fits `budget` beside the dense
-/// weights, scratch and the fewest expert slots; 0 when not even one token fits.
-fn largest_context(fp: &Footprint, n_train: usize, budget: u64, kv: &dyn Fn(usize) -> u64) -> usize {
-    let fixed = fp.dense + fp.scratch + fp.min_slots as u64 * fp.expert_bytes_max;
-    let fits = |n: usize| fixed + kv(n) <= budget;
+/// The longest context (tokens, at most `n_train`) that `fits`; 0 when not even one token does.
+fn largest_context(n_train: usize, fits: &dyn Fn(usize) -> bool) -> usize {
     if !fits(1) {
         return 0;
     }
@@ -367,10 +363,10 @@ mod tests {
 
     #[test]
     fn largest_context_is_the_last_that_fits() {
-        let fp = Footprint { dense: 100, scratch: 10, expert_bytes: vec![5], expert_bytes_max: 5, total_expert_bytes: 50, min_slots: 2 };
         // 120 fixed, 2 bytes per token: 1000 holds 440 tokens.
-        assert_eq!(largest_context(&fp, 100_000, 1000, &|n| 2 * n as u64), 440);
-        assert_eq!(largest_context(&fp, 300, 1000, &|n| 2 * n as u64), 300);
-        assert_eq!(largest_context(&fp, 300, 100, &|n| 2 * n as u64), 0);
+        let fits = |budget: u64| move |n: usize| 120 + 2 * n as u64 <= budget;
+        assert_eq!(largest_context(100_000, &fits(1000)), 440);
+        assert_eq!(largest_context(300, &fits(1000)), 300);
+        assert_eq!(largest_context(300, &fits(100)), 0);
     }
 }
