@@ -164,7 +164,7 @@ fn cmd_plan(a: PlanArgs) -> Res {
         None => println!("fits: no. {}", f.why.as_deref().unwrap_or("")),
     }
     println!("minimum budget: {:.1} MiB at {} tokens of context; longest context in {:.1} MiB: {} tokens", mib(f.minimum), a.ctx_size, mib(budget), f.largest_context);
-    println!("hit rate: {:.1}% ({})", 100.0 * f.hit_rate, f.hit_rate_source);
+    println!("hit rate: {:.1}%, decode {:.1}% ({})", 100.0 * f.hit_rate, 100.0 * f.decode_hit_rate, f.hit_rate_source);
     println!(
         "reads per token: {:.1} experts, {:.1} MB, {:.1} ms ({}: {:.0} µs latency, {:.0} MB/s)",
         f.reads_per_token,

@@ -83,7 +83,9 @@ pub struct Forecast {
     /// must (CPU backend), as `les run` would.
     pub minimum: u64,
     pub largest_context: usize,
+    /// Of every routed expert (as `les run` reports it), and of decode steps alone.
     pub hit_rate: f64,
+    pub decode_hit_rate: f64,
     pub hit_rate_source: String,
     /// Decode: experts read, bytes read (experts and streamed dense matrices) per token.
     pub reads_per_token: f64,
@@ -128,31 +130,45 @@ pub fn plan(path: &str, o: &PlanOptions) -> Result<Forecast, PlanError> {
     let minimum = fp.minimum(g, c, &opts);
     let largest_context = largest_context(c.n_ctx_train.max(1), &|n| fp.minimum(g, c, &StreamOptions { n_ctx: n, ..opts.clone() }) <= o.budget);
     let slots = plan.as_ref().map_or(fp.min_slots, |p| p.slots.clamp(fp.min_slots, c.n_layer * c.n_expert));
-    let (hit_rate, hit_rate_source) = match &o.routes {
+    // Hit rates: the whole run's (as `les run` reports it), decode's, and a prompt batch's
+    // misses per layer (None: from the uniform model below).
+    let (hit_rate, decode_hit, prompt_misses, hit_rate_source) = match &o.routes {
         Some(r) => {
             for &(l, e) in r {
                 if l as usize >= c.n_layer || e as usize >= c.n_expert {
                     return Err(PlanError::Routes(format!("[{l}, {e}] is outside this model's {} layers × {} experts", c.n_layer, c.n_expert)));
                 }
             }
-            (replay(r, slots, o.policy, c.n_layer), format!("{} routed experts of a recorded run replayed through {} slots ({})", r.len(), slots, o.policy.name()))
+            let groups = replay_groups(r, slots, o.policy, c.n_layer);
+            let rate = |gs: &mut dyn Iterator<Item = &Group>| {
+                let (m, n) = gs.fold((0, 0), |(m, n), g| (m + g.misses, n + g.routed));
+                (n > 0).then(|| 1.0 - m as f64 / n as f64)
+            };
+            let all = rate(&mut groups.iter()).unwrap_or(0.0);
+            let decode = rate(&mut groups.iter().filter(|g| g.routed <= c.n_expert_used)).unwrap_or(all);
+            let batches: Vec<&Group> = groups.iter().filter(|g| g.routed > c.n_expert_used).collect();
+            let prompt = (!batches.is_empty()).then(|| batches.iter().map(|g| g.misses as f64).sum::<f64>() / batches.len() as f64);
+            (all, decode, prompt, format!("{} routed experts of a recorded run replayed through {} slots ({})", r.len(), slots, o.policy.name()))
         }
-        None => ((slots as f64 / (c.n_layer * c.n_expert) as f64).min(1.0), "uniform routing (no trace: real routing is skewed, so this is low; pass --routes from les run --routes)".into()),
+        None => {
+            let h = (slots as f64 / (c.n_layer * c.n_expert) as f64).min(1.0);
+            (h, h, None, "uniform routing (no trace: real routing is skewed, so this is low; pass --routes from les run --routes)".into())
+        }
     };
     let read = match o.profile {
         Some(p) => ReadModel { source: format!("device profile {}", p.name), latency_s: p.latency, bandwidth: p.bandwidth },
         None => probe_reads(&*store, c.n_expert)?,
     };
     let k = c.n_expert_used as f64;
-    let miss = 1.0 - hit_rate;
+    let miss = 1.0 - decode_hit;
     let mean_bytes = fp.expert_bytes.iter().sum::<u64>() as f64 / fp.expert_bytes.len().max(1) as f64;
     // A layer misses at all unless each of its k experts hits (independence assumed).
-    let p_any = 1.0 - hit_rate.powf(k);
+    let p_any = 1.0 - decode_hit.powf(k);
     let reads_per_token = c.n_layer as f64 * k * miss;
     let dense_streamed = plan.as_ref().map_or(0, |p| p.dense_streamed) as f64;
     let bytes_per_token = reads_per_token * mean_bytes + dense_streamed;
     let read_s: f64 = fp.expert_bytes.iter().map(|&b| read.layer_time(k * miss, b as f64, p_any)).sum::<f64>() + dense_streamed / read.bandwidth;
-    let compute = if o.probe && fits { Some(probe_compute(&parts.dense_src, store, c.n_layer, o.n_ctx)?) } else { None };
+    let compute = if o.probe && fits { Some(probe_compute(&parts.dense_src, store, c.n_layer, o.n_ctx, o.prompt_tokens)?) } else { None };
     let (mut decode, mut overlapped, mut decode_bound, mut prompt, mut prompt_bound) = (None, None, None, None, None);
     if let Some(cp) = &compute {
         let comp = cp.decode_ms_per_token / 1000.0;
@@ -161,16 +177,16 @@ pub fn plan(path: &str, o: &PlanOptions) -> Result<Forecast, PlanError> {
         decode_bound = Some(if comp >= read_s { "compute" } else { "reads" });
         // A prompt of P tokens (a session's first: the cache starts empty) runs in batches of
         // B; each reads the union of its experts per layer, each expert routed by some token of
-        // the batch with probability 1 − (1 − k/n)^B. The first batch misses everything; later
-        // ones hit what the cache holds of the model's experts (uniform: batches route almost
-        // every expert).
+        // the batch with probability 1 − (1 − k/n)^B. Without a trace: the first batch misses
+        // everything, later ones hit what the cache holds of the model's experts.
         let b = cp.prompt_batch.min(o.prompt_tokens.max(1)) as f64;
         let batches = (o.prompt_tokens.max(1) as f64 / b).ceil();
         let n = c.n_expert as f64;
         let union = n * (1.0 - (1.0 - k / n).powf(b));
         let held = (slots as f64 / (c.n_layer * c.n_expert) as f64).min(1.0);
-        let prompt_miss = (1.0 + (batches - 1.0) * (1.0 - held)) / batches;
-        let batch_read: f64 = fp.expert_bytes.iter().map(|&x| read.layer_time(union * prompt_miss, x as f64, 1.0)).sum::<f64>() + dense_streamed / read.bandwidth;
+        // With a trace: its prompt batches' misses per layer, as the replayed cache had them.
+        let misses = prompt_misses.unwrap_or(union * (1.0 + (batches - 1.0) * (1.0 - held)) / batches);
+        let batch_read: f64 = fp.expert_bytes.iter().map(|&x| read.layer_time(misses, x as f64, if misses > 0.0 { 1.0 } else { 0.0 })).sum::<f64>() + dense_streamed / read.bandwidth;
         let batch_comp = cp.prompt_ms_per_token / 1000.0 * b;
         prompt = Some(b / (batch_comp + batch_read));
         prompt_bound = Some(if batch_comp >= batch_read { "compute" } else { "reads" });
@@ -187,6 +203,7 @@ pub fn plan(path: &str, o: &PlanOptions) -> Result<Forecast, PlanError> {
         minimum,
         largest_context,
         hit_rate,
+        decode_hit_rate: decode_hit,
         hit_rate_source,
         reads_per_token,
         bytes_per_token,
@@ -223,15 +240,35 @@ fn largest_context(n_train: usize, fits: &dyn Fn(usize) -> bool) -> usize {
     lo
 }
 
-/// Hit rate of `slots` expert slots over a routing trace under `policy`, as the cache evicts
-/// without prefetching (`crate::expert::queue`'s victim: an empty slot first, then the lowest
-/// retention, ties by least recent use; the layer's own experts are never evicted for each
-/// other). A step ends where the layer number falls; use counts decay by [`FREQ_DECAY`] per step.
+/// One MoE layer's experts of one forward in a replayed trace: how many were routed (a decode
+/// step's top-k, a prompt batch's union) and how many missed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Group {
+    pub layer: usize,
+    pub routed: usize,
+    pub misses: usize,
+}
+
+/// Hit rate of `slots` expert slots over a routing trace under `policy` ([`replay_groups`]).
 pub fn replay(routes: &[(u32, u32)], slots: usize, policy: Policy, n_layers: usize) -> f64 {
+    let (m, n) = replay_groups(routes, slots, policy, n_layers).iter().fold((0, 0), |(m, n), g| (m + g.misses, n + g.routed));
+    if n == 0 {
+        0.0
+    } else {
+        1.0 - m as f64 / n as f64
+    }
+}
+
+/// Replay a routing trace through `slots` expert slots as the cache evicts without prefetching
+/// (`crate::expert::queue`'s victim: an empty slot first, then the lowest retention under
+/// `policy`, ties by least recent use; a layer's own experts are never evicted for each other).
+/// A forward ends where the layer number falls; use counts decay by [`FREQ_DECAY`] per forward.
+pub fn replay_groups(routes: &[(u32, u32)], slots: usize, policy: Policy, n_layers: usize) -> Vec<Group> {
     let slots = slots.max(1);
     let mut resident: HashMap<(usize, usize), u64> = HashMap::new(); // key → last use
     let mut freq: HashMap<(usize, usize), f32> = HashMap::new();
-    let (mut clock, mut hits, mut prev_layer) = (0u64, 0usize, usize::MAX);
+    let (mut clock, mut prev_layer) = (0u64, usize::MAX);
+    let mut out = Vec::new();
     let mut i = 0;
     while i < routes.len() {
         let layer = routes[i].0 as usize;
@@ -247,26 +284,27 @@ pub fn replay(routes: &[(u32, u32)], slots: usize, policy: Policy, n_layers: usi
             j += 1;
         }
         let keys: Vec<(usize, usize)> = routes[i..j].iter().map(|&(l, e)| (l as usize, e as usize)).collect();
+        let mut misses = 0;
         for &k in &keys {
             if resident.contains_key(&k) {
-                hits += 1;
-            } else {
-                if resident.len() >= slots {
-                    let victim = resident
-                        .iter()
-                        .filter(|(k2, _)| !keys.contains(k2))
-                        .map(|(&k2, &t)| (policy.retention(freq.get(&k2).copied().unwrap_or(0.0) as f64, k2.0, layer, n_layers), t, k2))
-                        .min_by(|a, b| a.0.partial_cmp(&b.0).unwrap_or(std::cmp::Ordering::Equal).then(a.1.cmp(&b.1)))
-                        .map(|x| x.2);
-                    match victim {
-                        Some(v) => {
-                            resident.remove(&v);
-                        }
-                        None => continue, // every slot holds this layer's experts
-                    }
-                }
-                resident.insert(k, clock);
+                continue;
             }
+            misses += 1;
+            if resident.len() >= slots {
+                let victim = resident
+                    .iter()
+                    .filter(|(k2, _)| !keys.contains(k2))
+                    .map(|(&k2, &t)| (policy.retention(freq.get(&k2).copied().unwrap_or(0.0) as f64, k2.0, layer, n_layers), t, k2))
+                    .min_by(|a, b| a.0.partial_cmp(&b.0).unwrap_or(std::cmp::Ordering::Equal).then(a.1.cmp(&b.1)))
+                    .map(|x| x.2);
+                match victim {
+                    Some(v) => {
+                        resident.remove(&v);
+                    }
+                    None => continue, // every slot holds this layer's experts
+                }
+            }
+            resident.insert(k, clock);
         }
         for &k in &keys {
             clock += 1;
@@ -275,13 +313,10 @@ pub fn replay(routes: &[(u32, u32)], slots: usize, policy: Policy, n_layers: usi
             }
             *freq.entry(k).or_insert(0.0) += 1.0;
         }
+        out.push(Group { layer, routed: keys.len(), misses });
         i = j;
     }
-    if routes.is_empty() {
-        0.0
-    } else {
-        hits as f64 / routes.len() as f64
-    }
+    out
 }
 
 /// Time whole experts read from the file as the cache reads them (every range of a few
@@ -319,9 +354,11 @@ impl ExpertSource for ProbeExperts {
     }
 }
 
-/// The forward's compute on this machine: a prompt of two streaming batches, then decode steps
-/// (the first two not timed), with every expert "resident" ([`ProbeExperts`]).
-fn probe_compute(dense: &Arc<dyn ByteSource>, store: Arc<dyn ExpertStore>, n_layer: usize, n_ctx: usize) -> Result<ComputeProbe, PlanError> {
+/// The forward's compute on this machine, with every expert "resident" ([`ProbeExperts`]): a
+/// prompt of `prompt_tokens` (at most 512, at least two streaming batches; within the context)
+/// in streaming batches, then decode steps after it (the first two not timed: attention's cost
+/// grows with the context, so decode is measured where a first reply starts).
+fn probe_compute(dense: &Arc<dyn ByteSource>, store: Arc<dyn ExpertStore>, n_layer: usize, n_ctx: usize, prompt_tokens: usize) -> Result<ComputeProbe, PlanError> {
     let mut blocks = Vec::with_capacity(n_layer);
     for l in 0..n_layer {
         let mut data = Vec::new();
@@ -330,7 +367,8 @@ fn probe_compute(dense: &Arc<dyn ByteSource>, store: Arc<dyn ExpertStore>, n_lay
     }
     let mut s = Session::load_streaming_dense(&**dense, ExpertMode::External(Arc::new(ProbeExperts { blocks })), n_ctx.max(128), PREFILL_BATCH, None)?;
     let n_vocab = s.model.cfg.n_vocab as u32;
-    let prompt: Vec<u32> = (0..2 * PREFILL_BATCH as u32).map(|i| (i * 7919 + 13) % n_vocab).collect();
+    let n_prompt = prompt_tokens.clamp(2 * PREFILL_BATCH, 512).min(s.kv.n_ctx.saturating_sub(16)).max(1);
+    let prompt: Vec<u32> = (0..n_prompt as u32).map(|i| (i * 7919 + 13) % n_vocab).collect();
     let t0 = Instant::now();
     s.prefill(&prompt)?;
     let prompt_ms = t0.elapsed().as_secs_f64() * 1000.0 / prompt.len() as f64;
