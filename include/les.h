@@ -56,6 +56,18 @@ struct LesEngine *les_load(const char *model_path,
                            size_t err_len);
 
 /**
+ * Will it fit, and how fast? The forecast of `les plan --json` for a model file, before loading
+ * it: `options_json` holds `memory_budget` ("400MiB", required), `n_ctx` (2048), `store`
+ * ("disk" or a device profile), `routes` (a routing trace file of an earlier run), `policy`,
+ * `probe` (default true: measure the forward's compute here, which loads the dense weights for a
+ * moment; false: fit and reads only) and `prompt_tokens` (512). Returns a JSON string to free
+ * with [`les_string_free`] (`fits`, `plan`, `minimum`, `largest_context`, `hit_rate`,
+ * `bytes_per_token`, `decode_tokens_per_s`, `decode_bound`, `prompt_tokens_per_s`, …), or NULL
+ * with a message in `err`.
+ */
+char *les_plan(const char *model_path, const char *options_json, char *err, size_t err_len);
+
+/**
  * Generate up to `n_predict` tokens after `prompt` (tokenized as llama.cpp does, as it is: no
  * chat template), calling `callback(text, user)` per decoded chunk. `temperature` 0 is greedy;
  * `seed` seeds sampling. Returns the number of tokens generated, or -1 on error (see

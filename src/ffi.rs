@@ -218,6 +218,64 @@ pub extern "C" fn les_load(model_path: *const c_char, options_json: *const c_cha
     }
 }
 
+/// Options of [`les_plan`] (JSON).
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PlanJson {
+    memory_budget: String,
+    n_ctx: Option<usize>,
+    store: Option<String>,
+    /// A routing trace file (`les run --routes`).
+    routes: Option<String>,
+    policy: Option<String>,
+    probe: Option<bool>,
+    prompt_tokens: Option<usize>,
+}
+
+fn plan_json(path: &str, opts: &str) -> Result<String, String> {
+    use crate::engine::plan::{plan, PlanOptions};
+    let o: PlanJson = serde_json::from_str(opts).map_err(|e| format!("options: {e}"))?;
+    let profile = match o.store.as_deref() {
+        None | Some("disk") => None,
+        Some(n) => Some(crate::store::throttle::DeviceProfile::by_name(n).ok_or_else(|| format!("unknown store profile '{n}'"))?),
+    };
+    let routes = match &o.routes {
+        Some(p) => Some(serde_json::from_str::<Vec<(u32, u32)>>(&std::fs::read_to_string(p).map_err(|e| format!("routes {p}: {e}"))?).map_err(|e| format!("routes {p}: {e}"))?),
+        None => None,
+    };
+    let policy = match o.policy.as_deref() {
+        None => crate::expert::stream::Policy::NextUse,
+        Some(p) => crate::expert::stream::Policy::parse(p).ok_or_else(|| format!("unknown policy '{p}'"))?,
+    };
+    let po = PlanOptions { budget: parse_bytes(&o.memory_budget)?, n_ctx: o.n_ctx.unwrap_or(2048), profile, routes, policy, probe: o.probe.unwrap_or(true), prompt_tokens: o.prompt_tokens.unwrap_or(512) };
+    let f = plan(path, &po).map_err(|e| e.to_string())?;
+    serde_json::to_string(&f).map_err(|e| e.to_string())
+}
+
+/// Will it fit, and how fast? The forecast of `les plan --json` for a model file, before loading
+/// it: `options_json` holds `memory_budget` ("400MiB", required), `n_ctx` (2048), `store`
+/// ("disk" or a device profile), `routes` (a routing trace file of an earlier run), `policy`,
+/// `probe` (default true: measure the forward's compute here, which loads the dense weights for a
+/// moment; false: fit and reads only) and `prompt_tokens` (512). Returns a JSON string to free
+/// with [`les_string_free`] (`fits`, `plan`, `minimum`, `largest_context`, `hit_rate`,
+/// `bytes_per_token`, `decode_tokens_per_s`, `decode_bound`, `prompt_tokens_per_s`, …), or NULL
+/// with a message in `err`.
+#[no_mangle]
+pub extern "C" fn les_plan(model_path: *const c_char, options_json: *const c_char, err: *mut c_char, err_len: usize) -> *mut c_char {
+    let r = catch_unwind(|| plan_json(cstr(model_path)?, cstr(options_json)?));
+    match r {
+        Ok(Ok(j)) => CString::new(j).unwrap_or_default().into_raw(),
+        Ok(Err(m)) => {
+            write_err(err, err_len, &m);
+            std::ptr::null_mut()
+        }
+        Err(_) => {
+            write_err(err, err_len, "internal error (panic) while planning");
+            std::ptr::null_mut()
+        }
+    }
+}
+
 /// Generate up to `n_predict` tokens after `prompt` (tokenized as llama.cpp does, as it is: no
 /// chat template), calling `callback(text, user)` per decoded chunk. `temperature` 0 is greedy;
 /// `seed` seeds sampling. Returns the number of tokens generated, or -1 on error (see

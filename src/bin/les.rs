@@ -79,6 +79,14 @@ enum Cmd {
         /// Calibration tokens (one chunk).
         #[arg(long, default_value_t = 256)]
         calib_tokens: usize,
+        /// Order of each layer's expert blocks on storage: `index` (the experts' own order) or
+        /// `coactivation` (experts routed in the same forward next to each other, from
+        /// --routes; the streaming reader reads adjacent wanted experts in one read).
+        #[arg(long, default_value = "index", value_parser = ["index", "coactivation"])]
+        order: String,
+        /// Routing traces of this model (`les run --routes FILE`) for `--order coactivation`.
+        #[arg(long, value_name = "FILE", num_args = 1..)]
+        routes: Vec<String>,
     },
     /// Benchmarks.
     #[command(subcommand)]
@@ -613,13 +621,14 @@ fn run(cli: Cli) -> Res {
         Cmd::Bench(BenchCmd::Decode { m, n_predict, reps }) => cmd_bench_decode(&m, n_predict, reps),
         Cmd::Bench(BenchCmd::PpTg { m, s, n_prompt, n_gen, reps, profile }) => cmd_bench_pp_tg(&m, &s, &n_prompt, &n_gen, reps, profile),
         Cmd::Bench(BenchCmd::Chat { m, s, n_predict, reps, messages }) => cmd_bench_chat(&m, &s, n_predict, reps, &messages),
-        Cmd::Pack { input, output, expert_types, mixed_precision, target_bytes, calibration, calib_tokens } => {
+        Cmd::Pack { input, output, expert_types, mixed_precision, target_bytes, calibration, calib_tokens, order, routes } => {
+            let order = pack_order(&input, &order, &routes)?;
             if mixed_precision {
                 let target = les::engine::stream::parse_bytes(target_bytes.as_deref().unwrap_or_default())?;
                 let spec = choose_mixed(&input, target, &calibration, calib_tokens)?;
-                cmd_pack(&input, &output, Some(&spec))
+                cmd_pack(&input, &output, Some(&spec), &order)
             } else {
-                cmd_pack(&input, &output, expert_types.as_deref())
+                cmd_pack(&input, &output, expert_types.as_deref(), &order)
             }
         }
         Cmd::Eval(EvalCmd::Ppl { m, text, chunk, base, json }) => {
@@ -653,7 +662,7 @@ fn run(cli: Cli) -> Res {
                 None => {
                     let b = format!("{}.les", m.model.trim_end_matches(".gguf"));
                     if !std::path::Path::new(&b).exists() {
-                        cmd_pack(&m.model, &b, None)?;
+                        cmd_pack(&m.model, &b, None, &[])?;
                     }
                     b
                 }
@@ -1276,7 +1285,33 @@ fn parse_expert_types(spec: &str, n_layers: usize) -> Result<Vec<les::expert::bu
     Ok(out)
 }
 
-fn cmd_pack(input: &str, output: &str, expert_types: Option<&str>) -> Res {
+/// `les pack --order`: per MoE layer, the experts in storage order (empty: their own order).
+fn pack_order(input: &str, order: &str, routes: &[String]) -> Result<Vec<Vec<usize>>, Box<dyn std::error::Error>> {
+    if order == "index" {
+        if !routes.is_empty() {
+            return Err("--routes is for --order coactivation".into());
+        }
+        return Ok(Vec::new());
+    }
+    if routes.is_empty() {
+        return Err("--order coactivation needs --routes FILE... (routing traces from les run --routes)".into());
+    }
+    let g = les::gguf::GgufFile::read(&FileSource::open(input)?)?;
+    let c = les::model::Config::from_gguf(&g)?;
+    let traces = routes
+        .iter()
+        .map(|p| -> Result<Vec<(u32, u32)>, Box<dyn std::error::Error>> {
+            let t: Vec<(u32, u32)> = serde_json::from_str(&std::fs::read_to_string(p).map_err(|e| format!("--routes {p}: {e}"))?).map_err(|e| format!("--routes {p}: not a routing trace: {e}"))?;
+            match t.iter().find(|&&(l, e)| l as usize >= c.n_layer || e as usize >= c.n_expert) {
+                Some((l, e)) => Err(format!("--routes {p}: [{l}, {e}] is outside this model's {} layers × {} experts", c.n_layer, c.n_expert).into()),
+                None => Ok(t),
+            }
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(les::expert::coactivation::coactivation_order(&traces, c.n_layer, c.n_expert))
+}
+
+fn cmd_pack(input: &str, output: &str, expert_types: Option<&str>, order: &[Vec<usize>]) -> Res {
     let src = FileSource::open(input)?;
     let types = match expert_types {
         Some(spec) => {
@@ -1291,7 +1326,7 @@ fn cmd_pack(input: &str, output: &str, expert_types: Option<&str>) -> Res {
     let bar = indicatif::ProgressBar::new(src.len());
     bar.set_style(indicatif::ProgressStyle::with_template("packing {bar:40} {bytes}/{total_bytes} {bytes_per_sec} eta {eta}").unwrap());
     let name = std::path::Path::new(input).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let r = les::expert::bundle::pack_with(&src, &name, &types, &mut f, &mut |done, total| {
+    let r = les::expert::bundle::pack_ordered(&src, &name, &types, order, &mut f, &mut |done, total| {
         bar.set_length(total);
         bar.set_position(done);
     });

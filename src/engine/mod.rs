@@ -12,7 +12,6 @@ pub mod ladder;
 pub mod mixed;
 pub mod mtp;
 pub mod multimodal;
-#[cfg(not(target_arch = "wasm32"))]
 pub mod plan;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod pressure;

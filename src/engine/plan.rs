@@ -18,10 +18,10 @@ use crate::expert::store::ExpertStore;
 use crate::expert::{ExpertBlock, ExpertError, ExpertLayout, ExpertSource};
 use crate::model::{ExpertMode, Logits};
 use crate::store::throttle::DeviceProfile;
-use crate::store::{ByteSource, FileSource};
+use crate::store::ByteSource;
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Instant;
+use web_time::Instant;
 
 /// What `les plan` is asked.
 #[derive(Clone, Debug)]
@@ -59,6 +59,8 @@ impl ReadModel {
 /// Compute measured on this machine (the real forward, no reads).
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct ComputeProbe {
+    /// How it was measured ("probe": [`probe_compute`]; or the caller's own runs).
+    pub source: &'static str,
     pub decode_ms_per_token: f64,
     pub prompt_ms_per_token: f64,
     /// Tokens per prompt batch when streaming ([`PREFILL_BATCH`]).
@@ -116,10 +118,17 @@ pub enum PlanError {
     Expert(#[from] ExpertError),
 }
 
-/// Plan `path` (a GGUF or a `.les` bundle).
+/// Plan `path` (a GGUF or a `.les` bundle), measuring compute here when `o.probe`.
+#[cfg(not(target_arch = "wasm32"))]
 pub fn plan(path: &str, o: &PlanOptions) -> Result<Forecast, PlanError> {
-    let file: Arc<dyn ByteSource> = Arc::new(FileSource::open(path).map_err(OpenError::from)?);
-    let parts = open_parts(file.clone(), file.clone(), file.clone(), path)?;
+    let file: Arc<dyn ByteSource> = Arc::new(crate::store::FileSource::open(path).map_err(OpenError::from)?);
+    plan_source(file, path, o, None)
+}
+
+/// Plan the model in `src` (`name` for errors). Compute: `measured` when given (e.g. a running
+/// engine's own decode and prompt times, reads left out), else the probe when `o.probe`.
+pub fn plan_source(src: Arc<dyn ByteSource>, name: &str, o: &PlanOptions, measured: Option<ComputeProbe>) -> Result<Forecast, PlanError> {
+    let parts = open_parts(src.clone(), src.clone(), src, name)?;
     let (g, c, store) = (&parts.g, &parts.c, parts.store.clone());
     let fp = Footprint::new(g, c, &*store);
     let opts = StreamOptions { budget: o.budget, n_ctx: o.n_ctx, direct: false, profile: None, cache: Default::default(), slots: None, gpu_pool: false, dense: Default::default() };
@@ -168,7 +177,11 @@ pub fn plan(path: &str, o: &PlanOptions) -> Result<Forecast, PlanError> {
     let dense_streamed = plan.as_ref().map_or(0, |p| p.dense_streamed) as f64;
     let bytes_per_token = reads_per_token * mean_bytes + dense_streamed;
     let read_s: f64 = fp.expert_bytes.iter().map(|&b| read.layer_time(k * miss, b as f64, p_any)).sum::<f64>() + dense_streamed / read.bandwidth;
-    let compute = if o.probe && fits { Some(probe_compute(&parts.dense_src, store, c.n_layer, o.n_ctx, o.prompt_tokens)?) } else { None };
+    let compute = match measured {
+        Some(m) => Some(m),
+        None if o.probe && fits => Some(probe_compute(&parts.dense_src, store, c.n_layer, o.n_ctx, o.prompt_tokens)?),
+        None => None,
+    };
     let (mut decode, mut overlapped, mut decode_bound, mut prompt, mut prompt_bound) = (None, None, None, None, None);
     if let Some(cp) = &compute {
         let comp = cp.decode_ms_per_token / 1000.0;
@@ -381,7 +394,7 @@ fn probe_compute(dense: &Arc<dyn ByteSource>, store: Arc<dyn ExpertStore>, n_lay
         }
     }
     times.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
-    Ok(ComputeProbe { decode_ms_per_token: times[times.len() / 2], prompt_ms_per_token: prompt_ms, prompt_batch: PREFILL_BATCH, threads: crate::backend::cpu::par::n_threads() })
+    Ok(ComputeProbe { source: "probe", decode_ms_per_token: times[times.len() / 2], prompt_ms_per_token: prompt_ms, prompt_batch: PREFILL_BATCH, threads: crate::backend::cpu::par::n_threads() })
 }
 
 #[cfg(test)]

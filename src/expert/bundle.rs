@@ -425,7 +425,6 @@ impl Manifest {
         }
         let x_end = h.experts_off.saturating_add(h.experts_len);
         let mut blocks = Vec::with_capacity(n_layers * n_expert);
-        let mut prev_end = h.experts_off;
         for (il, layout) in layouts.iter().enumerate() {
             let want = layout.bytes() as u64;
             for e in 0..n_expert {
@@ -438,14 +437,23 @@ impl Manifest {
                 if blk.size != want {
                     return Err(bad(format!("size {} but the layer's layout needs {want}", blk.size)));
                 }
-                if blk.offset < prev_end {
-                    return Err(bad(format!("overlaps the previous block or section (ends at {prev_end})")));
+                if blk.offset < h.experts_off {
+                    return Err(bad(format!("starts before the expert section (at {})", h.experts_off)));
                 }
                 match blk.offset.checked_add(blk.size) {
-                    Some(end) if end <= x_end => prev_end = end,
+                    Some(end) if end <= x_end => {}
                     _ => return Err(bad(format!("size {} runs past the expert section (ends at {x_end})", blk.size))),
                 }
                 blocks.push(blk);
+            }
+        }
+        // Blocks may lie in any order (`pack_ordered`), but never overlap.
+        let mut by_offset: Vec<(u64, u64, usize)> = blocks.iter().enumerate().map(|(i, b)| (b.offset, b.offset + b.size, i)).collect();
+        by_offset.sort_unstable();
+        for w in by_offset.windows(2) {
+            if w[1].0 < w[0].1 {
+                let (il, e) = (w[1].2 / n_expert.max(1), w[1].2 % n_expert.max(1));
+                return Err(corrupt(format!("block of expert {e} of layer {il} at {}: overlaps another block (which ends at {})", w[1].0, w[0].1)));
             }
         }
         Ok(Self { n_expert, source_size: rd_u64(b, 16), source_name, layer_blk, layouts, blocks })
@@ -573,8 +581,34 @@ pub fn pack_with(
     out: &mut (impl Write + Seek),
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<PackSummary, BundleError> {
+    pack_ordered(src, source_name, expert_types, &[], out, progress)
+}
+
+/// [`pack_with`], placing layer `i`'s expert blocks on storage in the order `order[i]` (a
+/// permutation of the experts, e.g. [`super::coactivation::coactivation_order`]; layers without
+/// one keep the experts' own order). The manifest still maps (layer, expert) to its block, so
+/// readers see the same experts whatever the order.
+pub fn pack_ordered(
+    src: &dyn ByteSource,
+    source_name: &str,
+    expert_types: &[ExpertTypes],
+    order: &[Vec<usize>],
+    out: &mut (impl Write + Seek),
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<PackSummary, BundleError> {
     let g = GgufFile::read(src).map_err(BundleError::Source)?;
     let (layers, n_expert) = expert_layers(&g)?;
+    if order.len() > layers.len() {
+        return Err(BundleError::Unsupported(format!("an expert order for {} layers given, the model has {} MoE layers", order.len(), layers.len())));
+    }
+    let identity: Vec<usize> = (0..n_expert).collect();
+    for (il, o) in order.iter().enumerate() {
+        let mut seen = vec![false; n_expert];
+        if o.len() != n_expert || o.iter().any(|&e| e >= n_expert || std::mem::replace(&mut seen[e], true)) {
+            return Err(BundleError::Unsupported(format!("the expert order of layer {il} is not a permutation of its {n_expert} experts")));
+        }
+    }
+    let order_of = |il: usize| order.get(il).unwrap_or(&identity);
     if expert_types.len() > layers.len() {
         return Err(BundleError::Unsupported(format!("{} layers of expert types given, the model has {} MoE layers", expert_types.len(), layers.len())));
     }
@@ -616,10 +650,12 @@ pub fn pack_with(
     let experts_off = align_up(dense_off + dense_len, BLOCK_ALIGN);
     let mut blocks = Vec::with_capacity(n_layers * n_expert);
     let mut cursor = experts_off;
-    for lay in &out_layouts {
+    for (il, lay) in out_layouts.iter().enumerate() {
         let size = lay.bytes() as u64;
-        for _ in 0..n_expert {
-            blocks.push(BlockEntry { offset: cursor, size, crc32: 0 });
+        let first = blocks.len();
+        blocks.extend((0..n_expert).map(|_| BlockEntry { offset: 0, size, crc32: 0 }));
+        for &e in order_of(il) {
+            blocks[first + e].offset = cursor;
             cursor += align_up(size, BLOCK_ALIGN);
         }
     }
@@ -654,7 +690,7 @@ pub fn pack_with(
     for (il, (_, t)) in layers.iter().enumerate() {
         let lay = &out_layouts[il];
         let requant = lay != &t.layout;
-        for e in 0..n_expert {
+        for &e in order_of(il) {
             let b = &mut blocks[il * n_expert + e];
             debug_assert_eq!(w.pos, b.offset);
             raw.resize(t.layout.bytes(), 0);

@@ -108,23 +108,59 @@ impl ReadExecutor for Threads {
     }
 }
 
+/// Bytes one merged read may span ([`Shared::take_adjacent`]).
+const MERGE_MAX: usize = 64 << 20;
+
 fn io_worker(sh: Arc<Shared>, w: usize, lanes: usize, stop: Arc<AtomicBool>) {
     lower_io_priority();
+    let mut span_buf = Vec::new();
     loop {
-        let job = {
+        let (job, more) = {
             let mut g = sh.lock();
             loop {
                 if Shared::shutting_down(&g) || stop.load(Ordering::Acquire) {
                     return;
                 }
                 if let Some(j) = sh.take_job(&mut g, lanes, Take::Any) {
-                    break j;
+                    let more = sh.take_adjacent(&mut g, &j, MERGE_MAX);
+                    break (j, more);
                 }
                 g = sh.io_cv.wait(g).unwrap();
             }
         };
-        run_job(&sh, job, w);
+        if more.is_empty() {
+            run_job(&sh, job, w);
+        } else {
+            let mut jobs = vec![job];
+            jobs.extend(more);
+            run_merged(&sh, jobs, w, &mut span_buf);
+        }
     }
+}
+
+/// Demand reads of adjacent blocks in one read of their span (into `buf`), then each job's
+/// bytes into its slot; each job is verified and published as if read alone.
+fn run_merged(sh: &Shared, jobs: Vec<Job>, lane: usize, buf: &mut Vec<u8>) {
+    let ((off, len), at) = Shared::span(&jobs);
+    let t = Instant::now();
+    buf.resize(len, 0);
+    let (layer, expert) = jobs[0].key();
+    let res = sh.store().read_range(layer, expert, off, buf);
+    let ms = t.elapsed().as_secs_f64() * 1000.0;
+    let n = jobs.len();
+    for (i, mut job) in jobs.into_iter().enumerate() {
+        let total = job.total_len();
+        let r = match &res {
+            Ok(()) => sh.fill(&job, total, |dst| {
+                dst.copy_from_slice(&buf[at[i]..at[i] + total]);
+                Ok(())
+            }),
+            Err(e) => Err(ExpertError::Invalid { layer: job.key().0, expert: job.key().1, why: format!("merged read of {n} adjacent experts failed: {e}") }),
+        };
+        // The read's time and count go to the first job; the others came with it.
+        sh.piece_done(&mut job, total, r, if i == 0 { ms } else { 0.0 }, lane);
+    }
+    sh.count_merged(n - 1);
 }
 
 /// I/O workers run at the lowest CPU priority (Linux: nice 19 for this thread), so the CPU work

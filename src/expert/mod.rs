@@ -228,6 +228,7 @@ impl ExpertSource for ResidentExperts {
 
 pub mod store;
 pub mod stream;
+pub mod coactivation;
 pub mod policy;
 pub mod stats;
 mod queue;

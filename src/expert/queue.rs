@@ -119,6 +119,10 @@ pub(super) fn now_us(sh: &Shared) -> f64 {
     sh.t0.elapsed().as_secs_f64() * 1e6
 }
 
+/// Two blocks this close on storage are read together when both are wanted ([`Shared::take_adjacent`]):
+/// a bundle's blocks are 4096-aligned, so the next one starts within 4096 bytes of the end.
+pub(crate) const MERGE_GAP: u64 = 4096;
+
 /// The best queued request: demand first, then the nearest prefetch, FIFO within a class.
 /// At most `lanes` prefetches are in flight, and they start only while no demand read is in
 /// flight (they use idle I/O time), or on a store that serves reads in order while no demand
@@ -175,6 +179,10 @@ impl Job {
     pub(crate) fn key(&self) -> (usize, usize) {
         self.req.key
     }
+    /// The expert's bytes in all.
+    pub(crate) fn total_len(&self) -> usize {
+        self.total
+    }
 }
 
 /// Which requests an executor takes.
@@ -219,6 +227,58 @@ impl Shared {
             b.data.resize(total, 0);
         }
         Some(Job { req, ranges, total, err })
+    }
+
+    /// Demand reads queued whose bytes continue `job`'s on storage, after or before it (each one
+    /// block, within [`MERGE_GAP`] bytes of the span read so far: a bundle's neighbouring block
+    /// beyond its alignment padding), taken with it so that one read fetches them all ([`super::io`]'s
+    /// merged reads; experts packed by co-activation sit next to each other). At most
+    /// `max_bytes` in the span. Empty unless `job` is a whole demand read of one range.
+    pub(crate) fn take_adjacent(&self, g: &mut Inner, job: &Job, max_bytes: usize) -> Vec<Job> {
+        let mut out: Vec<Job> = Vec::new();
+        if !job.req.demand || job.req.done > 0 || job.err.is_some() || job.ranges.len() != 1 {
+            return out;
+        }
+        let mut start = job.ranges[0].0;
+        let mut end = start + job.ranges[0].1 as u64;
+        loop {
+            // The next block after the span, or the one before it.
+            let next = g.queue.iter().enumerate().filter(|(_, r)| r.demand && r.done == 0).find_map(|(i, r)| match self.store.ranges(r.key.0, r.key.1) {
+                Ok(v) if v.len() == 1 => {
+                    let (o, e) = (v[0].0, v[0].0 + v[0].1 as u64);
+                    let after = o >= end && o - end < MERGE_GAP && (e - start) as usize <= max_bytes;
+                    let before = e <= start && start - e < MERGE_GAP && (end - o) as usize <= max_bytes;
+                    (after || before).then_some((i, v))
+                }
+                _ => None,
+            });
+            let Some((i, ranges)) = next else { break };
+            let r = g.queue.swap_remove(i);
+            g.slots[r.slot].state = State::Loading;
+            g.inflight_demand += 1;
+            let total = ranges[0].1;
+            {
+                let mut b = self.bufs[r.slot].write().unwrap();
+                b.layout = self.store.layout(r.key.0).clone();
+                if b.data.capacity() < self.slot_bytes.max(total) {
+                    let want = self.slot_bytes.max(total) - b.data.len();
+                    b.data.reserve_exact(want);
+                }
+                b.data.resize(total, 0);
+            }
+            start = start.min(ranges[0].0);
+            end = end.max(ranges[0].0 + total as u64);
+            out.push(Job { req: r, ranges, total, err: None });
+        }
+        out
+    }
+
+    /// A merged read's bytes ([`Self::take_adjacent`]): (file offset, length) of the span from
+    /// the first job's start to the last one's end, and each job's offset in it.
+    pub(crate) fn span(jobs: &[Job]) -> ((u64, usize), Vec<usize>) {
+        let start = jobs.iter().map(|j| j.ranges[0].0).min().unwrap_or(0);
+        let end = jobs.iter().map(|j| j.ranges[0].0 + j.ranges[0].1 as u64).max().unwrap_or(start);
+        ((start, (end - start) as usize), jobs.iter().map(|j| (j.ranges[0].0 - start) as usize).collect())
     }
 
     /// The job's next piece: (file offset, length). A prefetch nobody waits for is read in chunks
@@ -389,6 +449,13 @@ impl Shared {
         drop(g);
         self.done_cv.notify_all();
         self.io_cv.notify_all();
+    }
+
+    /// `n` loads came in a merged read with another: count the read once.
+    pub(crate) fn count_merged(&self, n: usize) {
+        let mut g = self.inner.lock().unwrap();
+        g.stats.merged_loads += n as u64;
+        g.stats.reads -= n as u64;
     }
 
     pub(crate) fn store(&self) -> &dyn ExpertStore {

@@ -45,6 +45,9 @@ pub struct StreamStats {
     pub refine_pred_made: u64,
     pub refine_pred_routed: u64,
     pub load_failures: u64,
+    /// Expert loads that came in the same read as another (adjacent blocks, one read: `reads`
+    /// counts that read once).
+    pub merged_loads: u64,
     /// Times the number of expert slots was changed while running (a budget change) and the
     /// bytes of slot buffers freed by them.
     pub slot_changes: u64,

@@ -211,6 +211,11 @@ impl StreamingExperts {
         self.with_experts(layer, ids, &mut |_, _| {})
     }
 
+    /// A copy of the routed (layer, expert) sequence recorded so far.
+    pub fn route_log(&self) -> Vec<(u32, u32)> {
+        self.sh.inner.lock().unwrap().route_log.clone()
+    }
+
     /// The routed (layer, expert) sequence since the last call.
     pub fn take_route_log(&self) -> Vec<(u32, u32)> {
         std::mem::take(&mut self.sh.inner.lock().unwrap().route_log)

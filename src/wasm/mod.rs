@@ -175,6 +175,9 @@ fn err(e: impl std::fmt::Display) -> JsError {
 
 struct Inner {
     session: Session,
+    /// The model's bytes and name (`plan`).
+    src: Arc<dyn ByteSource>,
+    name: String,
     experts: Option<Arc<StreamingExperts>>,
     plan: Option<BudgetPlan>,
     backend: String,
@@ -313,7 +316,7 @@ impl Engine {
         let mut session = session;
         // A chat re-sends the conversation: its common prefix with the cache is not run again.
         session.reuse_prefix = true;
-        let inner = Inner { session, experts, plan, backend: "cpu (wasm)".into(), gen: None, model_bytes: len as u64, logits_fnv: FNV_OFFSET, at_first_token: None, mmproj: None, mm: None };
+        let inner = Inner { session, src: src.clone(), name: name.clone(), experts, plan, backend: "cpu (wasm)".into(), gen: None, model_bytes: len as u64, logits_fnv: FNV_OFFSET, at_first_token: None, mmproj: None, mm: None };
         Ok(Engine { inner: Rc::new(RefCell::new(inner)), budget, last_stats: Rc::new(RefCell::new("{}".into())) })
     }
 
@@ -464,6 +467,49 @@ impl Engine {
         }
         b.set(bytes.round() as u64).map_err(err)?;
         Ok(budget_json(b))
+    }
+
+    /// Will it fit, and how fast? The forecast (`les plan`'s JSON) for this engine's model with
+    /// `options_json`: `memory_budget` (bytes; default the budget now), `n_ctx` (default the
+    /// engine's), `store` (a device profile; default: this page's storage, probed), `prompt_tokens`
+    /// (512). The hit rate replays the routing the engine has seen so far (else uniform); compute
+    /// comes from the last generation (its decode time less its read stalls, its prompt time):
+    /// none before the first, which then leaves the speeds out. The dense weights are not loaded
+    /// again (the wasm heap never shrinks).
+    pub fn plan(&self, options_json: &str) -> Result<String, JsError> {
+        #[derive(serde::Deserialize, Default)]
+        #[serde(deny_unknown_fields)]
+        struct O {
+            memory_budget: Option<f64>,
+            n_ctx: Option<usize>,
+            store: Option<String>,
+            prompt_tokens: Option<usize>,
+        }
+        let o: O = if options_json.trim().is_empty() { O::default() } else { serde_json::from_str(options_json).map_err(err)? };
+        let g = self.inner.try_borrow().map_err(|_| err("engine busy (a generation step is running)"))?;
+        let profile = match o.store.as_deref() {
+            None => None,
+            Some(n) => Some(crate::store::throttle::DeviceProfile::by_name(n).ok_or_else(|| err(format!("unknown store profile '{n}'")))?),
+        };
+        let budget = o.memory_budget.map(|b| b.max(0.0) as u64).or(self.budget.as_ref().map(|b| b.budget())).unwrap_or(g.model_bytes);
+        let routes = g.experts.as_ref().map(|e| e.route_log()).filter(|r| !r.is_empty());
+        // The last generation's compute: decode less its read stalls; the prompt as it ran.
+        let compute = g.gen.as_ref().map(|x| &x.stats).filter(|st| st.gen_tokens > 1 && st.prompt_tokens > st.prompt_reused).map(|st| {
+            let stall = match (g.experts.as_ref().map(|e| e.stats()), &g.at_first_token) {
+                (Some(now), Some(f)) => now.stall_ms - f.stall_ms,
+                _ => 0.0,
+            };
+            crate::engine::plan::ComputeProbe {
+                source: "the engine's last generation",
+                decode_ms_per_token: ((st.gen_ms - stall) / st.gen_tokens as f64).max(0.0),
+                prompt_ms_per_token: st.prompt_ms / (st.prompt_tokens - st.prompt_reused) as f64,
+                prompt_batch: crate::engine::stream::PREFILL_BATCH,
+                threads: crate::backend::cpu::par::n_threads(),
+            }
+        });
+        let po = crate::engine::plan::PlanOptions { budget, n_ctx: o.n_ctx.unwrap_or(g.session.kv.n_ctx), profile, routes, policy: Policy::NextUse, probe: false, prompt_tokens: o.prompt_tokens.unwrap_or(512) };
+        let f = crate::engine::plan::plan_source(g.src.clone(), &g.name, &po, compute).map_err(err)?;
+        serde_json::to_string(&f).map_err(err)
     }
 
     /// Forget the cached conversation: the next prompt is run from its first token.

@@ -248,6 +248,19 @@ test('JS API: abort stops a generation; chat streaming and non-streaming agree; 
     assert.deepEqual([high.budget, high.expert_slots], [mem.b0.budget, mem.b0.expert_slots]);
     assert.match(mem.refused, /minimum/);
     assert.deepEqual(mem.after.budget, mem.b0.budget);
+    // engine.plan() (issue 39 item 1): the forecast at the budget now fits with the engine's
+    // slots and gives speeds from the last generation; below the minimum it does not fit.
+    const fc = await page.evaluate(async (below) => {
+      const e = window.les.engine;
+      return { now: await e.plan({ store: 'phone-4GBps', promptTokens: 64 }), below: await e.plan({ memoryBudgetMB: below }) };
+    }, (mem.b0.minimum - 1) / 1048576);
+    assert.equal(fc.now.fits, true, JSON.stringify(fc.now));
+    assert.equal(fc.now.plan.slots, mem.b0.expert_slots);
+    assert.equal(fc.now.minimum, mem.b0.minimum);
+    assert.ok(fc.now.decode_tokens_per_s > 0 && fc.now.prompt_tokens_per_s > 0, JSON.stringify(fc.now));
+    assert.match(fc.now.hit_rate_source, /recorded run/);
+    assert.equal(fc.below.fits, false);
+    assert.match(fc.below.why, /minimum/);
     // Cache management: list, usage, delete.
     const cache = await page.evaluate(async () => {
       const m = await import('/les/index.js');

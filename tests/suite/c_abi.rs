@@ -23,7 +23,7 @@ fn header_is_current() {
     let have = std::fs::read(&path).unwrap_or_default();
     assert!(have == out, "include/les.h is stale: run LES_BLESS=1 cargo test --profile ci --test suite -- c_abi::");
     let h = String::from_utf8(out).unwrap();
-    for f in ["les_load", "les_generate", "les_stats_json", "les_free", "les_string_free", "les_last_error", "les_reset", "les_load_mmproj", "les_generate_images", "LesImage", "les_budget", "les_set_memory_budget", "les_memory_budget", "les_budget_free", "LesBudget"] {
+    for f in ["les_load", "les_generate", "les_stats_json", "les_free", "les_string_free", "les_last_error", "les_reset", "les_load_mmproj", "les_generate_images", "LesImage", "les_budget", "les_set_memory_budget", "les_memory_budget", "les_budget_free", "LesBudget", "les_plan"] {
         assert!(h.contains(f), "header lacks {f}");
     }
 }
@@ -121,6 +121,34 @@ fn load_generate_stats_free_round_trip() {
     les_budget_free(b);
     les_budget_free(std::ptr::null_mut());
     les_free(std::ptr::null_mut());
+}
+
+/// `les_plan`: the forecast as JSON, its plan the one `les_load` then runs with; bad options and a
+/// missing file give messages.
+#[test]
+fn plan_forecasts_what_load_then_runs() {
+    let model = root().join("models/rand-olmoe.gguf");
+    let path = CString::new(model.to_str().unwrap()).unwrap();
+    let mut err = [0 as c_char; 256];
+    let opts = CString::new(r#"{"memory_budget": "64MiB", "n_ctx": 256, "store": "phone-4GBps", "prompt_tokens": 64}"#).unwrap();
+    let j = les_plan(path.as_ptr(), opts.as_ptr(), err.as_mut_ptr(), err.len());
+    assert!(!j.is_null(), "{}", unsafe { CStr::from_ptr(err.as_ptr()) }.to_str().unwrap());
+    let f: serde_json::Value = serde_json::from_str(unsafe { CStr::from_ptr(j) }.to_str().unwrap()).unwrap();
+    les_string_free(j);
+    assert_eq!(f["fits"], true);
+    assert!(f["decode_tokens_per_s"].as_f64().unwrap() > 0.0 && f["prompt_tokens_per_s"].as_f64().unwrap() > 0.0, "{f}");
+    let st = les::engine::stream::open_streaming(model.to_str().unwrap(), &les::engine::stream::StreamOptions { budget: 64 << 20, n_ctx: 256, direct: false, profile: None, cache: Default::default(), slots: None, gpu_pool: false, dense: Default::default() }).unwrap();
+    assert_eq!(f["plan"]["slots"].as_u64(), Some(st.plan.slots as u64));
+    assert_eq!(f["plan"]["minimum"].as_u64(), Some(st.plan.minimum));
+    for (o, want) in [(r#"{"n_ctx": 256}"#, "memory_budget"), (r#"{"memory_budget": "64MiB", "store": "floppy"}"#, "floppy"), (r#"{"memory_budget": "64MiB", "routes": "/nonexistent.json"}"#, "nonexistent")] {
+        let o = CString::new(o).unwrap();
+        assert!(les_plan(path.as_ptr(), o.as_ptr(), err.as_mut_ptr(), err.len()).is_null());
+        let msg = unsafe { CStr::from_ptr(err.as_ptr()) }.to_str().unwrap().to_string();
+        assert!(msg.contains(want), "{msg}");
+    }
+    let missing = CString::new("/nonexistent/model.gguf").unwrap();
+    assert!(les_plan(missing.as_ptr(), opts.as_ptr(), err.as_mut_ptr(), err.len()).is_null());
+    assert!(les_plan(std::ptr::null(), std::ptr::null(), std::ptr::null_mut(), 0).is_null());
 }
 
 #[test]

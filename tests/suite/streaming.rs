@@ -486,3 +486,45 @@ fn watchdog_follows_free_memory() {
     std::thread::sleep(std::time::Duration::from_millis(30));
     assert_eq!((st.budget.budget(), st.experts.slots()), (full, c.n_layer * c.n_expert / 2));
 }
+
+/// A bundle packed by co-activation (issue 39 item 3): each layer's blocks in the order
+/// `coactivation_order` gives from a routing trace of other text; streamed from it, the logits
+/// are the resident run's bits, and experts routed together come in merged reads.
+#[test]
+fn coactivation_packed_bundle_is_lossless_and_merges_reads() {
+    use les::expert::coactivation::coactivation_order;
+    let path = model("rand-qwen3moe.gguf");
+    let (seqs, want) = reference(&path, &["The capital of France is", "def fibonacci(n):"], 12);
+    let g = GgufFile::read(&FileSource::open(&path).unwrap()).unwrap();
+    let c = Config::from_gguf(&g).unwrap();
+    // A routing trace of other text.
+    let all = StreamOptions { budget: 0, n_ctx: 256, direct: false, profile: None, cache: StreamConfig::default(), slots: Some(usize::MAX), gpu_pool: false, dense: Default::default() };
+    let mut st = open_streaming(path.to_str().unwrap(), &all).unwrap();
+    let toks = st.session.tokenize("Once upon a time there was a lighthouse");
+    st.session.generate(&toks, 24, &les::engine::sampling::SamplerConfig::greedy(), true, &mut |_, _| true).unwrap();
+    let order = coactivation_order(&[st.experts.take_route_log()], c.n_layer, c.n_expert);
+    assert!(order.iter().any(|o| o.iter().enumerate().any(|(i, &e)| i != e)), "the trace leaves every layer in index order");
+    let out = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("rand-qwen3moe-coact.les");
+    let mut f = std::fs::File::create(&out).unwrap();
+    les::expert::bundle::pack_ordered(&FileSource::open(&path).unwrap(), "", &[], &order, &mut f, &mut |_, _| {}).unwrap();
+    drop(f);
+    // The blocks lie in that order.
+    let b = les::expert::bundle::Bundle::open(Arc::new(FileSource::open(&out).unwrap())).unwrap();
+    for (il, o) in order.iter().enumerate() {
+        assert!(o.windows(2).all(|w| b.block(il, w[0]).unwrap().offset < b.block(il, w[1]).unwrap().offset), "layer {il}");
+    }
+    let mut merged = 0;
+    for prefetch in [false, true] {
+        let cache = StreamConfig { prefetch, io_threads: 3, ..Default::default() };
+        let opts = StreamOptions { slots: Some(c.n_expert_used * 3), cache, ..all.clone() };
+        let mut st = open_streaming(out.to_str().unwrap(), &opts).unwrap();
+        for (i, (p, cont)) in seqs.iter().enumerate() {
+            let got = logits_seq(&mut st.session, p, cont).unwrap();
+            assert!(got == want[i], "prefetch {prefetch}: logits differ (prompt {i})");
+        }
+        let s = st.experts.stats();
+        merged += s.merged_loads;
+        assert!(s.reads + s.merged_loads >= s.demand_loads + s.prefetch_loads, "{s:?}");
+    }
+    assert!(merged > 0, "no expert came in a merged read");
+}

@@ -10,6 +10,28 @@ export interface MemoryBudget {
   expert_bytes_held: number;
 }
 
+/** `engine.plan()`'s forecast (bytes, tokens/s), as `les plan --json`. */
+export interface Forecast {
+  fits: boolean;
+  /** Why it does not fit (names the minimum). */
+  why: string | null;
+  plan: { budget: number; dense: number; kv: number; scratch: number; slots: number; expert_bytes_max: number; minimum: number } | null;
+  minimum: number;
+  largest_context: number;
+  hit_rate: number;
+  decode_hit_rate: number;
+  hit_rate_source: string;
+  reads_per_token: number;
+  bytes_per_token: number;
+  read_ms_per_token: number;
+  decode_tokens_per_s: number | null;
+  decode_tokens_per_s_overlapped: number | null;
+  decode_bound: 'compute' | 'reads' | null;
+  prompt_tokens: number;
+  prompt_tokens_per_s: number | null;
+  prompt_bound: 'compute' | 'reads' | null;
+}
+
 /** Progress of downloading / loading a model. Sizes in bytes. */
 export interface Progress {
   /** 'mmproj': the vision tower being stored (a URL) before it is read into the engine. */
@@ -293,6 +315,13 @@ export declare class Engine {
   };
   /** Forget the cached conversation (chat calls reuse the longest prefix the engine holds). */
   resetChat(): Promise<boolean>;
+  /**
+   * Will it fit, and how fast? `les plan`'s forecast for this model (defaults: the budget and
+   * context now, this page's storage probed, a 512-token first prompt). The hit rate replays the
+   * routing seen so far; compute comes from the last generation (none before the first: the
+   * speeds are then null).
+   */
+  plan(options?: { memoryBudgetMB?: number; nCtx?: number; store?: 'phone-1.5GBps' | 'phone-4GBps' | 'laptop-nvme'; promptTokens?: number }): Promise<Forecast>;
   /** The memory budget in bytes; `null` for a model held whole (no `memoryBudgetMB`). */
   memoryBudget(): Promise<MemoryBudget | null>;
   /**

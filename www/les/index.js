@@ -154,6 +154,17 @@ export class Engine {
     };
   }
 
+  /** Will it fit, and how fast? `les plan`'s forecast for this model: `{ memoryBudgetMB, nCtx,
+   *  store, promptTokens }` (defaults: the budget and context now, this page's storage probed,
+   *  512). The hit rate replays the routing seen so far; compute comes from the last generation
+   *  (before the first, the speeds are left out). Resolves with the forecast (`fits`, `plan`,
+   *  `minimum`, `largest_context`, `hit_rate`, `bytes_per_token`, `decode_tokens_per_s`,
+   *  `decode_bound`, `prompt_tokens_per_s`, …). */
+  plan({ memoryBudgetMB, nCtx, store, promptTokens } = {}) {
+    const options = { memory_budget: memoryBudgetMB == null ? undefined : memoryBudgetMB * 1048576, n_ctx: nCtx, store, prompt_tokens: promptTokens };
+    return this._rpc.call('plan', { options });
+  }
+
   /** The memory budget (bytes): `{ budget, minimum, expert_slots, expert_bytes_held }`, or
    *  `null` for a model held whole. */
   memoryBudget() {

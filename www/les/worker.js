@@ -213,6 +213,11 @@ const ops = {
     hs.free();
     return out;
   },
+  plan: async ({ options }) => {
+    if (!engine) throw new Error('no model loaded');
+    if (generating) throw new Error('a generation is running');
+    return JSON.parse(engine.plan(JSON.stringify(options ?? {})));
+  },
   memoryBudget: async () => (engine ? JSON.parse(engine.memoryBudget()) : null),
   setMemoryBudget: async ({ mb }) => {
     if (!engine) throw new Error('no model loaded');
