@@ -131,7 +131,17 @@ pub fn plan_source(src: Arc<dyn ByteSource>, name: &str, o: &PlanOptions, measur
     let parts = open_parts(src.clone(), src.clone(), src, name)?;
     let (g, c, store) = (&parts.g, &parts.c, parts.store.clone());
     let fp = Footprint::new(g, c, &*store);
-    let opts = StreamOptions { budget: o.budget, n_ctx: o.n_ctx, direct: false, profile: None, cache: Default::default(), slots: None, gpu_pool: false, dense: Default::default() };
+    let opts = StreamOptions {
+        budget: o.budget,
+        n_ctx: o.n_ctx,
+        direct: false,
+        #[cfg(not(target_arch = "wasm32"))]
+        profile: None,
+        cache: Default::default(),
+        slots: None,
+        gpu_pool: false,
+        dense: Default::default(),
+    };
     let (plan, fits, why) = match fp.plan(g, c, &opts) {
         Ok((p, _)) => (Some(p), true, None),
         Err(e) => (None, false, Some(e.to_string())),
