@@ -4,7 +4,7 @@ model / budget / store, each round runs `les run` (a first prompt from a file, t
 with --ignore-eos, its routing trace recorded) and then `les plan` with that trace, and the table
 gives the medians and forecast / measured.
 
-    tools/bench_plan.py [--rounds 2] [-n 48] [--threads 2] [CONFIG ...]
+    tools/bench_plan.py [--rounds 2] [-n 48] [--threads 2] [--prompt-words 300] [CONFIG ...]
 
 CONFIG is MODEL:BUDGET:STORE (default: the SmolMoE-32x2 and hybrid fixture set below). Uses
 $LES_BIN_DIR/les (default target/release).
@@ -37,6 +37,7 @@ def main():
     ap.add_argument("-n", type=int, default=48)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--ctx", type=int, default=1024)
+    ap.add_argument("--prompt-words", type=int, default=300)
     a = ap.parse_args()
     les = os.path.join(ROOT, os.environ.get("LES_BIN_DIR", "target/release"), "les")
     tmp = tempfile.mkdtemp(prefix="les-plan-")
@@ -44,7 +45,7 @@ def main():
     words = "the a of lighthouse keeper sea storm bottle message island night light ship harbor wave old young found wrote read".split()
     prompt = os.path.join(tmp, "prompt.txt")
     with open(prompt, "w") as f:
-        f.write(" ".join(random.choice(words) for _ in range(300)))
+        f.write(" ".join(random.choice(words) for _ in range(a.prompt_words)))
     rows = []
     for cfg in a.configs:
         model, budget, store = cfg.split(":")
