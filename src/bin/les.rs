@@ -310,7 +310,7 @@ struct StreamArgs {
     /// Follow the memory available to the process (Linux: its memory cgroup's limit less its
     /// working set, and MemAvailable): below max(64 MiB, 5% of the budget) free the expert
     /// cache shrinks, above four times that it grows back, never past --memory-budget nor below
-    /// the model's minimum. The output does not change. CPU backend.
+    /// the model's minimum. The output does not change.
     #[arg(long, requires = "memory_budget")]
     adapt_budget: bool,
     /// Two-stage lookahead: after each layer's FFN, its output re-predicts layer l+1 and predicts
@@ -798,11 +798,8 @@ fn open_session(m: &ModelArgs, s: &StreamArgs, reserve: u64) -> Result<(Session,
     );
     let les::engine::stream::Streaming { mut session, budget, .. } = st;
     m.apply_backend_with(&mut session, Some(if gpu_slots > 0 { gpu_slots } else { cpu_slots }))?;
-    let budget = budget.with_reserve(reserve);
+    let budget = budget.with_reserve(reserve).with_gpu_pool(session.gpu.as_ref().and_then(|g| g.expert_pool()));
     if s.adapt_budget {
-        if gpu_slots > 0 {
-            return Err(les::engine::stream::BudgetError::GpuPool { gpu_slots }.into());
-        }
         adapt_budget(&budget)?;
     }
     Ok((session, Some(budget)))

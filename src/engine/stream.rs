@@ -61,7 +61,7 @@ pub struct BudgetPlan {
 pub enum BudgetError {
     #[error("memory budget {budget} bytes ({budget_mib:.1} MiB) is below the minimum this model runs in: {minimum} bytes ({minimum_mib:.1} MiB) = dense weights {dense} + KV cache {kv} + scratch {scratch} + {min_slots} expert slots of {slot} bytes (lower --ctx-size to shrink the KV cache)")]
     TooSmall { budget: u64, budget_mib: f64, minimum: u64, minimum_mib: f64, dense: u64, kv: u64, scratch: u64, min_slots: usize, slot: u64 },
-    #[error("the memory budget cannot change while experts are cached on the GPU ({gpu_slots} GPU slots); run on the CPU backend to change it at run time")]
+    #[error("the memory budget's {gpu_slots} GPU expert slots are not reachable from its control (BudgetControl::with_gpu_pool was not given the session's pool)")]
     GpuPool { gpu_slots: usize },
 }
 
@@ -77,6 +77,8 @@ pub struct BudgetControl {
     /// Bytes of the user's budget held beside the model (a draft model, an MTP block, a vision
     /// tower): [`Self::set`] takes the whole budget and leaves these out.
     reserve: u64,
+    /// The GPU expert pool, when the plan split the slots for one.
+    gpu: Option<crate::backend::wgpu::exec::PoolHandle>,
 }
 
 impl BudgetControl {
@@ -85,12 +87,19 @@ impl BudgetControl {
             // The cache's own count (at most one slot per expert).
             plan.slots = experts.slots();
         }
-        Self { experts, plan: Arc::new(std::sync::Mutex::new(plan)), reserve: 0 }
+        Self { experts, plan: Arc::new(std::sync::Mutex::new(plan)), reserve: 0, gpu: None }
     }
 
     /// The expert cache it sizes.
     pub fn experts(&self) -> &Arc<StreamingExperts> {
         &self.experts
+    }
+
+    /// The session's GPU expert pool ([`crate::backend::wgpu::exec::GpuBackend::expert_pool`]):
+    /// a budget split for one (`BudgetPlan::gpu_slots`) resizes it too.
+    pub fn with_gpu_pool(mut self, pool: Option<crate::backend::wgpu::exec::PoolHandle>) -> Self {
+        self.gpu = pool;
+        self
     }
 
     /// Count `bytes` of every budget given to [`Self::set`] as held beside the model.
@@ -119,9 +128,11 @@ impl BudgetControl {
     /// one per expert. Returns the new plan.
     pub fn set(&self, budget: u64) -> Result<BudgetPlan, BudgetError> {
         let mut p = self.plan.lock().unwrap();
-        if p.gpu_slots > 0 {
-            return Err(BudgetError::GpuPool { gpu_slots: p.gpu_slots });
-        }
+        let pool = match (&self.gpu, p.gpu_slots) {
+            (_, 0) => None,
+            (Some(h), _) => Some(h),
+            (None, n) => return Err(BudgetError::GpuPool { gpu_slots: n }),
+        };
         let fixed = p.dense + p.kv + p.scratch;
         let min_slots = ((p.minimum - fixed) / p.expert_bytes_max.max(1)) as usize;
         let whole = |e: BudgetError| match e {
@@ -132,8 +143,17 @@ impl BudgetControl {
             e => e,
         };
         let mut q = plan_budget(budget.saturating_sub(self.reserve), p.dense, p.kv, p.scratch, p.expert_bytes_max, p.total_expert_bytes, min_slots).map_err(whole)?;
-        let before = self.experts.slots();
-        q.slots = self.experts.set_slots(q.slots);
+        let before = self.experts.slots() + pool.map_or(0, |h| h.slots());
+        match pool {
+            // Split as at load: a small CPU staging cache in front of the GPU pool.
+            Some(h) => {
+                let (cpu, gpu) = split_gpu_slots(q.slots.max(min_slots), min_slots - 1, self.experts.config().depth);
+                let cpu = self.experts.set_slots(cpu);
+                q.gpu_slots = h.set_slots(gpu.min(self.experts.max_slots()));
+                q.slots = cpu + q.gpu_slots;
+            }
+            None => q.slots = self.experts.set_slots(q.slots),
+        }
         (q.dense_streamed, q.dense_window) = (p.dense_streamed, p.dense_window);
         if q.slots < before {
             release_freed_memory();

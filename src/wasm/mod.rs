@@ -259,7 +259,7 @@ pub struct Engine {
     inner: Rc<RefCell<Inner>>,
     /// The budget of a streamed model, changeable while a generation runs (outside `inner`,
     /// which a step holds across its awaits).
-    budget: Option<crate::engine::stream::BudgetControl>,
+    budget: Rc<RefCell<Option<crate::engine::stream::BudgetControl>>>,
     /// The last stats JSON (answered while a step holds the engine).
     last_stats: Rc<RefCell<String>>,
 }
@@ -317,7 +317,7 @@ impl Engine {
         // A chat re-sends the conversation: its common prefix with the cache is not run again.
         session.reuse_prefix = true;
         let inner = Inner { session, src: src.clone(), name: name.clone(), experts, plan, backend: "cpu (wasm)".into(), gen: None, model_bytes: len as u64, logits_fnv: FNV_OFFSET, at_first_token: None, mmproj: None, mm: None };
-        Ok(Engine { inner: Rc::new(RefCell::new(inner)), budget, last_stats: Rc::new(RefCell::new("{}".into())) })
+        Ok(Engine { inner: Rc::new(RefCell::new(inner)), budget: Rc::new(RefCell::new(budget)), last_stats: Rc::new(RefCell::new("{}".into())) })
     }
 
     /// Move the model to WebGPU (resolves with a line describing the adapter; rejects when there
@@ -325,6 +325,7 @@ impl Engine {
     #[wasm_bindgen(js_name = useWebGpu)]
     pub fn use_webgpu(&self, expert_slots: Option<u32>) -> js_sys::Promise {
         let inner = self.inner.clone();
+        let budget = self.budget.clone();
         wasm_bindgen_futures::future_to_promise(async move {
             let ctx = crate::backend::wgpu::GpuContext::new_async().await.map_err(|e| JsValue::from(err(e)))?;
             let i = &ctx.info;
@@ -335,6 +336,10 @@ impl Engine {
             let slots = expert_slots.map(|n| n as usize).or(g.plan.as_ref().map(|p| if p.gpu_slots > 0 { p.gpu_slots } else { p.slots }));
             let opts = crate::backend::wgpu::exec::GpuOptions { expert_slots: slots, ..Default::default() };
             g.session.use_gpu(ctx, &opts).map_err(|e| JsValue::from(err(e)))?;
+            // A budget split for a GPU pool resizes it too.
+            let pool = g.session.gpu.as_ref().and_then(|x| x.expert_pool());
+            let mut b = budget.borrow_mut();
+            *b = b.take().map(|b| b.with_gpu_pool(pool));
             g.backend = line.clone();
             Ok(JsValue::from_str(&line))
         })
@@ -447,7 +452,7 @@ impl Engine {
     /// `expert_bytes_held`; `null` for a model held whole (no budget).
     #[wasm_bindgen(js_name = memoryBudget)]
     pub fn memory_budget(&self) -> String {
-        match &self.budget {
+        match &*self.budget.borrow() {
             Some(b) => budget_json(b),
             None => "null".into(),
         }
@@ -461,12 +466,12 @@ impl Engine {
     /// it (the KV cache, images) instead of growing it.
     #[wasm_bindgen(js_name = setMemoryBudget)]
     pub fn set_memory_budget(&self, bytes: f64) -> Result<String, JsError> {
-        let b = self.budget.as_ref().ok_or_else(|| err("this model is held whole (loaded without a memory budget): there is no budget to change"))?;
+        let b = self.budget.borrow().clone().ok_or_else(|| err("this model is held whole (loaded without a memory budget): there is no budget to change"))?;
         if !(bytes.is_finite() && bytes >= 0.0) {
             return Err(err(format!("memory budget {bytes}: not a size in bytes")));
         }
         b.set(bytes.round() as u64).map_err(err)?;
-        Ok(budget_json(b))
+        Ok(budget_json(&b))
     }
 
     /// Will it fit, and how fast? The forecast (`les plan`'s JSON) for this engine's model with
@@ -491,7 +496,7 @@ impl Engine {
             None => None,
             Some(n) => Some(crate::store::throttle::DeviceProfile::by_name(n).ok_or_else(|| err(format!("unknown store profile '{n}'")))?),
         };
-        let budget = o.memory_budget.map(|b| b.max(0.0) as u64).or(self.budget.as_ref().map(|b| b.budget())).unwrap_or(g.model_bytes);
+        let budget = o.memory_budget.map(|b| b.max(0.0) as u64).or(self.budget.borrow().as_ref().map(|b| b.budget())).unwrap_or(g.model_bytes);
         let routes = g.experts.as_ref().map(|e| e.route_log()).filter(|r| !r.is_empty());
         // The last generation's compute: decode less its read stalls; the prompt as it ran.
         let compute = g.gen.as_ref().map(|x| &x.stats).filter(|st| st.gen_tokens > 1 && st.prompt_tokens > st.prompt_reused).map(|st| {

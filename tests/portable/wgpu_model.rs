@@ -356,3 +356,57 @@ fn gpu_image_embeddings_and_logits_equal_cpu() {
         assert!(c.iter().zip(g).all(|(a, b)| a.to_bits() == b.to_bits()), "step {i}: GPU logits after the image differ from the CPU's");
     }
 }
+
+/// The memory budget changed while a GPU session runs (issue 39 item 2): the budget's slots are
+/// split into CPU staging and the GPU pool as at load, and both resize (down to the minimum, back
+/// up) between tokens; the logits stay those of the unchanged GPU run, bit for bit.
+#[test]
+fn gpu_budget_changes_resize_the_pool_losslessly() {
+    use les::engine::stream::{open_streaming, StreamOptions};
+    use les::expert::stream::StreamConfig;
+    if !gpu_available() {
+        return;
+    }
+    let path = model("rand-qwen3moe.gguf");
+    let c = {
+        let src = FileSource::open(&path).unwrap();
+        Session::load(&src, ExpertMode::Resident, 64).unwrap().model.cfg.clone()
+    };
+    let open = || {
+        let opts = StreamOptions { budget: 0, n_ctx: 256, direct: false, profile: None, cache: StreamConfig { io_threads: 2, ..Default::default() }, slots: Some(c.n_layer * c.n_expert / 2), gpu_pool: true, dense: Default::default() };
+        let mut st = open_streaming(path.to_str().unwrap(), &opts).unwrap();
+        st.session.set_backend(BackendKind::Wgpu, &GpuOptions { expert_slots: Some(st.plan.gpu_slots), ..Default::default() }).unwrap();
+        let pool = st.session.gpu.as_ref().unwrap().expert_pool();
+        let budget = st.budget.clone().with_gpu_pool(pool);
+        (st, budget)
+    };
+    let (mut st, _) = open();
+    let toks = st.session.tokenize("The capital of France is");
+    let (cont, _) = st.session.generate(&toks, 12, &SamplerConfig::greedy(), true, &mut |_, _| true).unwrap();
+    let want = logits_seq(&mut st.session, &toks, &cont);
+    drop(st);
+    let (mut st, budget) = open();
+    let (full, min) = (budget.budget(), budget.minimum());
+    let gpu0 = st.session.gpu.as_ref().unwrap().expert_slots();
+    st.session.kv.clear();
+    let mut got = vec![st.session.prefill(&toks).unwrap()];
+    for (i, &t) in cont.iter().enumerate() {
+        match i {
+            4 => {
+                let p = budget.set(min).unwrap();
+                let gpu = st.session.gpu.as_ref().unwrap().expert_slots();
+                assert_eq!((p.gpu_slots, gpu), (gpu, c.n_expert_used + 1), "the GPU pool at the minimum");
+                assert!(gpu < gpu0);
+            }
+            8 => {
+                budget.set(full).unwrap();
+                assert_eq!(st.session.gpu.as_ref().unwrap().expert_slots(), gpu0);
+            }
+            _ => {}
+        }
+        got.push(st.session.forward(&[t], Logits::Last).unwrap());
+    }
+    for (r, (a, b)) in got.iter().zip(&want).enumerate() {
+        assert!(a == b, "GPU logits differ at row {r} with the budget changed");
+    }
+}

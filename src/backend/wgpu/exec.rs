@@ -117,7 +117,7 @@ pub struct GpuBackend {
     #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
     probe: wgpu::Buffer,
     bufs: BufPool,
-    pool: Mutex<Option<GpuExpertPool>>,
+    pool: Arc<Mutex<Option<GpuExpertPool>>>,
     stats: Mutex<GpuStats>,
     /// Recurrent states of Gated DeltaNet layers (conv, delta rule), zeroed when first used, and
     /// their saved copies ([`StateEvent::Checkpoint`]).
@@ -134,6 +134,36 @@ struct RecStates {
     conv: HashMap<usize, wgpu::Buffer>,
     ssm: HashMap<usize, wgpu::Buffer>,
     saved: HashMap<(bool, usize), wgpu::Buffer>,
+}
+
+/// Resizes a [`GpuBackend`]'s expert slot pool ([`GpuBackend::expert_pool`]). The forward holds
+/// the pool's lock for each layer's experts, so a resize lands between layers.
+#[derive(Clone)]
+pub struct PoolHandle {
+    pool: Arc<Mutex<Option<GpuExpertPool>>>,
+    ctx: Arc<GpuContext>,
+}
+
+impl PoolHandle {
+    /// Slots now.
+    pub fn slots(&self) -> usize {
+        self.pool.lock().unwrap().as_ref().map(|p| p.n_slots()).unwrap_or(0)
+    }
+    /// Resize to `n` slots (at least 1); returns the count.
+    pub fn set_slots(&self, n: usize) -> usize {
+        let mut g = self.pool.lock().unwrap();
+        match g.as_mut() {
+            Some(p) => {
+                p.resize(&self.ctx, n);
+                p.n_slots()
+            }
+            None => 0,
+        }
+    }
+    /// Bytes of one slot.
+    pub fn slot_bytes(&self) -> usize {
+        self.pool.lock().unwrap().as_ref().map(|p| p.slot_bytes()).unwrap_or(0)
+    }
 }
 
 impl GpuBackend {
@@ -205,7 +235,7 @@ impl GpuBackend {
             rope: Mutex::new(HashMap::new()),
             probe: g.scratch("probe", 4)?,
             bufs: Default::default(),
-            pool: Mutex::new(pool),
+            pool: Arc::new(Mutex::new(pool)),
             stats: Default::default(),
             rs: Default::default(),
             gelu_tab: Default::default(),
@@ -269,6 +299,12 @@ impl GpuBackend {
 
     pub fn expert_slots(&self) -> usize {
         self.pool.lock().unwrap().as_ref().map(|p| p.n_slots()).unwrap_or(0)
+    }
+
+    /// A handle that resizes the expert slot pool from any thread (a memory budget changed while
+    /// the model runs); `None` without a pool.
+    pub fn expert_pool(&self) -> Option<PoolHandle> {
+        self.pool.lock().unwrap().is_some().then(|| PoolHandle { pool: self.pool.clone(), ctx: self.ctx.clone() })
     }
 
     /// The most rows one forward takes.

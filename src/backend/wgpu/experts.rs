@@ -79,16 +79,7 @@ impl GpuExpertPool {
             return Err(GpuError::Limit { what: "one expert slot (gate + up + down)".into(), need: slot_bytes as u64, have: ctx.max_binding() });
         }
         let n_slots = n_slots.max(1);
-        let slots = (0..n_slots)
-            .map(|i| {
-                ctx.device.create_buffer(&wgpu::BufferDescriptor {
-                    label: Some(&format!("expert-slot-{i}")),
-                    size: slot_bytes as u64,
-                    usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
-                    mapped_at_creation: false,
-                })
-            })
-            .collect();
+        let slots = (0..n_slots).map(|i| Self::slot(ctx, i, slot_bytes)).collect();
         Ok(Self {
             held: Default::default(),
             slot_bytes,
@@ -105,6 +96,42 @@ impl GpuExpertPool {
 
     pub fn n_slots(&self) -> usize {
         self.slots.len()
+    }
+
+    /// Resize to `n` slots (at least 1): fewer drop the last slots and the experts in them
+    /// (commands already recorded keep their buffers alive until they have run: wgpu counts the
+    /// references), more add empty ones.
+    pub fn resize(&mut self, ctx: &GpuContext, n: usize) {
+        let n = n.max(1);
+        while self.slots.len() > n {
+            let s = self.slots.len() - 1;
+            if let Some(old) = self.owner[s].take() {
+                self.map.remove(&old);
+                self.held.0.write().unwrap().remove(&old);
+            }
+            self.slots.pop();
+            self.owner.pop();
+            self.layouts.pop();
+            self.last_use.pop();
+            self.used_in.pop();
+        }
+        while self.slots.len() < n {
+            let i = self.slots.len();
+            self.slots.push(Self::slot(ctx, i, self.slot_bytes));
+            self.owner.push(None);
+            self.layouts.push(None);
+            self.last_use.push(0);
+            self.used_in.push(None);
+        }
+    }
+
+    fn slot(ctx: &GpuContext, i: usize, bytes: usize) -> wgpu::Buffer {
+        ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(&format!("expert-slot-{i}")),
+            size: bytes as u64,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        })
     }
 
     pub fn slot_bytes(&self) -> usize {
