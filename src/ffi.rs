@@ -106,10 +106,10 @@ fn load(path: &str, opts: &str) -> Result<LesEngine, String> {
     let o: LoadOptions = if opts.trim().is_empty() { LoadOptions::default() } else { serde_json::from_str(opts).map_err(|e| format!("options: {e}"))? };
     let n_ctx = o.n_ctx.unwrap_or(2048);
     let backend: BackendKind = o.backend.as_deref().unwrap_or("auto").parse()?;
-    let (mut session, budget) = match &o.memory_budget {
+    let (mut session, budget, backend_line) = match &o.memory_budget {
         None => {
             let src = FileSource::open(path).map_err(|e| e.to_string())?;
-            (Session::load(&src, ExpertMode::Resident, n_ctx).map_err(|e| e.to_string())?, None)
+            (Session::load(&src, ExpertMode::Resident, n_ctx).map_err(|e| e.to_string())?, None, None)
         }
         Some(b) => {
             let profile = match o.store.as_deref() {
@@ -123,12 +123,27 @@ fn load(path: &str, opts: &str) -> Result<LesEngine, String> {
             };
             let budget = parse_bytes(b).map_err(|e| e.to_string())?;
             let budget = budget.checked_sub(reserve).ok_or_else(|| format!("memory_budget {b} is smaller than the vision tower's {:.1} MiB", reserve as f64 / 1048576.0))?;
-            let so = StreamOptions { budget, n_ctx, direct: false, profile, cache: StreamConfig::default(), slots: None, gpu_pool: false, dense: crate::engine::stream::DenseOptions::default() };
-            let st = open_streaming(path, &so).map_err(|e| e.to_string())?;
-            (st.session, Some(st.budget.with_reserve(reserve)))
+            // On a GPU the budget's expert slots are split into a small CPU staging cache and
+            // the GPU pool (as `les run`); `auto` falls back to the CPU when the budget cannot
+            // hold the dense weights the GPU needs.
+            let gpu_pool = backend.runs_on_gpu();
+            let so = StreamOptions { budget, n_ctx, direct: false, profile, cache: StreamConfig::default(), slots: None, gpu_pool, dense: crate::engine::stream::DenseOptions::default() };
+            let st = match open_streaming(path, &so) {
+                Err(crate::engine::stream::OpenError::Budget(_)) if gpu_pool && backend == BackendKind::Auto => open_streaming(path, &StreamOptions { gpu_pool: false, ..so }),
+                r => r,
+            }
+            .map_err(|e| e.to_string())?;
+            let slots = if st.plan.gpu_slots > 0 { st.plan.gpu_slots } else { st.experts.config().slots };
+            let mut session = st.session;
+            let line = session.set_backend(backend, &GpuOptions { expert_slots: Some(slots), ..Default::default() }).map_err(|e| e.to_string())?;
+            let pool = session.gpu.as_ref().and_then(|g| g.expert_pool());
+            (session, Some(st.budget.with_reserve(reserve).with_gpu_pool(pool)), Some(line))
         }
     };
-    let backend_line = session.set_backend(backend, &GpuOptions::default()).map_err(|e| e.to_string())?;
+    let backend_line = match backend_line {
+        Some(l) => l,
+        None => session.set_backend(backend, &GpuOptions::default()).map_err(|e| e.to_string())?,
+    };
     session.reuse_prefix = o.reuse_prefix.unwrap_or(true);
     let mmproj = o.mmproj.as_deref().map(|p| load_mmproj(&session, p)).transpose()?;
     Ok(LesEngine { session, budget, last_error: CString::default(), backend_line, last: None, mmproj, last_images: None })

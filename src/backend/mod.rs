@@ -19,6 +19,19 @@ pub enum BackendKind {
     Auto,
 }
 
+impl BackendKind {
+    /// Whether this choice runs on a GPU (wgpu, or auto finding a hardware adapter): a memory
+    /// budget then keeps the expert cache in GPU slots behind a small CPU staging cache.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn runs_on_gpu(self) -> bool {
+        match self {
+            Self::Cpu => false,
+            Self::Wgpu => true,
+            Self::Auto => wgpu::GpuContext::probe().is_ok_and(|i| wgpu::GpuContext::auto_takes(&i)),
+        }
+    }
+}
+
 impl std::str::FromStr for BackendKind {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {

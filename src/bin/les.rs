@@ -257,11 +257,7 @@ impl ModelArgs {
     /// Whether the backend will run on a GPU (wgpu, or auto finding a hardware adapter): a memory
     /// budget then puts the expert cache in GPU slots behind a small CPU staging cache.
     fn gpu_pool(&self) -> bool {
-        match self.backend {
-            les::backend::BackendKind::Cpu => false,
-            les::backend::BackendKind::Wgpu => true,
-            les::backend::BackendKind::Auto => les::backend::wgpu::GpuContext::probe().is_ok_and(|i| les::backend::wgpu::GpuContext::auto_takes(&i)),
-        }
+        self.backend.runs_on_gpu()
     }
 
     /// Stream options for a budget, with the GPU split when the backend is a GPU.
