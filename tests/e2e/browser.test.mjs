@@ -261,6 +261,23 @@ test('JS API: abort stops a generation; chat streaming and non-streaming agree; 
     assert.match(fc.now.hit_rate_source, /recorded run/);
     assert.equal(fc.below.fits, false);
     assert.match(fc.below.why, /minimum/);
+    // engine.shrinkWhenHidden(): the page hidden → the minimum; shown again → the budget before.
+    const vis = await page.evaluate(async () => {
+      const e = window.les.engine;
+      const set = async (state) => {
+        Object.defineProperty(document, 'visibilityState', { value: state, configurable: true });
+        document.dispatchEvent(new Event('visibilitychange'));
+        await (e._hidden?.settled() ?? Promise.resolve());
+        return (await e.memoryBudget()).budget;
+      };
+      e.shrinkWhenHidden();
+      const hidden = await set('hidden');
+      const shown = await set('visible');
+      e.shrinkWhenHidden(false);
+      const after = await set('hidden');
+      return { hidden, shown, after };
+    });
+    assert.deepEqual(vis, { hidden: mem.b0.minimum, shown: mem.b0.budget, after: mem.b0.budget });
     // Cache management: list, usage, delete.
     const cache = await page.evaluate(async () => {
       const m = await import('/les/index.js');

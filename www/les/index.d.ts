@@ -331,6 +331,12 @@ export declare class Engine {
    * cache gives back is reused inside it.
    */
   setMemoryBudget(mb: number | 'minimum'): Promise<MemoryBudget>;
+  /**
+   * While the page is hidden or frozen, keep the budget at the model's minimum; restore it when
+   * the page is shown again (`on = false` stops). Frees what lives outside the wasm heap (a
+   * WebGPU expert pool); inside the heap the memory is reused (the heap never shrinks).
+   */
+  shrinkWhenHidden(on?: boolean): void;
   /** Stop the running generation after the current token. */
   abort(): Promise<boolean>;
   stats(): Promise<Stats>;

@@ -181,6 +181,44 @@ export class Engine {
     return this._rpc.call('setMemoryBudget', { mb });
   }
 
+  /** Give memory back while the page is hidden or frozen (Page Visibility / Page Lifecycle
+   *  events): the budget goes down to the model's minimum, and back to what it was when the page
+   *  is shown again. Output does not change. What it frees leaves the page where it lives outside
+   *  the wasm heap (a WebGPU expert pool); inside the heap it is reused (the heap never shrinks).
+   *  `on = false` stops it. No effect for a model held whole. */
+  shrinkWhenHidden(on = true) {
+    if (typeof document === 'undefined') return;
+    if (this._hidden) {
+      document.removeEventListener('visibilitychange', this._hidden.visibility);
+      document.removeEventListener('freeze', this._hidden.hide);
+      document.removeEventListener('resume', this._hidden.show);
+      this._hidden = null;
+    }
+    if (!on) return;
+    // Changes run one after another, so a quick hide/show ends where the page is.
+    let chain = Promise.resolve();
+    let full = null;
+    const run = (f) => (chain = chain.then(f).catch(() => {}));
+    const hide = () => run(async () => {
+      if (full != null) return;
+      const b = await this.memoryBudget();
+      if (!b || b.budget <= b.minimum) return;
+      await this.setMemoryBudget('minimum');
+      full = b.budget;
+    });
+    const show = () => run(async () => {
+      if (full == null) return;
+      const mb = full / 1048576;
+      full = null;
+      await this.setMemoryBudget(mb);
+    });
+    const visibility = () => (document.visibilityState === 'hidden' ? hide() : show());
+    this._hidden = { visibility, hide, show, settled: () => chain };
+    document.addEventListener('visibilitychange', visibility);
+    document.addEventListener('freeze', hide);
+    document.addEventListener('resume', show);
+  }
+
   /** Stop the running generation after the current token. */
   abort() {
     return this._rpc.call('abort');
@@ -198,6 +236,7 @@ export class Engine {
 
   /** Free the model and stop the worker. A generation still running ends with an `AbortError`. */
   async unload() {
+    this.shrinkWhenHidden(false);
     try {
       await this._rpc.call('unload');
     } finally {
