@@ -571,6 +571,16 @@ enum BenchCmd {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Output piped into `head` and the like: end quietly when the reader goes away, as C tools
+    // do, instead of panicking in println! (Rust ignores SIGPIPE by default). Not for the server,
+    // whose sockets must never end the process.
+    #[cfg(unix)]
+    if !matches!(cli.cmd, Cmd::Serve(_)) {
+        // SAFETY: restoring a signal's default disposition before any thread is started.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
