@@ -108,9 +108,14 @@ impl BudgetControl {
         self
     }
 
-    /// The plan now (its `budget` and `minimum` without the reserve; `slots`: the cache's).
+    /// The plan now (its `budget` and `minimum` without the reserve; `slots`: the cache's, which
+    /// an out-of-memory shrink may have lowered since).
     pub fn plan(&self) -> BudgetPlan {
-        self.plan.lock().unwrap().clone()
+        let mut p = self.plan.lock().unwrap().clone();
+        if p.gpu_slots == 0 {
+            p.slots = self.experts.slots();
+        }
+        p
     }
 
     /// The whole budget now and the smallest one [`Self::set`] accepts (reserve included).

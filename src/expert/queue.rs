@@ -108,6 +108,8 @@ pub(crate) struct Shared {
     /// The largest expert's bytes: each slot's buffer is reserved at this size when first used,
     /// so it never grows again.
     pub(super) slot_bytes: usize,
+    /// The fewest slots the cache works with (top-k + 1): an out-of-memory shrink stops there.
+    pub(super) min_slots: usize,
     pub(super) store: Arc<dyn ExpertStore>,
     pub(super) cfg: StreamConfig,
     pub(super) t0: Instant,
@@ -216,16 +218,10 @@ impl Shared {
             Err(e) => (Vec::new(), Some(e)),
         };
         let total = ranges.iter().map(|x| x.1).sum();
-        if err.is_none() && req.done == 0 {
-            let mut b = self.bufs[req.slot].write().unwrap();
-            b.layout = self.store.layout(layer).clone();
-            if b.data.capacity() < self.slot_bytes.max(total) {
-                // A slot used for the first time (or again after a shrink freed it).
-                let want = self.slot_bytes.max(total) - b.data.len();
-                b.data.reserve_exact(want);
-            }
-            b.data.resize(total, 0);
-        }
+        let err = match err {
+            None if req.done == 0 => self.size_slot(g, req.slot, layer, expert, total).err(),
+            e => e,
+        };
         Some(Job { req, ranges, total, err })
     }
 
@@ -257,18 +253,10 @@ impl Shared {
             g.slots[r.slot].state = State::Loading;
             g.inflight_demand += 1;
             let total = ranges[0].1;
-            {
-                let mut b = self.bufs[r.slot].write().unwrap();
-                b.layout = self.store.layout(r.key.0).clone();
-                if b.data.capacity() < self.slot_bytes.max(total) {
-                    let want = self.slot_bytes.max(total) - b.data.len();
-                    b.data.reserve_exact(want);
-                }
-                b.data.resize(total, 0);
-            }
+            let err = self.size_slot(g, r.slot, r.key.0, r.key.1, total).err();
             start = start.min(ranges[0].0);
             end = end.max(ranges[0].0 + total as u64);
-            out.push(Job { req: r, ranges, total, err: None });
+            out.push(Job { req: r, ranges, total, err });
         }
         out
     }
@@ -470,6 +458,44 @@ impl Shared {
     /// The executor shuts down (its owner is dropped).
     pub(crate) fn shutting_down(g: &Inner) -> bool {
         g.shutdown
+    }
+
+    /// Make `slot`'s buffer hold `total` bytes for expert (`layer`, `expert`): a slot used for the
+    /// first time (or again after a shrink freed it) gets the largest expert's size, so it never
+    /// grows again. When memory runs out (a failed allocation: the browser's heap cannot grow,
+    /// a process limit), the cache gives back half the slots that hold experts (never below
+    /// top-k + 1) and tries once more; failing again, the read fails with an error instead of
+    /// the process aborting.
+    fn size_slot(&self, g: &mut Inner, slot: usize, layer: usize, expert: usize, total: usize) -> Result<(), ExpertError> {
+        let cap = self.slot_bytes.max(total);
+        let reserve = |b: &mut ExpertBlock| {
+            let want = cap.saturating_sub(b.data.len());
+            if b.data.capacity() >= cap || b.data.try_reserve_exact(want).is_ok() {
+                b.data.resize(total, 0);
+                b.layout = self.store.layout(layer).clone();
+                true
+            } else {
+                false
+            }
+        };
+        if reserve(&mut self.bufs[slot].write().unwrap()) {
+            return Ok(());
+        }
+        // Half of the slots that hold (or are getting) an expert now: shrinking an empty tail
+        // would free nothing.
+        let top = g.high.max(g.limit);
+        let held = g.slots[..top].iter().filter(|s| s.key.is_some()).count();
+        let keep = (held / 2).max(self.min_slots);
+        if keep < g.limit {
+            g.limit = keep;
+            g.stats.slot_changes += 1;
+            g.stats.oom_shrinks += 1;
+            self.retire(g);
+        }
+        if reserve(&mut self.bufs[slot].write().unwrap()) {
+            return Ok(());
+        }
+        Err(ExpertError::Invalid { layer, expert, why: format!("out of memory for its {cap}-byte buffer, also after the expert cache gave back slots (now {})", g.limit) })
     }
 
     /// Free the slots at or above the limit that nobody uses or reads now (after a shrink):

@@ -52,6 +52,8 @@ pub struct StreamStats {
     /// bytes of slot buffers freed by them.
     pub slot_changes: u64,
     pub slot_bytes_freed: u64,
+    /// Of `slot_changes`, those made because an expert buffer could not be allocated.
+    pub oom_shrinks: u64,
     pub stall_ms: f64,
     /// Sum over workers of time spent reading.
     pub io_busy_ms: f64,

@@ -67,12 +67,10 @@ impl StreamingExperts {
     pub fn new(store: Arc<dyn ExpertStore>, routers: Vec<Vec<f32>>, n_expert: usize, n_used: usize, cfg: StreamConfig) -> Self {
         let n_layers = store.n_layers();
         let max_bytes = (0..n_layers).map(|l| store.layout(l).bytes()).max().unwrap_or(0);
-        // A slot for every expert the budget may ever grow to; buffers only for the first
-        // `cfg.slots` (the others get theirs when the budget grows, [`Self::set_slots`]).
+        // A slot for every expert the budget may ever grow to; each gets its buffer when first
+        // filled (`Shared::size_slot`), so only slots in use hold memory.
         let n_slots = cfg.slots.max(n_layers * n_expert);
-        let bufs = (0..n_slots)
-            .map(|i| RwLock::new(ExpertBlock { data: if i < cfg.slots { Vec::with_capacity(max_bytes) } else { Vec::new() }, layout: store.layout(0).clone() }))
-            .collect();
+        let bufs = (0..n_slots).map(|_| RwLock::new(ExpertBlock { data: Vec::new(), layout: store.layout(0).clone() })).collect();
         let empty = Slot { key: None, state: State::Empty, pins: 0, last_use: 0, prefetched_unused: false, hot: false, failed: None, cancel: false };
         let d = cfg.depth.max(1);
         let stats = StreamStats::empty(n_layers, d);
@@ -104,7 +102,7 @@ impl StreamingExperts {
             verifying: false,
         };
         let pf_on = AtomicBool::new(cfg.prefetch);
-        let sh = Arc::new(Shared { inner: Mutex::new(inner), io_cv: Condvar::new(), done_cv: Condvar::new(), bufs, slot_bytes: max_bytes, store, cfg: cfg.clone(), t0: Instant::now(), pf_on });
+        let sh = Arc::new(Shared { inner: Mutex::new(inner), io_cv: Condvar::new(), done_cv: Condvar::new(), bufs, slot_bytes: max_bytes, min_slots: n_used + 1, store, cfg: cfg.clone(), t0: Instant::now(), pf_on });
         // `io_threads == 0` (always on wasm32, which has no threads): no workers; the thread
         // that needs an expert reads it itself (the browser installs its own executor).
         let n_workers = if cfg!(target_arch = "wasm32") { 0 } else { cfg.io_threads };

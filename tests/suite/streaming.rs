@@ -528,3 +528,80 @@ fn coactivation_packed_bundle_is_lossless_and_merges_reads() {
     }
     assert!(merged > 0, "no expert came in a merged read");
 }
+
+/// This test binary's allocator: allocations of exactly `FAIL_SIZE` bytes (an expert slot's
+/// buffer) fail while `MAX_LIVE` of them are live — a heap that cannot grow (the browser's
+/// wasm memory at its limit). Off (`FAIL_SIZE` 0) except in the child process of
+/// `out_of_memory_shrinks_the_cache_instead_of_aborting`.
+mod limited_alloc {
+    use std::alloc::{GlobalAlloc, Layout, System};
+    use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+    pub static FAIL_SIZE: AtomicUsize = AtomicUsize::new(0);
+    pub static MAX_LIVE: AtomicUsize = AtomicUsize::new(usize::MAX);
+    pub static LIVE: AtomicUsize = AtomicUsize::new(0);
+    pub static REFUSED: AtomicUsize = AtomicUsize::new(0);
+    pub struct Limited;
+    // SAFETY: forwards to the system allocator; only refuses some requests (returns null).
+    unsafe impl GlobalAlloc for Limited {
+        unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+            if l.size() != 0 && l.size() == FAIL_SIZE.load(Relaxed) {
+                if LIVE.fetch_add(1, Relaxed) >= MAX_LIVE.load(Relaxed) {
+                    LIVE.fetch_sub(1, Relaxed);
+                    REFUSED.fetch_add(1, Relaxed);
+                    return std::ptr::null_mut();
+                }
+            }
+            unsafe { System.alloc(l) }
+        }
+        unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+            if l.size() != 0 && l.size() == FAIL_SIZE.load(Relaxed) {
+                let _ = LIVE.fetch_update(Relaxed, Relaxed, |v| v.checked_sub(1));
+            }
+            unsafe { System.dealloc(p, l) }
+        }
+    }
+    #[global_allocator]
+    static ALLOC: Limited = Limited;
+}
+
+/// Expert buffers that cannot be allocated (issue 39 item 2: failed allocations shrink, never
+/// abort): the cache gives back slots and goes on, with the resident run's logits; when even the
+/// fewest slots cannot be had, the forward fails with an error, not an abort.
+#[test]
+fn out_of_memory_shrinks_the_cache_instead_of_aborting() {
+    use limited_alloc::*;
+    use std::sync::atomic::Ordering::Relaxed;
+    if std::env::var_os("LES_TEST_OOM").is_none() {
+        rerun_with_env(module_path!(), "out_of_memory_shrinks_the_cache_instead_of_aborting", &[("LES_TEST_OOM", "1")]);
+        return;
+    }
+    let path = model("rand-qwen3moe.gguf");
+    let (seqs, want) = reference(&path, &["The capital of France is"], 12);
+    let (p, cont) = &seqs[0];
+    let open = || {
+        let opts = StreamOptions { budget: 0, n_ctx: 256, direct: false, profile: None, cache: StreamConfig { prefetch: false, ..Default::default() }, slots: Some(40), gpu_pool: false, dense: Default::default() };
+        open_streaming(path.to_str().unwrap(), &opts).unwrap()
+    };
+    // Room for 12 expert buffers: the 40-slot cache shrinks and the logits stay the same.
+    let mut st = open();
+    let slot = st.plan.expert_bytes_max as usize;
+    LIVE.store(0, Relaxed);
+    MAX_LIVE.store(12, Relaxed);
+    FAIL_SIZE.store(slot, Relaxed);
+    let got = logits_seq(&mut st.session, p, cont).unwrap();
+    let s = st.experts.stats();
+    eprintln!("refused {} allocations; {} shrinks, {} slots now", REFUSED.load(Relaxed), s.oom_shrinks, st.experts.slots());
+    assert!(REFUSED.load(Relaxed) > 0 && s.oom_shrinks > 0, "{s:?}");
+    assert!(st.experts.slots() < 40 && st.budget.plan().slots == st.experts.slots());
+    assert!(got == want[0], "logits changed after an out-of-memory shrink");
+    FAIL_SIZE.store(0, Relaxed);
+    drop(st);
+    // Room for fewer buffers than one layer's top-k: an error, no abort, no wrong logits.
+    let mut st = open();
+    LIVE.store(0, Relaxed);
+    MAX_LIVE.store(2, Relaxed);
+    FAIL_SIZE.store(slot, Relaxed);
+    let e = logits_seq(&mut st.session, p, cont).unwrap_err();
+    FAIL_SIZE.store(0, Relaxed);
+    assert!(e.contains("out of memory"), "{e}");
+}
