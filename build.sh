@@ -55,23 +55,35 @@ WASM_MT_FLAGS="-C target-feature=+atomics,+bulk-memory,+simd128 -C link-args=--s
 # drops DWARF sections from its output anyway (no --keep-debug). The engine's code is not
 # byte-identical to a build with them (a few hundred bytes move), and builds faster (2026-12-04:
 # the les crate for wasm32 in 13.6 s instead of 15.8 s; the browser tests run on this build).
+#
+# Each build comes twice: SIMD128 (pkg, pkg-mt: every browser with wasm SIMD) and with relaxed SIMD
+# as well (pkg-relaxed, pkg-mt-relaxed: `i32x4.relaxed_dot_i8x16_i7x16_add_s` in the quantized
+# dots, same bits; worker.js takes it where WebAssembly.validate accepts a relaxed instruction).
+# `build_web_st [relaxed]`, `build_web_mt [relaxed]`; each variant has its own target directory.
 build_web_st() {
   need_targets wasm32-unknown-unknown
-  CARGO_PROFILE_RELEASE_DEBUG=0 cargo build --release --lib --target wasm32-unknown-unknown
-  wasm-bindgen --target web --out-dir www/les/pkg --out-name les target/wasm32-unknown-unknown/release/les.wasm
+  local out=www/les/pkg dir=target feat="+simd128"
+  if [ "${1:-}" = relaxed ]; then out=www/les/pkg-relaxed dir=target/wasm-relaxed feat="+simd128,+relaxed-simd"; fi
+  CARGO_PROFILE_RELEASE_DEBUG=0 CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUSTFLAGS="-C target-feature=$feat" \
+    cargo build --release --lib --target wasm32-unknown-unknown --target-dir "$dir"
+  wasm-bindgen --target web --out-dir "$out" --out-name les "$dir/wasm32-unknown-unknown/release/les.wasm"
 }
 
 build_web_mt() {
   rustup component list --installed 2>/dev/null | grep -q '^rust-src' || rustup component add rust-src
-  RUSTC_BOOTSTRAP=1 CARGO_PROFILE_RELEASE_DEBUG=0 CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUSTFLAGS="$WASM_MT_FLAGS" \
-    cargo build --release --lib --target wasm32-unknown-unknown -Zbuild-std=std,panic_abort --target-dir target/wasm-mt
-  wasm-bindgen --target web --out-dir www/les/pkg-mt --out-name les target/wasm-mt/wasm32-unknown-unknown/release/les.wasm
+  local out=www/les/pkg-mt dir=target/wasm-mt flags="$WASM_MT_FLAGS"
+  if [ "${1:-}" = relaxed ]; then out=www/les/pkg-mt-relaxed dir=target/wasm-mt-relaxed flags="${WASM_MT_FLAGS/+simd128/+simd128,+relaxed-simd}"; fi
+  RUSTC_BOOTSTRAP=1 CARGO_PROFILE_RELEASE_DEBUG=0 CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUSTFLAGS="$flags" \
+    cargo build --release --lib --target wasm32-unknown-unknown -Zbuild-std=std,panic_abort --target-dir "$dir"
+  wasm-bindgen --target web --out-dir "$out" --out-name les "$dir/wasm32-unknown-unknown/release/les.wasm"
 }
 
 build_web() {
   need_wasm_bindgen
   build_web_st
   build_web_mt
+  build_web_st relaxed
+  build_web_mt relaxed
 }
 
 # Wall time of each stage of `./build.sh test` (issue 35): `stage NAME CMD...` runs CMD and appends
@@ -139,6 +151,8 @@ case "$cmd" in
     stage "wasm-bindgen CLI" need_wasm_bindgen
     stage "wasm: web build (pkg)" build_web_st
     stage "wasm: threaded web build (pkg-mt)" build_web_mt
+    stage "wasm: relaxed-SIMD web build (pkg-relaxed)" build_web_st relaxed
+    stage "wasm: relaxed-SIMD threaded web build (pkg-mt-relaxed)" build_web_mt relaxed
     for m in smolmoe-32x2 rand-llama-moe rand-qwen35moe rand-qwen3next rand-gpt-oss; do
       [ -f "models/$m.les" ] || stage "bundle: $m" "$LES_BIN_DIR/les" pack "models/$m.gguf" "models/$m.les"
     done

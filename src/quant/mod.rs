@@ -626,6 +626,9 @@ pub struct BatchDot {
     tile: Option<TileFn>,
     #[cfg(target_arch = "aarch64")]
     tile2: Option<Tile2Fn>,
+    /// wasm SIMD128: four dots per call (one weight row × four activation rows here).
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    x4: Option<wasm::X4Fn>,
     w_need: usize,
     a_need: usize,
 }
@@ -781,16 +784,26 @@ impl BatchDot {
             tile,
             #[cfg(target_arch = "aarch64")]
             tile2,
+            #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+            x4: if simd == Simd::Simd128 { wasm::kernel_x4(ty).map(|k| k.1) } else { None },
             w_need,
             a_need,
         }
     }
 
     /// [`BatchDot::dot`] for four activation rows `t .. t + 4` at once, where a tile kernel
-    /// exists (the 32-element block types on x86 AVX2 and AArch64 NEON: same bits as four single
-    /// dots); `None` otherwise.
+    /// exists (the 32-element block types on x86 AVX2, AArch64 NEON and wasm SIMD128: same bits
+    /// as four single dots); `None` otherwise.
     #[inline]
     pub fn dot4(&self, w_row: &[u8], acts: [&[u8]; 4], t: usize) -> Option<[f32; 4]> {
+        #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+        if let Some(k) = self.x4 {
+            if w_row.len() < self.w_need || acts.iter().any(|a| a.len() < self.a_need) {
+                return Some([f32::NAN; 4]);
+            }
+            // SAFETY: sizes checked above; SIMD128 is compiled in.
+            return Some(unsafe { k(self.n, [w_row; 4], acts) });
+        }
         #[cfg(any(target_arch = "x86", target_arch = "x86_64", target_arch = "aarch64"))]
         if let Some(k) = self.tile {
             if w_row.len() < self.w_need || acts.iter().any(|a| a.len() < self.a_need) {
@@ -880,10 +893,30 @@ pub fn matvec_with(simd: Simd, ty: GgmlType, n: usize, w: &[u8], act: &[u8], y: 
         y.fill(0.0);
         return;
     }
+    #[allow(unused_mut)]
+    let (mut y, mut w) = (y, w);
+    // wasm SIMD128: four rows per call (each output its single dot's bits), the rest below.
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    if let Some(k4) = kernel_x4(simd, ty) {
+        let quads = y.len() / 4;
+        let (y4, y_rest) = core::mem::take(&mut y).split_at_mut(quads * 4);
+        for (yq, wq) in y4.chunks_exact_mut(4).zip(w.chunks_exact(4 * rb)) {
+            let (w0, w1, w2, w3) = (&wq[..rb], &wq[rb..2 * rb], &wq[2 * rb..3 * rb], &wq[3 * rb..]);
+            // SAFETY: sizes checked above (every row and the activation); SIMD128 is compiled in.
+            yq.copy_from_slice(&unsafe { k4(n, [w0, w1, w2, w3], [act; 4]) });
+        }
+        (y, w) = (y_rest, &w[quads * 4 * rb..]);
+    }
     for (yr, wr) in y.iter_mut().zip(w.chunks_exact(rb)) {
         // SAFETY: sizes checked above; `kernel` only returns SIMD kernels the CPU supports.
         *yr = unsafe { k(n, wr, act) };
     }
+}
+
+/// The four-weight-row kernel of `ty` at `simd` (wasm SIMD128 only).
+#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+fn kernel_x4(simd: Simd, ty: GgmlType) -> Option<wasm::X4Fn> {
+    if simd == Simd::Simd128 { wasm::kernel_x4(ty).map(|k| k.0) } else { None }
 }
 
 #[cfg(test)]

@@ -12,6 +12,16 @@
 //! portable modules (see `legacy.rs`, `kquants.rs`, and ggml's `ggml/src/ggml-cpu/quants.c`).
 //! Formats without a kernel here use the portable code.
 //!
+//! **Relaxed SIMD** (`-C target-feature=+relaxed-simd`, the `pkg*-relaxed` builds that browsers
+//! with the proposal get): the byte products go through `i32x4.relaxed_dot_i8x16_i7x16_add_s`
+//! (one instruction for 16 products instead of four). Its result is implementation-defined only
+//! when a lane of the second operand has its top bit set, so the kernels always pass the
+//! *unsigned* quants there (Q4 nibbles 0..=15, Q5 0..=31, Q6 0..=63) and the activation's signed
+//! bytes as the first; the offset (8, 16, 32 per quant) comes back as `offset * sum(activation)`
+//! (a dot with ones, or Q8_K's `bsums`). Products of |128 · 63| pair up within an i16 even where
+//! the pairs saturate (x86 `pmaddubsw`), so the integer sums are exact and the relaxed build
+//! computes the same bits as the SIMD128 one. Q8_0 × Q8_0 (both operands signed) keeps SIMD128.
+//!
 //! Every kernel is an `unsafe fn`: callers (see `super::vec_dot_with`) guarantee that the slices
 //! hold `n` elements' worth of blocks.
 
@@ -32,6 +42,26 @@ pub(super) fn kernel(ty: GgmlType) -> Option<DotFn> {
         Q8_0 => dot_q8_0_q8_0,
         Q4K => dot_q4_k_q8_k,
         Q6K => dot_q6_k_q8_k,
+        _ => return None,
+    })
+}
+
+/// Four dots at once, `out[i] = w[i] · a[i]` (`(n, weight rows, activation rows)`): the same
+/// integer sums and, lane by lane, the same f32 operations in the same order as [`kernel`]'s, so
+/// every output has its single dot's bits. The lanes share the per-block work that is scalar in
+/// a single dot (f16 scales, the horizontal sums, the block's f32 term) and the row that is the
+/// same in every lane (see [`kernel_x4`]). Same safety contract as [`DotFn`] for each pair.
+pub(super) type X4Fn = unsafe fn(usize, [&[u8]; 4], [&[u8]; 4]) -> [f32; 4];
+
+/// The four-lane kernels for weight type `ty`, if there are: (four weight rows × one activation
+/// row, one weight row × four activation rows). Other pairs are not supported.
+pub(super) fn kernel_x4(ty: GgmlType) -> Option<(X4Fn, X4Fn)> {
+    use GgmlType::*;
+    Some(match ty {
+        Q4_0 => (q4_0_rows4, q4_0_toks4),
+        Q4_1 => (q4_1_rows4, q4_1_toks4),
+        Q5_0 => (q5_0_rows4, q5_0_toks4),
+        Q8_0 => (q8_0_rows4, q8_0_toks4),
         _ => return None,
     })
 }
@@ -66,6 +96,15 @@ unsafe fn hsum_f32(v: v128) -> f32 {
 #[target_feature(enable = "simd128")]
 unsafe fn dot16(x: v128, y: v128) -> v128 {
     i32x4_extadd_pairwise_i16x8(i16x8_add(i16x8_extmul_low_i8x16(x, y), i16x8_extmul_high_i8x16(x, y)))
+}
+
+/// `acc` plus the products of the signed bytes `x` and the bytes `u` (each in 0..=127), as four
+/// exact i32 lanes (lane i: products 4i..4i+4).
+#[cfg(target_feature = "relaxed-simd")]
+#[inline]
+#[target_feature(enable = "simd128,relaxed-simd")]
+unsafe fn dot16u(x: v128, u: v128, acc: v128) -> v128 {
+    i32x4_relaxed_dot_i8x16_i7x16_add(x, u, acc)
 }
 
 /// 16 packed nibbles -> (low nibbles, high nibbles), elements 0..16 and 16..32 of a block.
@@ -149,9 +188,41 @@ unsafe fn hsum_i32(v: v128) -> i32 {
         .wrapping_add(i32x4_extract_lane::<3>(v))
 }
 
+/// How `qx` gives a block's 32 weight quants: the signed values themselves, or each value plus
+/// an offset (`Unsigned(8)`: Q4_0's nibbles), every byte then in 0..=127.
+#[derive(Clone, Copy)]
+enum Quants {
+    Signed,
+    Unsigned(i8),
+}
+
+/// The integer dot of a 32-element block, four i32 lanes: weight quants `q0`, `q1` (as `quants`
+/// says) with the activation's signed quants `a0`, `a1`.
+#[inline]
+#[target_feature(enable = "simd128")]
+unsafe fn block_dot(q0: v128, q1: v128, a0: v128, a1: v128, quants: Quants) -> v128 {
+    match quants {
+        Quants::Signed => i32x4_add(dot16(q0, a0), dot16(q1, a1)),
+        #[cfg(target_feature = "relaxed-simd")]
+        Quants::Unsigned(off) => {
+            let d = dot16u(a1, q1, dot16u(a0, q0, i32x4_splat(0)));
+            if off == 0 {
+                return d;
+            }
+            let k = i8x16_splat(off);
+            i32x4_sub(d, dot16u(a1, k, dot16u(a0, k, i32x4_splat(0))))
+        }
+        #[cfg(not(target_feature = "relaxed-simd"))]
+        Quants::Unsigned(off) => {
+            let k = i8x16_splat(off);
+            i32x4_add(dot16(i8x16_sub(q0, k), a0), dot16(i8x16_sub(q1, k), a1))
+        }
+    }
+}
+
 /// `sumf += term(sumi, weight block, activation block)` over 32-element blocks: `qx(block)` gives
-/// the 32 signed weight quants (elements 0..16, 16..32), `q8_at` where the activation's quants
-/// start, and `term` the portable code's per-block f32 expression.
+/// the 32 weight quants (elements 0..16, 16..32) as `quants` says, `q8_at` where the activation's
+/// quants start, and `term` the portable code's per-block f32 expression.
 #[inline]
 #[target_feature(enable = "simd128")]
 unsafe fn blocks_32(
@@ -161,6 +232,7 @@ unsafe fn blocks_32(
     ap: *const u8,
     asize: usize,
     q8_at: usize,
+    quants: Quants,
     qx: impl Fn(*const u8) -> (v128, v128),
     term: impl Fn(i32, *const u8, *const u8) -> f32,
 ) -> f32 {
@@ -168,27 +240,163 @@ unsafe fn blocks_32(
     for i in 0..nb {
         let (x, y) = (wp.add(i * wsize), ap.add(i * asize));
         let (q0, q1) = qx(x);
-        let sumi = hsum_i32(i32x4_add(dot16(q0, load(y.add(q8_at))), dot16(q1, load(y.add(q8_at + 16)))));
+        let sumi = hsum_i32(block_dot(q0, q1, load(y.add(q8_at)), load(y.add(q8_at + 16)), quants));
         sumf += term(sumi, x, y);
     }
     sumf
 }
 
+/// The four lanes' integer block sums `[Σv0, Σv1, Σv2, Σv3]` (exact).
+#[inline]
+#[target_feature(enable = "simd128")]
+unsafe fn hsum_i32_x4(v0: v128, v1: v128, v2: v128, v3: v128) -> v128 {
+    let t01 = i32x4_add(i32x4_shuffle::<0, 4, 1, 5>(v0, v1), i32x4_shuffle::<2, 6, 3, 7>(v0, v1));
+    let t23 = i32x4_add(i32x4_shuffle::<0, 4, 1, 5>(v2, v3), i32x4_shuffle::<2, 6, 3, 7>(v2, v3));
+    i32x4_add(i32x4_shuffle::<0, 1, 4, 5>(t01, t23), i32x4_shuffle::<2, 3, 6, 7>(t01, t23))
+}
+
+/// The halves at `p[i] + at` as f32x4 (exact, as [`f16s`]).
+#[inline]
+#[target_feature(enable = "simd128")]
+unsafe fn f16s_x4(p: [*const u8; 4], at: usize) -> v128 {
+    let h = |i: usize| u16::from_le_bytes([*p[i].add(at), *p[i].add(at + 1)]) as u32;
+    f16x4_to_f32(u32x4(h(0), h(1), h(2), h(3)))
+}
+
+/// The integer sums of four weight blocks (`qx(k)`, as `quants` says) with one activation
+/// block (`a0`, `a1`), one lane per weight block, exact. Relaxed SIMD with unsigned quants: one
+/// `relaxed_dot` per 16 products, the offset's `off · Σa` computed once. Otherwise the
+/// activation is widened to i16 once and each weight block takes `i32x4.dot_i16x8_s` (x86
+/// `pmaddwd`: fewer instructions than `extmul` once the activation's widening is shared).
+#[inline]
+#[target_feature(enable = "simd128")]
+unsafe fn shared_act_dot(a0: v128, a1: v128, quants: Quants, qx: impl Fn(usize) -> (v128, v128)) -> v128 {
+    #[cfg(target_feature = "relaxed-simd")]
+    if let Quants::Unsigned(off) = quants {
+        let lane = |k: usize| {
+            let (q0, q1) = qx(k);
+            dot16u(a1, q1, dot16u(a0, q0, i32x4_splat(0)))
+        };
+        let sums = hsum_i32_x4(lane(0), lane(1), lane(2), lane(3));
+        if off == 0 {
+            return sums;
+        }
+        let kk = i8x16_splat(off);
+        return i32x4_sub(sums, i32x4_splat(hsum_i32(dot16u(a1, kk, dot16u(a0, kk, i32x4_splat(0))))));
+    }
+    let wide = [i16x8_extend_low_i8x16(a0), i16x8_extend_high_i8x16(a0), i16x8_extend_low_i8x16(a1), i16x8_extend_high_i8x16(a1)];
+    let lane = |k: usize| {
+        let (mut q0, mut q1) = qx(k);
+        if let Quants::Unsigned(off) = quants {
+            (q0, q1) = (i8x16_sub(q0, i8x16_splat(off)), i8x16_sub(q1, i8x16_splat(off)));
+        }
+        let d0 = i32x4_add(i32x4_dot_i16x8(i16x8_extend_low_i8x16(q0), wide[0]), i32x4_dot_i16x8(i16x8_extend_high_i8x16(q0), wide[1]));
+        let d1 = i32x4_add(i32x4_dot_i16x8(i16x8_extend_low_i8x16(q1), wide[2]), i32x4_dot_i16x8(i16x8_extend_high_i8x16(q1), wide[3]));
+        i32x4_add(d0, d1)
+    };
+    hsum_i32_x4(lane(0), lane(1), lane(2), lane(3))
+}
+
+/// One scale per lane: the halves at `p[i] + at`, or where the four pointers are one block
+/// (`SAME`) its half once, in every lane.
+#[inline]
+#[target_feature(enable = "simd128")]
+unsafe fn scales_x4<const SAME: bool>(p: [*const u8; 4], at: usize) -> v128 {
+    if SAME {
+        f32x4_splat(f16s(p[0].add(at)))
+    } else {
+        f16s_x4(p, at)
+    }
+}
+
+/// [`blocks_32`] for four (weight row, activation row) pairs, one per lane, where the four
+/// weight rows are one row (`SAME_W`: a prompt tile of four tokens) or the four activation rows
+/// are one row (`SAME_A`: four rows of a matrix-vector product), which is then loaded and
+/// converted once. `term` gets the lanes' `sumi as f32`, the weight blocks' scales (f16 at byte 0,
+/// and at byte 2 where `two_scales`) and the activation blocks' scales, and gives the four f32
+/// terms, each lane the scalar term's operations.
+#[inline]
+#[target_feature(enable = "simd128")]
+unsafe fn blocks_32_x4<const SAME_W: bool, const SAME_A: bool>(
+    n: usize,
+    w: [&[u8]; 4],
+    wsize: usize,
+    a: [&[u8]; 4],
+    asize: usize,
+    q8_at: usize,
+    quants: Quants,
+    two_scales: bool,
+    qx: impl Fn(*const u8) -> (v128, v128),
+    term: impl Fn(v128, [v128; 2], [v128; 2]) -> v128,
+) -> [f32; 4] {
+    let (wp, ap) = (w.map(|r| r.as_ptr()), a.map(|r| r.as_ptr()));
+    let zero = f32x4_splat(0.0);
+    let mut sumf = zero;
+    for i in 0..n / 32 {
+        let (x, y) = (wp.map(|p| p.add(i * wsize)), ap.map(|p| p.add(i * asize)));
+        let sumi = if SAME_A {
+            shared_act_dot(load(y[0].add(q8_at)), load(y[0].add(q8_at + 16)), quants, |k| qx(x[k]))
+        } else if SAME_W {
+            let (q0, q1) = qx(x[0]);
+            let lane = |k: usize| block_dot(q0, q1, load(y[k].add(q8_at)), load(y[k].add(q8_at + 16)), quants);
+            hsum_i32_x4(lane(0), lane(1), lane(2), lane(3))
+        } else {
+            let lane = |k: usize| {
+                let (q0, q1) = qx(x[k]);
+                block_dot(q0, q1, load(y[k].add(q8_at)), load(y[k].add(q8_at + 16)), quants)
+            };
+            hsum_i32_x4(lane(0), lane(1), lane(2), lane(3))
+        };
+        let ws = [scales_x4::<SAME_W>(x, 0), if two_scales { scales_x4::<SAME_W>(x, 2) } else { zero }];
+        let ys = [scales_x4::<SAME_A>(y, 0), if two_scales { scales_x4::<SAME_A>(y, 2) } else { zero }];
+        sumf = f32x4_add(sumf, term(f32x4_convert_i32x4(sumi), ws, ys));
+    }
+    [f32x4_extract_lane::<0>(sumf), f32x4_extract_lane::<1>(sumf), f32x4_extract_lane::<2>(sumf), f32x4_extract_lane::<3>(sumf)]
+}
+
+/// The four-lane kernels of a 32-element block type: `$rows` (four weight rows, one activation
+/// row) and `$toks` (one weight row, four activation rows), from `blocks_32_x4`'s arguments
+/// but the rows.
+macro_rules! x4_kernels {
+    ($rows:ident, $toks:ident, $wsize:expr, $($arg:expr),+ $(,)?) => {
+        #[target_feature(enable = "simd128")]
+        unsafe fn $rows(n: usize, w: [&[u8]; 4], a: [&[u8]; 4]) -> [f32; 4] {
+            blocks_32_x4::<false, true>(n, w, $wsize, [a[0]; 4], $($arg),+)
+        }
+        #[target_feature(enable = "simd128")]
+        unsafe fn $toks(n: usize, w: [&[u8]; 4], a: [&[u8]; 4]) -> [f32; 4] {
+            blocks_32_x4::<true, false>(n, [w[0]; 4], $wsize, a, $($arg),+)
+        }
+    };
+}
+
+x4_kernels!(q4_0_rows4, q4_0_toks4, 18, 34, 2, Quants::Unsigned(8), false, |x| nibbles(x.add(2)), |s, [xd, _], [yd, _]| f32x4_mul(f32x4_mul(s, xd), yd));
+x4_kernels!(q5_0_rows4, q5_0_toks4, 22, 34, 2, Quants::Unsigned(16), false, |x| q5_0_quants(x), |s, [xd, _], [yd, _]| f32x4_mul(f32x4_mul(xd, yd), s));
+x4_kernels!(q8_0_rows4, q8_0_toks4, 34, 34, 2, Quants::Signed, false, |x| (load(x.add(2)), load(x.add(18))), |s, [xd, _], [yd, _]| f32x4_mul(s, f32x4_mul(xd, yd)));
+x4_kernels!(q4_1_rows4, q4_1_toks4, 20, 36, 4, Quants::Unsigned(0), true, |x| nibbles(x.add(4)), |s, [xd, xm], [yd, ys]| {
+    f32x4_add(f32x4_mul(f32x4_mul(xd, yd), s), f32x4_mul(xm, ys))
+});
+
 #[target_feature(enable = "simd128")]
 unsafe fn dot_q4_0_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    blocks_32(
-        n / 32,
-        w.as_ptr(),
-        18,
-        a.as_ptr(),
-        34,
-        2,
-        |x| {
-            let (lo, hi) = nibbles(x.add(2));
-            (i8x16_sub(lo, i8x16_splat(8)), i8x16_sub(hi, i8x16_splat(8)))
-        },
-        |sumi, x, y| sumi as f32 * f16s(x) * f16s(y),
-    )
+    blocks_32(n / 32, w.as_ptr(), 18, a.as_ptr(), 34, 2, Quants::Unsigned(8), |x| nibbles(x.add(2)), |sumi, x, y| sumi as f32 * f16s(x) * f16s(y))
+}
+
+/// Q5_0's 32 quants + 16 (0..=31): the low nibbles with bit i of `qh` as 0x10 in byte i.
+#[inline]
+#[target_feature(enable = "simd128")]
+unsafe fn q5_0_quants(x: *const u8) -> (v128, v128) {
+    // Byte i of each half gets bit i of `qh` (as 0x10) through a swizzle and a bit mask.
+    let qh = u32x4_splat(u32::from_le_bytes([*x.add(2), *x.add(3), *x.add(4), *x.add(5)]));
+    let bits = u8x16(1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128);
+    let h = |idx: v128| {
+        let set = i8x16_ne(v128_and(i8x16_swizzle(qh, idx), bits), u8x16_splat(0));
+        v128_and(set, u8x16_splat(0x10))
+    };
+    let h0 = h(u8x16(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1));
+    let h1 = h(u8x16(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+    let (lo, hi) = nibbles(x.add(6));
+    (v128_or(lo, h0), v128_or(hi, h1))
 }
 
 #[target_feature(enable = "simd128")]
@@ -200,32 +408,21 @@ unsafe fn dot_q5_0_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
         a.as_ptr(),
         34,
         2,
-        |x| {
-            // Byte i of each half gets bit i of `qh` (as 0x10) through a swizzle and a bit mask.
-            let qh = u32x4_splat(u32::from_le_bytes([*x.add(2), *x.add(3), *x.add(4), *x.add(5)]));
-            let bits = u8x16(1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128);
-            let h = |idx: v128| {
-                let set = i8x16_ne(v128_and(i8x16_swizzle(qh, idx), bits), u8x16_splat(0));
-                v128_and(set, u8x16_splat(0x10))
-            };
-            let h0 = h(u8x16(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1));
-            let h1 = h(u8x16(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
-            let (lo, hi) = nibbles(x.add(6));
-            (i8x16_sub(v128_or(lo, h0), i8x16_splat(16)), i8x16_sub(v128_or(hi, h1), i8x16_splat(16)))
-        },
+        Quants::Unsigned(16),
+        |x| q5_0_quants(x),
         |sumi, x, y| (f16s(x) * f16s(y)) * sumi as f32,
     )
 }
 
 #[target_feature(enable = "simd128")]
 unsafe fn dot_q8_0_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    blocks_32(n / 32, w.as_ptr(), 34, a.as_ptr(), 34, 2, |x| (load(x.add(2)), load(x.add(18))), |sumi, x, y| sumi as f32 * (f16s(x) * f16s(y)))
+    blocks_32(n / 32, w.as_ptr(), 34, a.as_ptr(), 34, 2, Quants::Signed, |x| (load(x.add(2)), load(x.add(18))), |sumi, x, y| sumi as f32 * (f16s(x) * f16s(y)))
 }
 
 /// `ggml_vec_dot_q4_1_q8_1`: `sum_blocks(d_w * d_a * sumi + m_w * s_a)`.
 #[target_feature(enable = "simd128")]
 unsafe fn dot_q4_1_q8_1(n: usize, w: &[u8], a: &[u8]) -> f32 {
-    blocks_32(n / 32, w.as_ptr(), 20, a.as_ptr(), 36, 4, |x| nibbles(x.add(4)), |sumi, x, y| (f16s(x) * f16s(y)) * sumi as f32 + f16s(x.add(2)) * f16s(y.add(2)))
+    blocks_32(n / 32, w.as_ptr(), 20, a.as_ptr(), 36, 4, Quants::Unsigned(0), |x| nibbles(x.add(4)), |sumi, x, y| (f16s(x) * f16s(y)) * sumi as f32 + f16s(x.add(2)) * f16s(y.add(2)))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -248,8 +445,8 @@ unsafe fn dot_q4_k_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
             let (lo0, hi0) = nibbles(x.add(16 + 32 * c));
             let (lo1, hi1) = nibbles(x.add(32 + 32 * c));
             let q8 = y.add(4 + 64 * c);
-            let s_lo = i32x4_add(dot16(lo0, load(q8)), dot16(lo1, load(q8.add(16))));
-            let s_hi = i32x4_add(dot16(hi0, load(q8.add(32))), dot16(hi1, load(q8.add(48))));
+            let s_lo = block_dot(lo0, lo1, load(q8), load(q8.add(16)), Quants::Unsigned(0));
+            let s_hi = block_dot(hi0, hi1, load(q8.add(32)), load(q8.add(48)), Quants::Unsigned(0));
             isum = i32x4_add(isum, i32x4_mul(s_lo, i32x4_splat(sc[2 * c] as i32)));
             isum = i32x4_add(isum, i32x4_mul(s_hi, i32x4_splat(sc[2 * c + 1] as i32)));
         }
@@ -266,6 +463,10 @@ unsafe fn dot_q6_k_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
     for i in 0..n / QK_K {
         let (x, y) = (wp.add(i * 210), ap.add(i * 292));
         let mut isum = i32x4_splat(0);
+        // Relaxed SIMD: the quants' offset of 32 as `32 * sum(scale * bsum)` over the 16 groups of
+        // 16 (Q8_K's `bsums`), taken off at the end (exact integers).
+        #[cfg(target_feature = "relaxed-simd")]
+        let mut offset = 0i32;
         for h in 0..2 {
             for half in 0..2 {
                 let ql0 = load(x.add(64 * h + 16 * half));
@@ -278,14 +479,26 @@ unsafe fn dot_q6_k_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
                     v128_or(u8x16_shr(ql1, 4), i8x16_shl(u8x16_shr(qh, 6), 4)),
                 ];
                 for (k, &uk) in u.iter().enumerate() {
-                    let q = i8x16_sub(uk, i8x16_splat(32));
-                    let s = dot16(q, load(y.add(4 + 128 * h + 32 * k + 16 * half)));
-                    let scale = *x.add(192 + 8 * h + 2 * k + half) as i8 as i32;
+                    let g = 8 * h + 2 * k + half;
+                    let a16 = load(y.add(4 + 16 * g));
+                    let scale = *x.add(192 + g) as i8 as i32;
+                    #[cfg(target_feature = "relaxed-simd")]
+                    let s = {
+                        let bsum = i16::from_le_bytes([*y.add(260 + 2 * g), *y.add(261 + 2 * g)]) as i32;
+                        offset += scale * bsum;
+                        dot16u(a16, uk, i32x4_splat(0))
+                    };
+                    #[cfg(not(target_feature = "relaxed-simd"))]
+                    let s = dot16(i8x16_sub(uk, i8x16_splat(32)), a16);
                     isum = i32x4_add(isum, i32x4_mul(s, i32x4_splat(scale)));
                 }
             }
         }
-        sumf += (f16s(x.add(208)) * f32s(y)) * hsum_i32(isum) as f32;
+        #[cfg(target_feature = "relaxed-simd")]
+        let sumi = hsum_i32(isum).wrapping_sub(32 * offset);
+        #[cfg(not(target_feature = "relaxed-simd"))]
+        let sumi = hsum_i32(isum);
+        sumf += (f16s(x.add(208)) * f32s(y)) * sumi as f32;
     }
     sumf
 }

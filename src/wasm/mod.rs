@@ -75,6 +75,13 @@ pub fn cpu_threads() -> u32 {
     crate::backend::cpu::par::n_threads() as u32
 }
 
+/// The SIMD instructions this build's kernels use: "relaxed-simd" (the pkg*-relaxed builds) or
+/// "simd128". Both compute the same bits (src/quant/wasm.rs).
+#[wasm_bindgen(js_name = wasmSimd)]
+pub fn wasm_simd() -> String {
+    if cfg!(target_feature = "relaxed-simd") { "relaxed-simd" } else { "simd128" }.into()
+}
+
 /// A modelled flash device (`--store` profiles natively, src/store/throttle.rs) as JSON
 /// `{name, bandwidth, latency, queue_depth}` (bytes/s, s), or undefined for an unknown name.
 #[wasm_bindgen(js_name = deviceProfile)]

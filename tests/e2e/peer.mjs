@@ -3,7 +3,9 @@
 // same cross-origin isolated origin, the same GGUF and prompt, greedy, alternating A B A B, at each
 // thread count.
 //   node tests/e2e/peer.mjs [--model models/SmolLM2-135M-Instruct.Q4_1.gguf] [--n 64]
-//                           [--rounds 3] [--threads 1,2]
+//                           [--rounds 3] [--threads 1,2] [--simd128]
+// --simd128 adds LES's SIMD128 build (createEngine({relaxedSimd: false})) to the rotation beside
+// LES's default build (relaxed SIMD where the browser has it) and prints their ratio too.
 // Installs @wllama/wllama@WLLAMA into tests/e2e/node_modules (`npm install --no-save`) when it is
 // missing. Each round and engine: a fresh engine loads the model (both keep the file in their
 // browser storage after the first round, so later loads are warm), runs the prompt and decodes n
@@ -27,6 +29,7 @@ const model = arg('model', 'models/SmolLM2-135M-Instruct.Q4_1.gguf');
 const n = Number(arg('n', '64'));
 const rounds = Number(arg('rounds', '3'));
 const threads = arg('threads', '1,2').split(',').map(Number);
+const engines = process.argv.includes('--simd128') ? ['les', 'wllama', 'les-simd128'] : ['les', 'wllama'];
 const prompt = 'The three primary colors are';
 need(path.resolve(ROOT, model), 'run ./build.sh models (or tools/fetch_models.sh)');
 if (!model.startsWith('models/')) throw new Error('--model must be under models/ (served at /models/)');
@@ -48,11 +51,11 @@ const median = (xs) => {
   return s.length % 2 ? s[(s.length - 1) / 2] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2;
 };
 
-async function les(page, t) {
-  return page.evaluate(async ({ url, t, prompt, n }) => {
+async function les(page, t, relaxedSimd = true) {
+  return page.evaluate(async ({ url, t, prompt, n, relaxedSimd }) => {
     const t0 = performance.now();
     const { createEngine } = await import('/les/index.js');
-    const e = await createEngine({ model: url, backend: 'cpu', memoryBudgetMB: 0, nCtx: 512, threads: t });
+    const e = await createEngine({ model: url, backend: 'cpu', memoryBudgetMB: 0, nCtx: 512, threads: t, relaxedSimd });
     const load = performance.now() - t0;
     let text = '';
     for await (const s of e.generate(prompt, { max_tokens: n, temperature: 0, ignore_eos: true })) text += s;
@@ -60,7 +63,7 @@ async function les(page, t) {
     const threads = (await e.stats()).threads;
     await e.unload();
     return { load, text, prompt_tps: (s.prompt_tokens / s.prompt_ms) * 1000, decode_tps: s.tokens_per_s, tokens: s.gen_tokens, threads };
-  }, { url: `/${model}`, t, prompt, n });
+  }, { url: `/${model}`, t, prompt, n, relaxedSimd });
 }
 
 async function wllama(page, t) {
@@ -87,19 +90,20 @@ try {
   await page.goto(`http://127.0.0.1:${port}/`);
   if (!(await page.evaluate(() => crossOriginIsolated))) throw new Error('the page is not cross-origin isolated');
   for (const t of threads) {
-    const runs = { les: [], wllama: [] };
+    const runs = Object.fromEntries(engines.map((e) => [e, []]));
     for (let r = 0; r < rounds; r++) {
-      // A B A B, the first engine alternating round by round.
-      const order = r % 2 ? ['wllama', 'les'] : ['les', 'wllama'];
+      // A B A B (A B C, B C A, ... with --simd128): the first engine rotating round by round.
+      const order = engines.map((_, i) => engines[(i + r) % engines.length]);
       for (const who of order) {
-        const x = who === 'les' ? await les(page, t) : await wllama(page, t);
+        const x = who === 'wllama' ? await wllama(page, t) : await les(page, t, who === 'les');
         runs[who].push(x);
         console.error(`threads ${t} round ${r} ${who}: load ${x.load.toFixed(0)} ms, prompt ${x.prompt_tps.toFixed(1)} t/s, decode ${x.decode_tps.toFixed(2)} t/s (${x.tokens} tokens, threads ${JSON.stringify(x.threads)}) ${JSON.stringify(x.text.slice(0, 60))}`);
       }
     }
     const m = (who, k) => median(runs[who].map((x) => x[k]));
     const same = runs.les.every((x, i) => x.text === runs.wllama[i].text);
-    table.push({ t, les: { load: m('les', 'load'), prompt: m('les', 'prompt_tps'), decode: m('les', 'decode_tps') }, wllama: { load: m('wllama', 'load'), prompt: m('wllama', 'prompt_tps'), decode: m('wllama', 'decode_tps') }, same, lesText: runs.les[0].text, wllamaText: runs.wllama[0].text });
+    const simd128 = runs['les-simd128'] ? { prompt: m('les-simd128', 'prompt_tps'), decode: m('les-simd128', 'decode_tps'), same: runs['les-simd128'].every((x, i) => x.text === runs.les[i].text), simd: runs.les[0].threads.simd } : null;
+    table.push({ t, les: { load: m('les', 'load'), prompt: m('les', 'prompt_tps'), decode: m('les', 'decode_tps') }, wllama: { load: m('wllama', 'load'), prompt: m('wllama', 'prompt_tps'), decode: m('wllama', 'decode_tps') }, simd128, same, lesText: runs.les[0].text, wllamaText: runs.wllama[0].text });
   }
 } finally {
   await ctx.close();
@@ -112,4 +116,13 @@ console.log('|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|');
 for (const r of table) {
   console.log(`| ${r.t} | ${r.les.load.toFixed(0)} | ${r.wllama.load.toFixed(0)} | ${r.les.prompt.toFixed(1)} | ${r.wllama.prompt.toFixed(1)} | ${(r.les.prompt / r.wllama.prompt).toFixed(2)}× | ${r.les.decode.toFixed(2)} | ${r.wllama.decode.toFixed(2)} | ${(r.les.decode / r.wllama.decode).toFixed(2)}× | ${r.same ? 'yes' : 'no'} |`);
   if (!r.same) console.log(`  LES: ${JSON.stringify(r.lesText)}\n  wllama: ${JSON.stringify(r.wllamaText)}`);
+}
+if (table[0]?.simd128) {
+  console.log(`\nLES's default build (${table[0].simd128.simd}) against its SIMD128 build, same rounds\n`);
+  console.log('| threads | prompt default (t/s) | prompt SIMD128 (t/s) | prompt ratio | decode default (t/s) | decode SIMD128 (t/s) | decode ratio | same text |');
+  console.log('|---:|---:|---:|---:|---:|---:|---:|---|');
+  for (const r of table) {
+    const b = r.simd128;
+    console.log(`| ${r.t} | ${r.les.prompt.toFixed(1)} | ${b.prompt.toFixed(1)} | ${(r.les.prompt / b.prompt).toFixed(2)}× | ${r.les.decode.toFixed(2)} | ${b.decode.toFixed(2)} | ${(r.les.decode / b.decode).toFixed(2)}× | ${b.same ? 'yes' : 'no'} |`);
+  }
 }

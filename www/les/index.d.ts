@@ -99,6 +99,13 @@ export interface CreateEngineOptions {
    * or the WebGPU path: the plain build, one thread. Results are the same bits either way.
    */
   threads?: number;
+  /**
+   * Take the relaxed-SIMD build (`pkg-relaxed/`, `pkg-mt-relaxed/`) where the browser validates
+   * relaxed SIMD (default true). Its quantized dot products use `i32x4.relaxed_dot_i8x16_i7x16_add_s`
+   * with operands kept in the range where the instruction is deterministic: the same bits as the
+   * SIMD128 build, faster. `false` forces the SIMD128 build (`ThreadInfo.simd` says which ran).
+   */
+  relaxedSimd?: boolean;
   /** Tests: every n-th asynchronous prefetch read fails (the engine must not notice but in its counters). */
   debugFailReads?: number;
   onProgress?: (p: Progress) => void;
@@ -188,10 +195,11 @@ export interface Stats {
   complete: boolean | null;
 }
 
-/** CPU kernel threads and why that many. */
+/** CPU kernels: threads, why that many, and the build's SIMD instructions. */
 export interface ThreadInfo {
   n: number;
   why: string;
+  simd: 'relaxed-simd' | 'simd128' | null;
 }
 
 export interface GenerateResult {

@@ -5,17 +5,31 @@ import { AsyncReads } from './io.js';
 import { Device } from './device.js';
 
 let ready = null; // the engine's module, once loaded: pkg/ (one thread) or pkg-mt/ (threaded CPU kernels)
-let threads = { n: 1, why: '' };
+let threads = { n: 1, why: '', simd: null };
+
+// Whether this browser's WebAssembly has relaxed SIMD: a module whose one function runs
+// `i32x4.relaxed_dot_i8x16_i7x16_add_s` on constants validates only where the proposal is shipped
+// (Chromium 114+; Firefox and Safari at the time of writing: no).
+function hasRelaxedSimd() {
+  // v128 = splat(0); relaxed_dot_i8x16_i7x16_add_s(v, v, v): the three operands are three splats.
+  const body = [0x00, 0x41, 0x00, 0xfd, 0x11, 0x41, 0x00, 0xfd, 0x11, 0x41, 0x00, 0xfd, 0x11, 0xfd, 0x93, 0x02, 0x0b];
+  const m = new Uint8Array([0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00, 0x01, 0x05, 0x01, 0x60, 0x00, 0x01, 0x7b,
+    0x03, 0x02, 0x01, 0x00, 0x0a, body.length + 2, 0x01, body.length, ...body]);
+  try { return WebAssembly.validate(m); } catch { return false; }
+}
 
 // Load the engine's wasm. The CPU path on a cross-origin isolated page takes the threaded build
 // (pkg-mt: shared memory and a pool of web workers for the CPU kernels); elsewhere the plain build
 // (the WebGPU path computes on the GPU; without isolation there is no SharedArrayBuffer).
-async function loadWasm(cpu, nThreads) {
+// Where the browser has relaxed SIMD (and `relaxedSimd` is not false) the pkg*-relaxed build: its
+// quantized dots compute the same bits with fewer instructions.
+async function loadWasm(cpu, nThreads, relaxedSimd = true) {
   const isolated = !!self.crossOriginIsolated && typeof SharedArrayBuffer === 'function';
   // Default: half the cores, at most 4 (onnxruntime-web's and wllama's choice): the I/O worker and
   // the page need a core, and on 2 cores a second compute thread measured slower (BENCHMARKS.md).
   const want = cpu && isolated ? (nThreads ?? Math.min(4, Math.max(1, Math.floor((navigator.hardwareConcurrency || 1) / 2)))) : 1;
-  const dir = want > 1 ? './pkg-mt/' : './pkg/';
+  const relaxed = relaxedSimd !== false && hasRelaxedSimd();
+  const dir = `./pkg${want > 1 ? '-mt' : ''}${relaxed ? '-relaxed' : ''}/`;
   const m = await import(new URL(`${dir}les.js`, import.meta.url));
   await m.default({ module_or_path: new URL(`${dir}les_bg.wasm`, import.meta.url) });
   if (want > 1) {
@@ -27,7 +41,7 @@ async function loadWasm(cpu, nThreads) {
     : !isolated ? 'the page is not cross-origin isolated (COOP/COEP): no shared memory for threads'
     : want > 1 ? `cross-origin isolated: a pool of ${n} web workers (the threads option, else half of navigator.hardwareConcurrency, at most 4)`
     : nThreads ? 'one thread requested' : `half of navigator.hardwareConcurrency (${navigator.hardwareConcurrency}) is one thread`;
-  threads = { n, why };
+  threads = { n, why, simd: m.wasmSimd() };
   return m;
 }
 let engine = null;
@@ -71,9 +85,9 @@ async function openSource(src, opts, what) {
   throw new TypeError(`${what} must be a URL string, a File or a FileSystemFileHandle`);
 }
 
-async function load({ model: src, mmproj = null, memoryBudgetMB = 0, backend = 'auto', nCtx = 2048, backing = 'auto', gpuExpertSlots = null, prefetch = true, prefetchAlways = false, ioLanes = 1, expertSlots = null, policy = null, lookahead = 1, store = null, threads: nThreads = null, debugFailReads = 0 }) {
+async function load({ model: src, mmproj = null, memoryBudgetMB = 0, backend = 'auto', nCtx = 2048, backing = 'auto', gpuExpertSlots = null, prefetch = true, prefetchAlways = false, ioLanes = 1, expertSlots = null, policy = null, lookahead = 1, store = null, threads: nThreads = null, relaxedSimd = true, debugFailReads = 0 }) {
   const wantGpu = backend === 'webgpu' || (backend === 'auto' && !!navigator.gpu);
-  const { Engine, crc32, deviceProfile } = await (ready ??= loadWasm(!wantGpu, nThreads));
+  const { Engine, crc32, deviceProfile } = await (ready ??= loadWasm(!wantGpu, nThreads, relaxedSimd));
   const onProgress = (p) => post({ event: 'progress', ...p });
   model = await openSource(src, { crc32, onProgress, backing }, 'model');
   if (store && store !== 'disk') {
