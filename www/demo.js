@@ -63,13 +63,15 @@ function config() {
     ioLanes: Number(new URLSearchParams(location.search).get('lanes')) || 1,
     // `?threads=N`: CPU kernel threads on a cross-origin isolated page (1: the plain build).
     threads: Number(new URLSearchParams(location.search).get('threads')) || null,
+    // `?simd=simd128`: the SIMD128 build even where the browser has relaxed SIMD.
+    relaxedSimd: new URLSearchParams(location.search).get('simd') !== 'simd128',
   };
 }
 
 async function load() {
   const c = config();
   const name = (x) => (x == null || typeof x === 'string' ? x : x.name);
-  const key = JSON.stringify([name(c.model), name(c.mmproj), c.memoryBudgetMB, c.backend, c.prefetch, c.expertSlots, c.policy, c.store, c.ioLanes, c.threads]);
+  const key = JSON.stringify([name(c.model), name(c.mmproj), c.memoryBudgetMB, c.backend, c.prefetch, c.expertSlots, c.policy, c.store, c.ioLanes, c.threads, c.relaxedSimd]);
   if (state.engine && state.key === key) return state.engine;
   if (state.engine) await state.engine.unload();
   state.engine = null;

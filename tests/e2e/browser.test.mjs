@@ -455,7 +455,7 @@ test('lookahead without cross-origin isolation: reads land at the WebGPU awaits,
 // web workers; each op is split into the same chunks whatever the thread count, so the logits are
 // bit-identical to one thread's (and to the native portable kernels' tokens). Without isolation
 // the plain build runs one thread and says why.
-test('wasm threads: a pool of web workers on isolated pages, same logits as one thread; one thread otherwise', async () => {
+test('wasm threads: a pool of web workers on isolated pages, same logits as one thread; one thread otherwise; relaxed-SIMD and SIMD128 builds alike', async () => {
   const n = 12;
   const want = nativeTokens(SMALL, SMALL_PROMPT, n, ['--memory-budget', '1GiB'], { LES_NO_SIMD: '1' });
   const plain = await startServer(0, { isolated: false });
@@ -473,6 +473,16 @@ test('wasm threads: a pool of web workers on isolated pages, same logits as one 
     assert.deepEqual(one.last.tokens, want);
     assert.deepEqual(two.last.tokens, want);
     assert.equal(two.last.stats.logits_fnv, one.last.stats.logits_fnv, 'logits differ between 1 and 2 threads');
+    // Chromium has relaxed SIMD: the default is the relaxed build; `relaxedSimd: false` the other.
+    assert.equal(one.last.threads.simd, 'relaxed-simd');
+    assert.equal(two.last.threads.simd, 'relaxed-simd');
+    for (const t of ['1', '2']) {
+      const plainSimd = await runDemo(page, base, { ...q, threads: t, simd: 'simd128' });
+      assert.equal(plainSimd.error, null, JSON.stringify(plainSimd.error));
+      assert.equal(plainSimd.last.threads.simd, 'simd128');
+      assert.deepEqual(plainSimd.last.tokens, want);
+      assert.equal(plainSimd.last.stats.logits_fnv, one.last.stats.logits_fnv, `logits differ between the builds (${t} threads)`);
+    }
     const alone = await runDemo(page, `http://127.0.0.1:${plain.port}`, { ...q, threads: '2' });
     assert.equal(alone.error, null, JSON.stringify(alone.error));
     assert.equal(alone.last.threads.n, 1);
