@@ -21,6 +21,10 @@ mod legacy;
 pub mod quantize;
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
 mod wasm;
+/// Four-lane f16 <-> f32 conversions (exact / round to nearest even) for the CPU backend's f16
+/// vector loops on wasm.
+#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+pub(crate) use wasm::{f16x4_to_f32, f32x4_to_f16};
 #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
 mod x86;
 #[cfg(target_arch = "aarch64")]
@@ -785,7 +789,7 @@ impl BatchDot {
             #[cfg(target_arch = "aarch64")]
             tile2,
             #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-            x4: if simd == Simd::Simd128 { wasm::kernel_x4(ty).map(|k| k.1) } else { None },
+            x4: if simd == Simd::Simd128 { wasm::kernel_x4(ty).1 } else { None },
             w_need,
             a_need,
         }
@@ -916,7 +920,7 @@ pub fn matvec_with(simd: Simd, ty: GgmlType, n: usize, w: &[u8], act: &[u8], y: 
 /// The four-weight-row kernel of `ty` at `simd` (wasm SIMD128 only).
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
 fn kernel_x4(simd: Simd, ty: GgmlType) -> Option<wasm::X4Fn> {
-    if simd == Simd::Simd128 { wasm::kernel_x4(ty).map(|k| k.0) } else { None }
+    if simd == Simd::Simd128 { wasm::kernel_x4(ty).0 } else { None }
 }
 
 #[cfg(test)]

@@ -53,17 +53,19 @@ pub(super) fn kernel(ty: GgmlType) -> Option<DotFn> {
 /// same in every lane (see [`kernel_x4`]). Same safety contract as [`DotFn`] for each pair.
 pub(super) type X4Fn = unsafe fn(usize, [&[u8]; 4], [&[u8]; 4]) -> [f32; 4];
 
-/// The four-lane kernels for weight type `ty`, if there are: (four weight rows × one activation
-/// row, one weight row × four activation rows). Other pairs are not supported.
-pub(super) fn kernel_x4(ty: GgmlType) -> Option<(X4Fn, X4Fn)> {
+/// The four-lane kernels for weight type `ty`: (four weight rows × one activation row, one
+/// weight row × four activation rows), where there are. Other pairs are not supported.
+pub(super) fn kernel_x4(ty: GgmlType) -> (Option<X4Fn>, Option<X4Fn>) {
     use GgmlType::*;
-    Some(match ty {
-        Q4_0 => (q4_0_rows4, q4_0_toks4),
-        Q4_1 => (q4_1_rows4, q4_1_toks4),
-        Q5_0 => (q5_0_rows4, q5_0_toks4),
-        Q8_0 => (q8_0_rows4, q8_0_toks4),
-        _ => return None,
-    })
+    match ty {
+        Q4_0 => (Some(q4_0_rows4), Some(q4_0_toks4)),
+        Q4_1 => (Some(q4_1_rows4), Some(q4_1_toks4)),
+        Q5_0 => (Some(q5_0_rows4), Some(q5_0_toks4)),
+        Q8_0 => (Some(q8_0_rows4), Some(q8_0_toks4)),
+        Q4K => (Some(q4_k_rows4), None),
+        Q6K => (Some(q6_k_rows4), None),
+        _ => (None, None),
+    }
 }
 
 #[inline]
@@ -121,7 +123,7 @@ unsafe fn nibbles(p: *const u8) -> (v128, v128) {
 /// Four IEEE halves (the low 16 bits of each u32 lane) -> f32, exactly (see `super::f16_to_f32`).
 #[inline]
 #[target_feature(enable = "simd128")]
-unsafe fn f16x4_to_f32(h: v128) -> v128 {
+pub(crate) unsafe fn f16x4_to_f32(h: v128) -> v128 {
     let sign = i32x4_shl(v128_and(h, u32x4_splat(0x8000)), 16);
     let em = v128_and(h, u32x4_splat(0x7fff));
     let normal = f32x4_mul(i32x4_shl(em, 13), f32x4_splat(f32::from_bits(0x7780_0000)));
@@ -173,6 +175,29 @@ unsafe fn dot_bf16(n: usize, w: &[u8], a: &[u8]) -> f32 {
         let h = load(p);
         (i32x4_shl(u32x4_extend_low_u16x8(h), 16), i32x4_shl(u32x4_extend_high_u16x8(h), 16))
     }, |p| f32::from_bits((u16::from_le_bytes([*p, *p.add(1)]) as u32) << 16))
+}
+
+/// Four f32 -> IEEE halves (in the low 16 bits of each u32 lane, the high bits zero), rounded
+/// to nearest even as `half::f16::from_f32` (ggml's `GGML_FP32_TO_FP16`): overflow to infinity,
+/// subnormal halves by adding a magic constant (the f32 addition rounds them to nearest even), a
+/// NaN keeps its top mantissa bits and is quieted. F. Giesen's `float_to_half_fast3_rtne`, branch-free.
+#[inline]
+#[target_feature(enable = "simd128")]
+pub(crate) unsafe fn f32x4_to_f16(f: v128) -> v128 {
+    let sign = u32x4_shr(v128_and(f, u32x4_splat(0x8000_0000)), 16);
+    let a = v128_and(f, u32x4_splat(0x7fff_ffff));
+    // |f| >= 65536 (as bits): infinity, or NaN with its mantissa's top 10 bits and the quiet bit.
+    let big = u32x4_ge(a, u32x4_splat((127 + 16) << 23));
+    let nan = u32x4_gt(a, u32x4_splat(0x7f80_0000));
+    let inf_nan = v128_or(u32x4_splat(0x7c00), v128_and(nan, v128_or(u32x4_splat(0x0200), u32x4_shr(v128_and(a, u32x4_splat(0x007f_ffff)), 13))));
+    // Subnormal or zero halves: |f| + 2^-1 · 2^-13 · 2 aligns the 10 mantissa bits at the bottom.
+    let magic = u32x4_splat(((127 - 15) + (23 - 10) + 1) << 23);
+    let sub = i32x4_sub(f32x4_add(a, magic), magic);
+    // Normal halves: rebias the exponent, round to nearest even by adding 0xfff + the kept lsb.
+    let odd = v128_and(u32x4_shr(a, 13), u32x4_splat(1));
+    let norm = u32x4_shr(i32x4_add(i32x4_add(a, u32x4_splat(((15 - 127) << 23) as u32 + 0xfff)), odd), 13);
+    let finite = v128_bitselect(sub, norm, u32x4_lt(a, u32x4_splat(113 << 23)));
+    v128_or(sign, v128_bitselect(inf_nan, finite, big))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -501,4 +526,131 @@ unsafe fn dot_q6_k_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {
         sumf += (f16s(x.add(208)) * f32s(y)) * sumi as f32;
     }
     sumf
+}
+
+// ---------------------------------------------------------------------------------------------
+// K-quants, four weight rows × one activation row (matrix-vector products)
+
+/// 16 weight quants `q` (each in 0..=63) · the activation's 16 bytes `a` as four exact i32 lanes
+/// (relaxed SIMD), or `q - off` · the activation widened to i16 once (`wide`, `[low, high]`).
+#[inline]
+#[target_feature(enable = "simd128")]
+unsafe fn dot16_shared(q: v128, off: i8, a: v128, wide: [v128; 2]) -> v128 {
+    #[cfg(target_feature = "relaxed-simd")]
+    {
+        let _ = (off, wide);
+        dot16u(a, q, i32x4_splat(0))
+    }
+    #[cfg(not(target_feature = "relaxed-simd"))]
+    {
+        let _ = a;
+        let q = if off == 0 { q } else { i8x16_sub(q, i8x16_splat(off)) };
+        i32x4_add(i32x4_dot_i16x8(i16x8_extend_low_i8x16(q), wide[0]), i32x4_dot_i16x8(i16x8_extend_high_i8x16(q), wide[1]))
+    }
+}
+
+/// A Q8_K block's 256 quants as 16 vectors of 16, and (without relaxed SIMD) widened to i16.
+#[inline]
+#[target_feature(enable = "simd128")]
+unsafe fn q8_k_shared(y: *const u8) -> ([v128; 16], [[v128; 2]; 16]) {
+    let a: [v128; 16] = core::array::from_fn(|g| load(y.add(4 + 16 * g)));
+    #[cfg(target_feature = "relaxed-simd")]
+    let wide = [[i32x4_splat(0); 2]; 16];
+    #[cfg(not(target_feature = "relaxed-simd"))]
+    let wide = a.map(|v| [i16x8_extend_low_i8x16(v), i16x8_extend_high_i8x16(v)]);
+    (a, wide)
+}
+
+/// Q8_K's `bsums[k]` (the sum of quants 16k..16k+16).
+#[inline]
+#[target_feature(enable = "simd128")]
+unsafe fn bsum(y: *const u8, k: usize) -> i32 {
+    i16::from_le_bytes([*y.add(260 + 2 * k), *y.add(261 + 2 * k)]) as i32
+}
+
+/// `dot_q4_k_q8_k` for four weight rows and one activation row, lane by lane the same.
+#[target_feature(enable = "simd128")]
+unsafe fn q4_k_rows4(n: usize, w: [&[u8]; 4], a: [&[u8]; 4]) -> [f32; 4] {
+    let (wp, ap) = (w.map(|r| r.as_ptr()), a[0].as_ptr());
+    let mut sumf = f32x4_splat(0.0);
+    for i in 0..n / QK_K {
+        let (x, y) = (wp.map(|p| p.add(i * 144)), ap.add(i * 292));
+        let yd = f32x4_splat(f32s(y));
+        let d = f32x4_mul(f16s_x4(x, 0), yd);
+        let dmin = f32x4_mul(f16s_x4(x, 2), yd);
+        let (av, wide) = q8_k_shared(y);
+        let pair: [i32; 8] = core::array::from_fn(|g| bsum(y, 2 * g) + bsum(y, 2 * g + 1));
+        let mut summ = [0i32; 4];
+        let lane = |k: usize, summ: &mut i32| {
+            let x = x[k];
+            let (sc, mn) = scales_mins_k4(core::slice::from_raw_parts(x.add(4), 12));
+            *summ = (0..8).map(|g| mn[g] as i32 * pair[g]).sum();
+            let mut isum = i32x4_splat(0);
+            for c in 0..4 {
+                let (lo0, hi0) = nibbles(x.add(16 + 32 * c));
+                let (lo1, hi1) = nibbles(x.add(32 + 32 * c));
+                let s_lo = i32x4_add(dot16_shared(lo0, 0, av[4 * c], wide[4 * c]), dot16_shared(lo1, 0, av[4 * c + 1], wide[4 * c + 1]));
+                let s_hi = i32x4_add(dot16_shared(hi0, 0, av[4 * c + 2], wide[4 * c + 2]), dot16_shared(hi1, 0, av[4 * c + 3], wide[4 * c + 3]));
+                isum = i32x4_add(isum, i32x4_mul(s_lo, i32x4_splat(sc[2 * c] as i32)));
+                isum = i32x4_add(isum, i32x4_mul(s_hi, i32x4_splat(sc[2 * c + 1] as i32)));
+            }
+            isum
+        };
+        let [s0, s1, s2, s3] = &mut summ;
+        let sumi = hsum_i32_x4(lane(0, s0), lane(1, s1), lane(2, s2), lane(3, s3));
+        let mins = f32x4(summ[0] as f32, summ[1] as f32, summ[2] as f32, summ[3] as f32);
+        sumf = f32x4_add(sumf, f32x4_sub(f32x4_mul(d, f32x4_convert_i32x4(sumi)), f32x4_mul(dmin, mins)));
+    }
+    [f32x4_extract_lane::<0>(sumf), f32x4_extract_lane::<1>(sumf), f32x4_extract_lane::<2>(sumf), f32x4_extract_lane::<3>(sumf)]
+}
+
+/// `dot_q6_k_q8_k` for four weight rows and one activation row, lane by lane the same.
+#[target_feature(enable = "simd128")]
+unsafe fn q6_k_rows4(n: usize, w: [&[u8]; 4], a: [&[u8]; 4]) -> [f32; 4] {
+    let (wp, ap) = (w.map(|r| r.as_ptr()), a[0].as_ptr());
+    let (m4, m3) = (u8x16_splat(0x0f), u8x16_splat(3));
+    let mut sumf = f32x4_splat(0.0);
+    for i in 0..n / QK_K {
+        let (x, y) = (wp.map(|p| p.add(i * 210)), ap.add(i * 292));
+        let (av, wide) = q8_k_shared(y);
+        #[cfg(target_feature = "relaxed-simd")]
+        let bsums: [i32; 16] = core::array::from_fn(|g| bsum(y, g));
+        let lane = |k: usize| {
+            let x = x[k];
+            let mut isum = i32x4_splat(0);
+            // Relaxed SIMD: the quants' offset of 32 as `32 · Σ scale · bsum` (see `dot_q6_k_q8_k`).
+            #[cfg(target_feature = "relaxed-simd")]
+            let mut offset = 0i32;
+            for h in 0..2 {
+                for half in 0..2 {
+                    let ql0 = load(x.add(64 * h + 16 * half));
+                    let ql1 = load(x.add(64 * h + 32 + 16 * half));
+                    let qh = load(x.add(128 + 32 * h + 16 * half));
+                    let u = [
+                        v128_or(v128_and(ql0, m4), i8x16_shl(v128_and(qh, m3), 4)),
+                        v128_or(v128_and(ql1, m4), i8x16_shl(v128_and(u8x16_shr(qh, 2), m3), 4)),
+                        v128_or(u8x16_shr(ql0, 4), i8x16_shl(v128_and(u8x16_shr(qh, 4), m3), 4)),
+                        v128_or(u8x16_shr(ql1, 4), i8x16_shl(u8x16_shr(qh, 6), 4)),
+                    ];
+                    for (kk, &uk) in u.iter().enumerate() {
+                        let g = 8 * h + 2 * kk + half;
+                        let scale = *x.add(192 + g) as i8 as i32;
+                        #[cfg(target_feature = "relaxed-simd")]
+                        {
+                            offset += scale * bsums[g];
+                        }
+                        let s = dot16_shared(uk, 32, av[g], wide[g]);
+                        isum = i32x4_add(isum, i32x4_mul(s, i32x4_splat(scale)));
+                    }
+                }
+            }
+            #[cfg(target_feature = "relaxed-simd")]
+            let isum = i32x4_sub(isum, i32x4(32 * offset, 0, 0, 0));
+            isum
+        };
+        let sumi = hsum_i32_x4(lane(0), lane(1), lane(2), lane(3));
+        let d = f32x4_mul(f16s_x4(x, 208), f32x4_splat(f32s(y)));
+        sumf = f32x4_add(sumf, f32x4_mul(d, f32x4_convert_i32x4(sumi)));
+    }
+    [f32x4_extract_lane::<0>(sumf), f32x4_extract_lane::<1>(sumf), f32x4_extract_lane::<2>(sumf), f32x4_extract_lane::<3>(sumf)]
 }

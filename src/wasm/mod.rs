@@ -75,6 +75,19 @@ pub fn cpu_threads() -> u32 {
     crate::backend::cpu::par::n_threads() as u32
 }
 
+/// Per-op wall time of the CPU forward (`src/backend/profile.rs`, as `les bench pp-tg
+/// --profile`): `on` starts recording (clearing the table) or stops it. Benchmarks only.
+#[wasm_bindgen(js_name = profileOps)]
+pub fn profile_ops(on: bool) {
+    crate::backend::profile::enable(on);
+}
+
+/// The per-op table so far as JSON `[{op, calls, ms}]`, slowest first.
+#[wasm_bindgen(js_name = profileTable)]
+pub fn profile_table() -> String {
+    serde_json::Value::Array(crate::backend::profile::table().into_iter().map(|t| serde_json::json!({ "op": t.op, "calls": t.calls, "ms": t.ms })).collect()).to_string()
+}
+
 /// The SIMD instructions this build's kernels use: "relaxed-simd" (the pkg*-relaxed builds) or
 /// "simd128". Both compute the same bits (src/quant/wasm.rs).
 #[wasm_bindgen(js_name = wasmSimd)]
@@ -106,6 +119,24 @@ pub fn set_debug_dump(on: bool) {
 #[wasm_bindgen(js_name = takeDebugDump)]
 pub fn take_debug_dump() -> String {
     std::mem::take(&mut *crate::model::DUMP_BUF.lock().unwrap())
+}
+
+/// Debug: `x` rounded to IEEE halves four lanes at a time, as the CPU backend's f16 vector loops
+/// do (`quant::f32x4_to_f16`; numerics checks against the browser's `Float16Array`). A tail of
+/// fewer than four values goes through `half`.
+#[cfg(target_feature = "simd128")]
+#[wasm_bindgen(js_name = debugF16Round)]
+pub fn debug_f16_round(x: &[f32]) -> Vec<u16> {
+    use core::arch::wasm32::*;
+    let mut out = Vec::with_capacity(x.len());
+    let mut chunks = x.chunks_exact(4);
+    for c in &mut chunks {
+        // SAFETY: SIMD128 is compiled in (`.cargo/config.toml`).
+        let h = unsafe { crate::quant::f32x4_to_f16(f32x4(c[0], c[1], c[2], c[3])) };
+        out.extend([u32x4_extract_lane::<0>(h), u32x4_extract_lane::<1>(h), u32x4_extract_lane::<2>(h), u32x4_extract_lane::<3>(h)].map(|v| v as u16));
+    }
+    out.extend(chunks.remainder().iter().map(|&v| half::f16::from_f32(v).to_bits()));
+    out
 }
 
 /// Debug: `x` quantized to the activation type of ggml type `ty`, then dotted with each row of

@@ -80,6 +80,54 @@ for (const [build, simd] of [['pkg', 'simd128'], ['pkg-relaxed', 'relaxed-simd']
   }
 });
 
+// The f32 -> f16 rounding of the CPU backend's f16 vector loops on wasm (attention's V
+// accumulator, `quant::f32x4_to_f16`) = the browser's own Float16Array (IEEE round to nearest
+// even) on every half, every midpoint between neighbours (ties) and the f32 values beside them,
+// the overflow and underflow edges and random bit patterns; NaNs stay NaNs of the same sign.
+test('wasm f32 -> f16 vector rounding equals Float16Array (Chromium)', async () => {
+  const srv = await startServer();
+  const ctx = await launch();
+  try {
+    const page = await ctx.newPage();
+    await page.goto(`http://127.0.0.1:${srv.port}/index.html`);
+    for (const build of ['pkg', 'pkg-relaxed']) {
+      const bad = await page.evaluate(async (build) => {
+        const m = await import(`/les/${build}/les.js`);
+        await m.default();
+        const bits = [];
+        const f = new Float32Array(1), u = new Uint32Array(f.buffer);
+        const h = new Float16Array(1), hu = new Uint16Array(h.buffer);
+        const asF32 = (x) => { f[0] = x; return u[0]; };
+        for (let i = 0; i < 0x7c00; i++) {
+          hu[0] = i;
+          const a = asF32(h[0]);
+          hu[0] = i + 1;
+          const mid = asF32((h[0] + (hu[0] = i, h[0])) / 2);
+          for (const b of [a, a + 1, a - 1, mid, mid + 1, mid - 1]) if (b >= 0) bits.push(b >>> 0, (b | 0x80000000) >>> 0);
+        }
+        for (const x of [0x7f800000, 0x477ff000, 0x477fefff, 0x477fe000, 0x47800000, 0x33000000, 0x33000001, 0x32ffffff, 0x00000001, 0x007fffff, 0x38800000]) bits.push(x, (x | 0x80000000) >>> 0);
+        let s = 12345;
+        for (let i = 0; i < 200000; i++) { s = (Math.imul(s, 1103515245) + 12345) >>> 0; bits.push(s); }
+        const x = new Float32Array(new Uint32Array(bits).buffer);
+        const got = m.debugF16Round(x);
+        const want = new Uint16Array(new Float16Array(x).buffer);
+        const out = [];
+        for (let i = 0; i < x.length && out.length < 5; i++) {
+          const isNan = (bits[i] & 0x7fffffff) > 0x7f800000;
+          const ok = isNan ? (got[i] & 0x7c00) === 0x7c00 && (got[i] & 0x3ff) !== 0 && (got[i] >> 15) === bits[i] >>> 31 : got[i] === want[i];
+          if (!ok) out.push(`f32 ${bits[i].toString(16)}: got ${got[i].toString(16)}, Float16Array ${want[i].toString(16)}`);
+        }
+        return { n: x.length, out };
+      }, build);
+      assert.ok(bad.n > 300000, `${build}: ${bad.n} values`);
+      assert.deepEqual(bad.out, [], `${build}: f32 -> f16 rounding differs`);
+    }
+  } finally {
+    await ctx.close();
+    srv.server.close();
+  }
+});
+
 async function compare(matvec) {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'les-numerics-'));
   const r = prng(1234);

@@ -45,6 +45,7 @@ async function loadWasm(cpu, nThreads, relaxedSimd = true) {
   return m;
 }
 let engine = null;
+let profiling = false;
 let model = null;
 let reads = null;
 let download = null;
@@ -85,9 +86,12 @@ async function openSource(src, opts, what) {
   throw new TypeError(`${what} must be a URL string, a File or a FileSystemFileHandle`);
 }
 
-async function load({ model: src, mmproj = null, memoryBudgetMB = 0, backend = 'auto', nCtx = 2048, backing = 'auto', gpuExpertSlots = null, prefetch = true, prefetchAlways = false, ioLanes = 1, expertSlots = null, policy = null, lookahead = 1, store = null, threads: nThreads = null, relaxedSimd = true, debugFailReads = 0 }) {
+async function load({ model: src, mmproj = null, memoryBudgetMB = 0, backend = 'auto', nCtx = 2048, backing = 'auto', gpuExpertSlots = null, prefetch = true, prefetchAlways = false, ioLanes = 1, expertSlots = null, policy = null, lookahead = 1, store = null, threads: nThreads = null, relaxedSimd = true, debugFailReads = 0, debugProfile = false }) {
   const wantGpu = backend === 'webgpu' || (backend === 'auto' && !!navigator.gpu);
-  const { Engine, crc32, deviceProfile } = await (ready ??= loadWasm(!wantGpu, nThreads, relaxedSimd));
+  const { Engine, crc32, deviceProfile, profileOps } = await (ready ??= loadWasm(!wantGpu, nThreads, relaxedSimd));
+  // Benchmarks: per-op times of the CPU forward in `stats().profile`.
+  profiling = debugProfile;
+  profileOps(profiling);
   const onProgress = (p) => post({ event: 'progress', ...p });
   model = await openSource(src, { crc32, onProgress, backing }, 'model');
   if (store && store !== 'disk') {
@@ -213,7 +217,7 @@ const ops = {
     aborted = true;
     return true;
   },
-  stats: async () => ({ engine: engine ? JSON.parse(engine.stats()) : null, threads, storage: model?.stats ?? null, reads: reads ? { mode: reads.mode, ...reads.stats } : null, http: model?.http ? { requests: model.http.requests, bytes: model.http.bytes } : null, complete: model?.complete() ?? null }),
+  stats: async () => ({ engine: engine ? JSON.parse(engine.stats()) : null, profile: profiling ? JSON.parse((await ready).profileTable()) : undefined, threads, storage: model?.stats ?? null, reads: reads ? { mode: reads.mode, ...reads.stats } : null, http: model?.http ? { requests: model.http.requests, bytes: model.http.bytes } : null, complete: model?.complete() ?? null }),
   waitDownload: async () => {
     if (download) await download.promise;
     return { complete: model?.complete() ?? false, storage: model?.stats, http: model?.http ? { requests: model.http.requests, bytes: model.http.bytes } : null };

@@ -231,7 +231,12 @@ pub fn dot_f16(a: &[f16], b: &[f16]) -> f32 {
         return crate::quant::vec_dot(crate::quant::GgmlType::F16, n, ab, bb);
     }
     let np = n & !63;
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    // SAFETY: SIMD128 is compiled in; `np <= n` halves are read from each row.
+    let acc = unsafe { dot_f16_lanes_wasm(a, b, np) };
+    #[cfg(not(all(target_arch = "wasm32", target_feature = "simd128")))]
     let mut acc = [[0f32; 16]; 4];
+    #[cfg(not(all(target_arch = "wasm32", target_feature = "simd128")))]
     for i in (0..np).step_by(64) {
         for (j, accj) in acc.iter_mut().enumerate() {
             for (l, al) in accj.iter_mut().enumerate() {
@@ -267,6 +272,10 @@ fn scale_f16(acc: &mut [f16], s: f32) {
         // SAFETY: the Avx2 level implies AVX2, FMA and F16C.
         return unsafe { f16_lanes_x86::<false>(acc, &[], s) };
     }
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    // SAFETY: SIMD128 is compiled in.
+    return unsafe { f16_lanes_wasm::<false>(acc, &[], s) };
+    #[allow(unreachable_code)]
     for a in acc.iter_mut() {
         *a = f16::from_f32(a.to_f32() * s);
     }
@@ -280,6 +289,10 @@ fn mad_f16(acc: &mut [f16], v: &[f16], s: f32) {
         // SAFETY: the Avx2 level implies AVX2, FMA and F16C.
         return unsafe { f16_lanes_x86::<true>(acc, v, s) };
     }
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    // SAFETY: SIMD128 is compiled in.
+    return unsafe { f16_lanes_wasm::<true>(acc, v, s) };
+    #[allow(unreachable_code)]
     for (a, &vv) in acc.iter_mut().zip(v) {
         *a = f16::from_f32(vv.to_f32().mul_add(s, a.to_f32()));
     }
@@ -304,6 +317,88 @@ unsafe fn f16_lanes_x86<const MAD: bool>(acc: &mut [f16], v: &[f16], s: f32) {
         };
         _mm_storeu_si128(pa, _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(r));
         i += 8;
+    }
+    for j in i..n {
+        let a = acc[j].to_f32();
+        acc[j] = f16::from_f32(if MAD { v[j].to_f32().mul_add(s, a) } else { a * s });
+    }
+}
+
+/// [`dot_f16`]'s four 16-lane accumulators over the first `np` (a multiple of 64) halves, four
+/// lanes at a time on wasm SIMD128. The FMA of the portable order is a multiply then an add
+/// here, with the same bits: the product of two halves (11 significant bits each, exponents
+/// within 2^±48) is exact in f32, so `fma(a, b, c)` rounds once, as `a · b + c` does.
+#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+#[target_feature(enable = "simd128")]
+unsafe fn dot_f16_lanes_wasm(a: &[f16], b: &[f16], np: usize) -> [[f32; 16]; 4] {
+    use core::arch::wasm32::*;
+    let halves = |p: *const f16| {
+        let h = v128_load(p as *const v128);
+        (crate::quant::f16x4_to_f32(u32x4_extend_low_u16x8(h)), crate::quant::f16x4_to_f32(u32x4_extend_high_u16x8(h)))
+    };
+    let mut acc = [f32x4_splat(0.0); 16]; // accumulator j's lanes 4q..4q+4 at 4j + q
+    let (pa, pb) = (a.as_ptr(), b.as_ptr());
+    let mut i = 0;
+    while i < np {
+        for j in 0..4 {
+            for h in 0..2 {
+                let k = i + 16 * j + 8 * h;
+                let (a0, a1) = halves(pa.add(k));
+                let (b0, b1) = halves(pb.add(k));
+                let q = 4 * j + 2 * h;
+                acc[q] = f32x4_add(f32x4_mul(a0, b0), acc[q]);
+                acc[q + 1] = f32x4_add(f32x4_mul(a1, b1), acc[q + 1]);
+            }
+        }
+        i += 64;
+    }
+    let mut out = [[0f32; 16]; 4];
+    for j in 0..4 {
+        for q in 0..4 {
+            let v = acc[4 * j + q];
+            out[j][4 * q..4 * q + 4].copy_from_slice(&[f32x4_extract_lane::<0>(v), f32x4_extract_lane::<1>(v), f32x4_extract_lane::<2>(v), f32x4_extract_lane::<3>(v)]);
+        }
+    }
+    out
+}
+
+/// [`scale_f16`] (`MAD = false`) and [`mad_f16`] (`MAD = true`) four lanes at a time on wasm
+/// SIMD128, the same bits. The scale is an f32 multiply rounded to f32 then to f16. The mad is
+/// an FMA (wasm has no deterministic one): `v · s` is exact in f64 (11 + 24 bits), the sum
+/// with `acc` rounded to f64 then to f32 is the FMA's single rounding except where the f64 sum
+/// sits exactly halfway between two f32 (low 29 bits `0x1000_0000`: musl's `fmaf` test), and
+/// those four lanes are recomputed by `f32::mul_add`.
+#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+#[target_feature(enable = "simd128")]
+unsafe fn f16_lanes_wasm<const MAD: bool>(acc: &mut [f16], v: &[f16], s: f32) {
+    use core::arch::wasm32::*;
+    let n = if MAD { acc.len().min(v.len()) } else { acc.len() };
+    let load4 = |p: *const f16| crate::quant::f16x4_to_f32(u32x4_extend_low_u16x8(v128_load64_zero(p as *const u64)));
+    let (sv, sd) = (f32x4_splat(s), f64x2_splat(s as f64));
+    let half = (i64x2_splat(0x1fff_ffff), i64x2_splat(0x1000_0000));
+    let mut i = 0;
+    while i + 4 <= n {
+        let pa = acc.as_mut_ptr().add(i);
+        let a = load4(pa);
+        let r = if MAD {
+            let x = load4(v.as_ptr().add(i));
+            let lo = f64x2_add(f64x2_mul(f64x2_promote_low_f32x4(x), sd), f64x2_promote_low_f32x4(a));
+            let hi = f64x2_add(f64x2_mul(f64x2_promote_low_f32x4(i32x4_shuffle::<2, 3, 2, 3>(x, x)), sd), f64x2_promote_low_f32x4(i32x4_shuffle::<2, 3, 2, 3>(a, a)));
+            let tie = v128_or(i64x2_eq(v128_and(lo, half.0), half.1), i64x2_eq(v128_and(hi, half.0), half.1));
+            if v128_any_true(tie) {
+                for j in i..i + 4 {
+                    *acc.get_unchecked_mut(j) = f16::from_f32(v.get_unchecked(j).to_f32().mul_add(s, acc.get_unchecked(j).to_f32()));
+                }
+                i += 4;
+                continue;
+            }
+            i32x4_shuffle::<0, 1, 4, 5>(f32x4_demote_f64x2_zero(lo), f32x4_demote_f64x2_zero(hi))
+        } else {
+            f32x4_mul(a, sv)
+        };
+        let h = crate::quant::f32x4_to_f16(r);
+        v128_store64_lane::<0>(u16x8_narrow_i32x4(h, h), pa as *mut u64);
+        i += 4;
     }
     for j in i..n {
         let a = acc[j].to_f32();
