@@ -200,6 +200,22 @@ pub(crate) unsafe fn f32x4_to_f16(f: v128) -> v128 {
     v128_or(sign, v128_bitselect(inf_nan, finite, big))
 }
 
+/// [`f32x4_to_f16`] (the same bits), shorter where every lane rounds to a normal half
+/// (2^-14 <= |f| < 65520 - the last ulp's half): then only the rebias-and-round branch.
+#[inline]
+#[target_feature(enable = "simd128")]
+pub(crate) unsafe fn f32x4_to_f16_normal(f: v128) -> v128 {
+    let a = v128_and(f, u32x4_splat(0x7fff_ffff));
+    // 113 << 23 = 2^-14; 0x477f_f000 = 65520.
+    let normal = v128_and(u32x4_ge(a, u32x4_splat(113 << 23)), u32x4_lt(a, u32x4_splat(0x477f_f000)));
+    if !i32x4_all_true(normal) {
+        return f32x4_to_f16(f);
+    }
+    let sign = u32x4_shr(v128_and(f, u32x4_splat(0x8000_0000)), 16);
+    let odd = v128_and(u32x4_shr(a, 13), u32x4_splat(1));
+    v128_or(sign, u32x4_shr(i32x4_add(i32x4_add(a, u32x4_splat(((15 - 127) << 23) as u32 + 0xfff)), odd), 13))
+}
+
 // ---------------------------------------------------------------------------------------------
 // 32-element blocks × Q8_0 / Q8_1
 
@@ -285,7 +301,31 @@ unsafe fn hsum_i32_x4(v0: v128, v1: v128, v2: v128, v3: v128) -> v128 {
 #[target_feature(enable = "simd128")]
 unsafe fn f16s_x4(p: [*const u8; 4], at: usize) -> v128 {
     let h = |i: usize| u16::from_le_bytes([*p[i].add(at), *p[i].add(at + 1)]) as u32;
-    f16x4_to_f32(u32x4(h(0), h(1), h(2), h(3)))
+    f16x4_to_f32_finite(u32x4(h(0), h(1), h(2), h(3)))
+}
+
+/// The two halves at `p[i] + at` and `p[i] + at + 2` (a block's `d` and `m`) as two f32x4,
+/// from one 32-bit load per block.
+#[inline]
+#[target_feature(enable = "simd128")]
+unsafe fn f16_pairs_x4(p: [*const u8; 4], at: usize) -> (v128, v128) {
+    let w = |i: usize| u32::from_le_bytes([*p[i].add(at), *p[i].add(at + 1), *p[i].add(at + 2), *p[i].add(at + 3)]);
+    let v = u32x4(w(0), w(1), w(2), w(3));
+    (f16x4_to_f32_finite(v128_and(v, u32x4_splat(0xffff))), f16x4_to_f32_finite(u32x4_shr(v, 16)))
+}
+
+/// [`f16x4_to_f32`] (the same bits), shorter where no lane is an infinity or NaN (scales are
+/// finite): the sign, and the magnitude as f32 bits rescaled by 2^112 (exact for normal and
+/// subnormal halves).
+#[inline]
+#[target_feature(enable = "simd128")]
+pub(crate) unsafe fn f16x4_to_f32_finite(h: v128) -> v128 {
+    let em = v128_and(h, u32x4_splat(0x7fff));
+    if v128_any_true(u32x4_ge(em, u32x4_splat(0x7c00))) {
+        return f16x4_to_f32(h);
+    }
+    let sign = i32x4_shl(v128_and(h, u32x4_splat(0x8000)), 16);
+    v128_or(sign, f32x4_mul(i32x4_shl(em, 13), f32x4_splat(f32::from_bits(0x7780_0000))))
 }
 
 /// The integer sums of four weight blocks (`qx(k)`, as `quants` says) with one activation
@@ -322,15 +362,19 @@ unsafe fn shared_act_dot(a0: v128, a1: v128, quants: Quants, qx: impl Fn(usize) 
     hsum_i32_x4(lane(0), lane(1), lane(2), lane(3))
 }
 
-/// One scale per lane: the halves at `p[i] + at`, or where the four pointers are one block
-/// (`SAME`) its half once, in every lane.
+/// The blocks' scales, one per lane: the half at byte 0 of `p[i]` and (`two`) the one at byte
+/// 2; where the four pointers are one block (`SAME`) its halves once, in every lane.
 #[inline]
 #[target_feature(enable = "simd128")]
-unsafe fn scales_x4<const SAME: bool>(p: [*const u8; 4], at: usize) -> v128 {
-    if SAME {
-        f32x4_splat(f16s(p[0].add(at)))
-    } else {
-        f16s_x4(p, at)
+unsafe fn scales_x4<const SAME: bool>(p: [*const u8; 4], two: bool) -> [v128; 2] {
+    match (SAME, two) {
+        (true, false) => [f32x4_splat(f16s(p[0])), f32x4_splat(0.0)],
+        (true, true) => [f32x4_splat(f16s(p[0])), f32x4_splat(f16s(p[0].add(2)))],
+        (false, false) => [f16s_x4(p, 0), f32x4_splat(0.0)],
+        (false, true) => {
+            let (d, m) = f16_pairs_x4(p, 0);
+            [d, m]
+        }
     }
 }
 
@@ -372,8 +416,8 @@ unsafe fn blocks_32_x4<const SAME_W: bool, const SAME_A: bool>(
             };
             hsum_i32_x4(lane(0), lane(1), lane(2), lane(3))
         };
-        let ws = [scales_x4::<SAME_W>(x, 0), if two_scales { scales_x4::<SAME_W>(x, 2) } else { zero }];
-        let ys = [scales_x4::<SAME_A>(y, 0), if two_scales { scales_x4::<SAME_A>(y, 2) } else { zero }];
+        let ws = scales_x4::<SAME_W>(x, two_scales);
+        let ys = scales_x4::<SAME_A>(y, two_scales);
         sumf = f32x4_add(sumf, term(f32x4_convert_i32x4(sumi), ws, ys));
     }
     [f32x4_extract_lane::<0>(sumf), f32x4_extract_lane::<1>(sumf), f32x4_extract_lane::<2>(sumf), f32x4_extract_lane::<3>(sumf)]
@@ -576,8 +620,8 @@ unsafe fn q4_k_rows4(n: usize, w: [&[u8]; 4], a: [&[u8]; 4]) -> [f32; 4] {
     for i in 0..n / QK_K {
         let (x, y) = (wp.map(|p| p.add(i * 144)), ap.add(i * 292));
         let yd = f32x4_splat(f32s(y));
-        let d = f32x4_mul(f16s_x4(x, 0), yd);
-        let dmin = f32x4_mul(f16s_x4(x, 2), yd);
+        let (xd, xm) = f16_pairs_x4(x, 0);
+        let (d, dmin) = (f32x4_mul(xd, yd), f32x4_mul(xm, yd));
         let (av, wide) = q8_k_shared(y);
         let pair: [i32; 8] = core::array::from_fn(|g| bsum(y, 2 * g) + bsum(y, 2 * g + 1));
         let mut summ = [0i32; 4];

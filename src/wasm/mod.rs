@@ -122,7 +122,7 @@ pub fn take_debug_dump() -> String {
 }
 
 /// Debug: `x` rounded to IEEE halves four lanes at a time, as the CPU backend's f16 vector loops
-/// do (`quant::f32x4_to_f16`; numerics checks against the browser's `Float16Array`). A tail of
+/// do (`quant::f32x4_to_f16_normal`, which falls back to `f32x4_to_f16` for lanes outside the normal range; numerics checks against the browser's `Float16Array`). A tail of
 /// fewer than four values goes through `half`.
 #[cfg(target_feature = "simd128")]
 #[wasm_bindgen(js_name = debugF16Round)]
@@ -132,7 +132,7 @@ pub fn debug_f16_round(x: &[f32]) -> Vec<u16> {
     let mut chunks = x.chunks_exact(4);
     for c in &mut chunks {
         // SAFETY: SIMD128 is compiled in (`.cargo/config.toml`).
-        let h = unsafe { crate::quant::f32x4_to_f16(f32x4(c[0], c[1], c[2], c[3])) };
+        let h = unsafe { crate::quant::f32x4_to_f16_normal(f32x4(c[0], c[1], c[2], c[3])) };
         out.extend([u32x4_extract_lane::<0>(h), u32x4_extract_lane::<1>(h), u32x4_extract_lane::<2>(h), u32x4_extract_lane::<3>(h)].map(|v| v as u16));
     }
     out.extend(chunks.remainder().iter().map(|&v| half::f16::from_f32(v).to_bits()));

@@ -2,13 +2,14 @@
 // SmolLM2-135M's decode (Q4_1 layers, Q8_0 output) and a K-quant pair, each build in turn,
 // alternating, repeated. Prints ms per product and G elements/s, and the per-token kernel time
 // of SmolLM2-135M (30 layers + output) each build's products add up to.
-//   node tests/e2e/kernel_bench.mjs [--rounds 3]
+//   node tests/e2e/kernel_bench.mjs [--rounds 3] [--builds pkg,pkg-relaxed]  (folders under www/les)
 import { startServer } from './server.mjs';
 import { launch } from './browser.mjs';
 
 const i = process.argv.indexOf('--rounds');
 const rounds = i < 0 ? 3 : Number(process.argv[i + 1]);
-const BUILDS = ['pkg', 'pkg-relaxed'];
+const j = process.argv.indexOf('--builds');
+const BUILDS = j < 0 ? ['pkg', 'pkg-relaxed'] : process.argv[j + 1].split(',');
 // [ggml type id, block elements, block bytes, rows, cols, count per SmolLM2 token]
 const SHAPES = [
   [8, 32, 34, 49152, 576, 1], // output (tied token_embd, Q8_0)

@@ -220,9 +220,9 @@ pub fn top_k(x: &[f32], k: usize) -> Vec<usize> {
 /// exact in f32, so only this order decides the rounding.
 #[inline]
 pub fn dot_f16(a: &[f16], b: &[f16]) -> f32 {
-    let n = a.len().min(b.len());
     #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
     if crate::quant::Simd::best() == crate::quant::Simd::Avx2 {
+        let n = a.len().min(b.len());
         // The AVX2 F16 kernel sums in this same order (and its tail in f64): same bits, faster.
         // SAFETY: `f16` is a transparent u16; the byte views cover exactly the `n` halves.
         let (ab, bb) = unsafe {
@@ -230,10 +230,22 @@ pub fn dot_f16(a: &[f16], b: &[f16]) -> f32 {
         };
         return crate::quant::vec_dot(crate::quant::GgmlType::F16, n, ab, bb);
     }
+    dot_f16_portable(a, b, None)
+}
+
+/// [`dot_f16`]'s portable order; `bf`: `b`'s values widened to f32 beforehand (exact, so the
+/// same bits), which the wasm lanes then load instead of converting (a query row dotted with
+/// every cached key).
+#[inline]
+fn dot_f16_portable(a: &[f16], b: &[f16], bf: Option<&[f32]>) -> f32 {
+    let n = a.len().min(b.len());
     let np = n & !63;
     #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-    // SAFETY: SIMD128 is compiled in; `np <= n` halves are read from each row.
-    let acc = unsafe { dot_f16_lanes_wasm(a, b, np) };
+    // SAFETY: SIMD128 is compiled in; `np <= n` values are read from each row (and from `bf`,
+    // checked to hold them).
+    let acc = unsafe { dot_f16_lanes_wasm(a, b, bf.filter(|f| f.len() >= np), np) };
+    #[cfg(not(all(target_arch = "wasm32", target_feature = "simd128")))]
+    let _ = bf;
     #[cfg(not(all(target_arch = "wasm32", target_feature = "simd128")))]
     let mut acc = [[0f32; 16]; 4];
     #[cfg(not(all(target_arch = "wasm32", target_feature = "simd128")))]
@@ -330,7 +342,7 @@ unsafe fn f16_lanes_x86<const MAD: bool>(acc: &mut [f16], v: &[f16], s: f32) {
 /// within 2^±48) is exact in f32, so `fma(a, b, c)` rounds once, as `a · b + c` does.
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
 #[target_feature(enable = "simd128")]
-unsafe fn dot_f16_lanes_wasm(a: &[f16], b: &[f16], np: usize) -> [[f32; 16]; 4] {
+unsafe fn dot_f16_lanes_wasm(a: &[f16], b: &[f16], bf: Option<&[f32]>, np: usize) -> [[f32; 16]; 4] {
     use core::arch::wasm32::*;
     let halves = |p: *const f16| {
         let h = v128_load(p as *const v128);
@@ -344,7 +356,10 @@ unsafe fn dot_f16_lanes_wasm(a: &[f16], b: &[f16], np: usize) -> [[f32; 16]; 4] 
             for h in 0..2 {
                 let k = i + 16 * j + 8 * h;
                 let (a0, a1) = halves(pa.add(k));
-                let (b0, b1) = halves(pb.add(k));
+                let (b0, b1) = match bf {
+                    Some(f) => (v128_load(f.as_ptr().add(k) as *const v128), v128_load(f.as_ptr().add(k + 4) as *const v128)),
+                    None => halves(pb.add(k)),
+                };
                 let q = 4 * j + 2 * h;
                 acc[q] = f32x4_add(f32x4_mul(a0, b0), acc[q]);
                 acc[q + 1] = f32x4_add(f32x4_mul(a1, b1), acc[q + 1]);
@@ -373,7 +388,7 @@ unsafe fn dot_f16_lanes_wasm(a: &[f16], b: &[f16], np: usize) -> [[f32; 16]; 4] 
 unsafe fn f16_lanes_wasm<const MAD: bool>(acc: &mut [f16], v: &[f16], s: f32) {
     use core::arch::wasm32::*;
     let n = if MAD { acc.len().min(v.len()) } else { acc.len() };
-    let load4 = |p: *const f16| crate::quant::f16x4_to_f32(u32x4_extend_low_u16x8(v128_load64_zero(p as *const u64)));
+    let load4 = |p: *const f16| crate::quant::f16x4_to_f32_finite(u32x4_extend_low_u16x8(v128_load64_zero(p as *const u64)));
     let (sv, sd) = (f32x4_splat(s), f64x2_splat(s as f64));
     let half = (i64x2_splat(0x1fff_ffff), i64x2_splat(0x1000_0000));
     let mut i = 0;
@@ -396,7 +411,7 @@ unsafe fn f16_lanes_wasm<const MAD: bool>(acc: &mut [f16], v: &[f16], s: f32) {
         } else {
             f32x4_mul(a, sv)
         };
-        let h = crate::quant::f32x4_to_f16(r);
+        let h = crate::quant::f32x4_to_f16_normal(r);
         v128_store64_lane::<0>(u16x8_narrow_i32x4(h, h), pa as *mut u64);
         i += 4;
     }
@@ -434,6 +449,16 @@ impl DotF16 {
             None => dot_f16(a, b),
         }
     }
+
+    /// [`DotF16::dot`] with `b`'s values also given widened to f32 (`bf`, exact): the portable
+    /// order's wasm lanes take them instead of converting `b` again.
+    #[inline]
+    fn dot_widened(&self, a: &[f16], b: &[f16], bf: &[f32]) -> f32 {
+        match &self.0 {
+            Some(_) => self.dot(a, b),
+            None => dot_f16_portable(a, b, Some(bf)),
+        }
+    }
 }
 
 /// One query head attending over `n_kv` cached positions, as ggml's CPU flash-attention kernel
@@ -456,9 +481,10 @@ pub fn attend_head_ext(q: &[f32], k_rows: &[f16], v_rows: &[f16], head_dim: usiz
     let mut s_sum = 0f32;
     let mut m = f32::NEG_INFINITY;
     let dot = DotF16::new(head_dim);
+    let qf: Vec<f32> = if cfg!(target_arch = "wasm32") { qh.iter().map(|h| h.to_f32()).collect() } else { Vec::new() };
     for j in kv {
         let k = &k_rows[j * head_dim..(j + 1) * head_dim];
-        let s = dot.dot(k, qh) * scale;
+        let s = if qf.is_empty() { dot.dot(k, qh) } else { dot.dot_widened(k, qh, &qf) } * scale;
         let mut ms = 1.0f32;
         let mut vs = 1.0f32;
         if s > m {
