@@ -329,8 +329,9 @@ pub(crate) unsafe fn f16x4_to_f32_finite(h: v128) -> v128 {
 }
 
 /// The integer sums of four weight blocks (`qx(k)`, as `quants` says) with one activation
-/// block (`a0`, `a1`), one lane per weight block, exact. Relaxed SIMD with unsigned quants: one
-/// `relaxed_dot` per 16 products, the offset's `off · Σa` computed once. Otherwise the
+/// block (`a0`, `a1`), one lane per weight block, exact. Relaxed SIMD: one `relaxed_dot` per 16
+/// products, with unsigned quants the offset's `off · Σa` computed once, with signed ones (Q8_0)
+/// the activation's signs moved onto the weights (below). Otherwise the
 /// activation is widened to i16 once and each weight block takes `i32x4.dot_i16x8_s` (x86
 /// `pmaddwd`: fewer instructions than `extmul` once the activation's widening is shared).
 #[inline]
@@ -348,6 +349,24 @@ unsafe fn shared_act_dot(a0: v128, a1: v128, quants: Quants, qx: impl Fn(usize) 
         }
         let kk = i8x16_splat(off);
         return i32x4_sub(sums, i32x4_splat(hsum_i32(dot16u(a1, kk, dot16u(a0, kk, i32x4_splat(0))))));
+    }
+    // Both operands signed (Q8_0): the activation's magnitudes |a| (<= 127: LES's Q8 quantizer
+    // rounds within ±127, see `legacy::q8_block`) go in the 7-bit operand and each weight byte,
+    // complemented where a < 0, in the other: for a < 0, (!w)·|a| = (-w - 1)·|a| = w·a - |a|, so
+    // Σ w·a = Σ (w ^ sign(a))·|a| + Σ_{a<0} |a|, the last sum once per activation block. Exact
+    // for every weight byte (!w never overflows), two instructions per 16 products.
+    #[cfg(target_feature = "relaxed-simd")]
+    if let Quants::Signed = quants {
+        let zero = i8x16_splat(0);
+        let (m0, m1) = (i8x16_lt(a0, zero), i8x16_lt(a1, zero));
+        let (b0, b1) = (i8x16_abs(a0), i8x16_abs(a1));
+        let one = i8x16_splat(1);
+        let neg = hsum_i32(dot16u(v128_and(m1, one), b1, dot16u(v128_and(m0, one), b0, i32x4_splat(0))));
+        let lane = |k: usize| {
+            let (q0, q1) = qx(k);
+            dot16u(v128_xor(q1, m1), b1, dot16u(v128_xor(q0, m0), b0, i32x4_splat(0)))
+        };
+        return i32x4_add(hsum_i32_x4(lane(0), lane(1), lane(2), lane(3)), i32x4_splat(neg));
     }
     let wide = [i16x8_extend_low_i8x16(a0), i16x8_extend_high_i8x16(a0), i16x8_extend_low_i8x16(a1), i16x8_extend_high_i8x16(a1)];
     let lane = |k: usize| {
