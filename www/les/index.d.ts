@@ -95,7 +95,8 @@ export interface CreateEngineOptions {
   expertSlots?: number;
   /**
    * CPU path on a cross-origin isolated page: threads for the CPU kernels (the threaded build,
-   * `pkg-mt/`; default half of navigator.hardwareConcurrency, at most 4). 1, or a page without isolation,
+   * `pkg-mt/`; default half of navigator.hardwareConcurrency, at most 4, at least 2 where there
+   * are 2). 1, or a page without isolation,
    * or the WebGPU path: the plain build, one thread. Results are the same bits either way.
    */
   threads?: number;

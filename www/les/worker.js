@@ -25,9 +25,11 @@ function hasRelaxedSimd() {
 // quantized dots compute the same bits with fewer instructions.
 async function loadWasm(cpu, nThreads, relaxedSimd = true) {
   const isolated = !!self.crossOriginIsolated && typeof SharedArrayBuffer === 'function';
-  // Default: half the cores, at most 4 (onnxruntime-web's and wllama's choice): the I/O worker and
-  // the page need a core, and on 2 cores a second compute thread measured slower (BENCHMARKS.md).
-  const want = cpu && isolated ? (nThreads ?? Math.min(4, Math.max(1, Math.floor((navigator.hardwareConcurrency || 1) / 2)))) : 1;
+  // Default: half the cores, at most 4 (onnxruntime-web's and wllama's rule), but at least 2 where
+  // there are 2: measured on 2 cores (BENCHMARKS.md, "Browser: threads"), a second compute thread
+  // decodes 1.3-1.6x faster than one, resident and streamed, the I/O worker beside them.
+  const hw = navigator.hardwareConcurrency || 1;
+  const want = cpu && isolated ? (nThreads ?? Math.max(Math.min(2, hw), Math.min(4, Math.floor(hw / 2)))) : 1;
   const relaxed = relaxedSimd !== false && hasRelaxedSimd();
   const dir = `./pkg${want > 1 ? '-mt' : ''}${relaxed ? '-relaxed' : ''}/`;
   const m = await import(new URL(`${dir}les.js`, import.meta.url));
@@ -39,8 +41,8 @@ async function loadWasm(cpu, nThreads, relaxedSimd = true) {
   const n = m.cpuThreads();
   const why = !cpu ? 'WebGPU: the CPU kernels run on the engine\'s thread'
     : !isolated ? 'the page is not cross-origin isolated (COOP/COEP): no shared memory for threads'
-    : want > 1 ? `cross-origin isolated: a pool of ${n} web workers (the threads option, else half of navigator.hardwareConcurrency, at most 4)`
-    : nThreads ? 'one thread requested' : `half of navigator.hardwareConcurrency (${navigator.hardwareConcurrency}) is one thread`;
+    : want > 1 ? `cross-origin isolated: a pool of ${n} web workers (the threads option, else half of navigator.hardwareConcurrency, at most 4, at least 2 where there are 2)`
+    : nThreads ? 'one thread requested' : `navigator.hardwareConcurrency is ${navigator.hardwareConcurrency}`;
   threads = { n, why, simd: m.wasmSimd() };
   return m;
 }
