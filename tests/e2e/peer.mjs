@@ -3,7 +3,7 @@
 // same cross-origin isolated origin, the same GGUF and prompt, greedy, alternating A B A B, at each
 // thread count.
 //   node tests/e2e/peer.mjs [--model models/SmolLM2-135M-Instruct.Q4_1.gguf] [--n 64]
-//                           [--rounds 3] [--threads 1,2] [--simd128]
+//                           [--rounds 3] [--threads 1,2] [--simd128] [--long]
 // --simd128 adds LES's SIMD128 build (createEngine({relaxedSimd: false})) to the rotation beside
 // LES's default build (relaxed SIMD where the browser has it) and prints their ratio too.
 // Installs @wllama/wllama@WLLAMA into tests/e2e/node_modules (`npm install --no-save`) when it is
@@ -30,7 +30,10 @@ const n = Number(arg('n', '64'));
 const rounds = Number(arg('rounds', '3'));
 const threads = arg('threads', '1,2').split(',').map(Number);
 const engines = process.argv.includes('--simd128') ? ['les', 'wllama', 'les-simd128'] : ['les', 'wllama'];
-const prompt = 'The three primary colors are';
+// --long: a ~200-token prompt (a paragraph, then the same question), so prompt tokens/s measure
+// prompt processing rather than per-call overhead.
+const LONG = 'Color theory is the study of how colors mix, match and contrast. Painters learn that mixing pigments subtracts light, so combining many of them gives a dark brown, while mixing beams of light adds them, so combining many gives white. Printers use cyan, magenta, yellow and black inks; screens use tiny red, green and blue lights. Artists also speak of warm and cool colors, of complementary pairs that sit opposite each other on the color wheel, and of tints, shades and tones made by adding white, black or gray. ';
+const prompt = (process.argv.includes('--long') ? LONG : '') + 'The three primary colors are';
 need(path.resolve(ROOT, model), 'run ./build.sh models (or tools/fetch_models.sh)');
 if (!model.startsWith('models/')) throw new Error('--model must be under models/ (served at /models/)');
 need(path.join(ROOT, 'www/les/pkg-mt/les_bg.wasm'), 'run ./build.sh web');
