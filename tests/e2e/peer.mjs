@@ -4,6 +4,9 @@
 // thread count.
 //   node tests/e2e/peer.mjs [--model models/SmolLM2-135M-Instruct.Q4_1.gguf] [--n 64]
 //                           [--rounds 3] [--threads 1,2] [--simd128] [--long]
+//                           [--budget-bundle models/smolmoe-32x2.les --budget 400]
+// --budget-bundle models/X.les --budget MB adds LES streaming that bundle under a memory budget
+// (what wllama, which holds the whole file in memory, cannot do) to the rotation.
 // --simd128 adds LES's SIMD128 build (createEngine({relaxedSimd: false})) to the rotation beside
 // LES's default build (relaxed SIMD where the browser has it) and prints their ratio too.
 // Installs @wllama/wllama@WLLAMA into tests/e2e/node_modules (`npm install --no-save`) when it is
@@ -29,7 +32,10 @@ const model = arg('model', 'models/SmolLM2-135M-Instruct.Q4_1.gguf');
 const n = Number(arg('n', '64'));
 const rounds = Number(arg('rounds', '3'));
 const threads = arg('threads', '1,2').split(',').map(Number);
-const engines = process.argv.includes('--simd128') ? ['les', 'wllama', 'les-simd128'] : ['les', 'wllama'];
+const bundle = arg('budget-bundle', null);
+const budget = Number(arg('budget', '0'));
+const engines = ['les', 'wllama', ...(process.argv.includes('--simd128') ? ['les-simd128'] : []), ...(bundle ? ['les-budget'] : [])];
+if (bundle) need(path.resolve(ROOT, bundle), 'run les pack');
 // --long: a ~200-token prompt (a paragraph, then the same question), so prompt tokens/s measure
 // prompt processing rather than per-call overhead.
 const LONG = 'Color theory is the study of how colors mix, match and contrast. Painters learn that mixing pigments subtracts light, so combining many of them gives a dark brown, while mixing beams of light adds them, so combining many gives white. Printers use cyan, magenta, yellow and black inks; screens use tiny red, green and blue lights. Artists also speak of warm and cool colors, of complementary pairs that sit opposite each other on the color wheel, and of tints, shades and tones made by adding white, black or gray. ';
@@ -54,11 +60,12 @@ const median = (xs) => {
   return s.length % 2 ? s[(s.length - 1) / 2] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2;
 };
 
-async function les(page, t, relaxedSimd = true) {
-  return page.evaluate(async ({ url, t, prompt, n, relaxedSimd }) => {
+async function les(page, t, relaxedSimd = true, budgeted = false) {
+  return page.evaluate(async ({ url, t, prompt, n, relaxedSimd, budget }) => {
     const t0 = performance.now();
     const { createEngine } = await import('/les/index.js');
-    const e = await createEngine({ model: url, backend: 'cpu', memoryBudgetMB: 0, nCtx: 512, threads: t, relaxedSimd });
+    const e = await createEngine({ model: url, backend: 'cpu', memoryBudgetMB: budget, nCtx: 512, threads: t, relaxedSimd });
+    await e.waitForDownload();
     const load = performance.now() - t0;
     let text = '';
     for await (const s of e.generate(prompt, { max_tokens: n, temperature: 0, ignore_eos: true })) text += s;
@@ -66,7 +73,7 @@ async function les(page, t, relaxedSimd = true) {
     const threads = (await e.stats()).threads;
     await e.unload();
     return { load, text, prompt_tps: (s.prompt_tokens / s.prompt_ms) * 1000, decode_tps: s.tokens_per_s, tokens: s.gen_tokens, threads };
-  }, { url: `/${model}`, t, prompt, n, relaxedSimd });
+  }, { url: `/${budgeted ? bundle : model}`, t, prompt, n, relaxedSimd, budget: budgeted ? budget : 0 });
 }
 
 async function wllama(page, t) {
@@ -98,7 +105,7 @@ try {
       // A B A B (A B C, B C A, ... with --simd128): the first engine rotating round by round.
       const order = engines.map((_, i) => engines[(i + r) % engines.length]);
       for (const who of order) {
-        const x = who === 'wllama' ? await wllama(page, t) : await les(page, t, who === 'les');
+        const x = who === 'wllama' ? await wllama(page, t) : await les(page, t, who !== 'les-simd128', who === 'les-budget');
         runs[who].push(x);
         console.error(`threads ${t} round ${r} ${who}: load ${x.load.toFixed(0)} ms, prompt ${x.prompt_tps.toFixed(1)} t/s, decode ${x.decode_tps.toFixed(2)} t/s (${x.tokens} tokens, threads ${JSON.stringify(x.threads)}) ${JSON.stringify(x.text.slice(0, 60))}`);
       }
@@ -106,7 +113,8 @@ try {
     const m = (who, k) => median(runs[who].map((x) => x[k]));
     const same = runs.les.every((x, i) => x.text === runs.wllama[i].text);
     const simd128 = runs['les-simd128'] ? { prompt: m('les-simd128', 'prompt_tps'), decode: m('les-simd128', 'decode_tps'), same: runs['les-simd128'].every((x, i) => x.text === runs.les[i].text), simd: runs.les[0].threads.simd } : null;
-    table.push({ t, les: { load: m('les', 'load'), prompt: m('les', 'prompt_tps'), decode: m('les', 'decode_tps') }, wllama: { load: m('wllama', 'load'), prompt: m('wllama', 'prompt_tps'), decode: m('wllama', 'decode_tps') }, simd128, same, lesText: runs.les[0].text, wllamaText: runs.wllama[0].text });
+    const budgeted = runs['les-budget'] ? { load: m('les-budget', 'load'), prompt: m('les-budget', 'prompt_tps'), decode: m('les-budget', 'decode_tps') } : null;
+    table.push({ t, budgeted, les: { load: m('les', 'load'), prompt: m('les', 'prompt_tps'), decode: m('les', 'decode_tps') }, wllama: { load: m('wllama', 'load'), prompt: m('wllama', 'prompt_tps'), decode: m('wllama', 'decode_tps') }, simd128, same, lesText: runs.les[0].text, wllamaText: runs.wllama[0].text });
   }
 } finally {
   await ctx.close();
@@ -127,5 +135,14 @@ if (table[0]?.simd128) {
   for (const r of table) {
     const b = r.simd128;
     console.log(`| ${r.t} | ${r.les.prompt.toFixed(1)} | ${b.prompt.toFixed(1)} | ${(r.les.prompt / b.prompt).toFixed(2)}× | ${r.les.decode.toFixed(2)} | ${b.decode.toFixed(2)} | ${(r.les.decode / b.decode).toFixed(2)}× | ${b.same ? 'yes' : 'no'} |`);
+  }
+}
+if (table[0]?.budgeted) {
+  console.log(`\nLES streaming ${bundle} under ${budget} MiB against wllama holding ${model}, same rounds\n`);
+  console.log('| threads | LES load (ms) | LES prompt (t/s) | prompt / wllama | LES decode (t/s) | decode / wllama |');
+  console.log('|---:|---:|---:|---:|---:|---:|');
+  for (const r of table) {
+    const b = r.budgeted;
+    console.log(`| ${r.t} | ${b.load.toFixed(0)} | ${b.prompt.toFixed(1)} | ${(b.prompt / r.wllama.prompt).toFixed(2)}× | ${b.decode.toFixed(2)} | ${(b.decode / r.wllama.decode).toFixed(2)}× |`);
   }
 }
