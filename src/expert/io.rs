@@ -213,10 +213,19 @@ pub trait AsyncReader: Send + Sync {
     /// Start read `id`: the byte ranges `(file offset, length)`, one after the other into one
     /// buffer (at most [`Self::max_piece`] bytes in all). False: these bytes cannot be read
     /// asynchronously (e.g. not stored yet) or no lane is free.
-    fn submit(&self, id: u32, ranges: &[(u64, usize)]) -> bool;
+    /// `dest` (given only to a [`Self::direct`] reader): where the bytes go, their total length
+    /// long; nothing else touches that memory until the read is taken or cancelled.
+    fn submit(&self, id: u32, ranges: &[(u64, usize)], dest: Option<*mut u8>) -> bool;
+    /// Whether reads land straight in the `dest` given to [`Self::submit`] (the browser's I/O
+    /// worker writing into the engine's shared wasm memory): then [`Self::take`] copies nothing
+    /// and [`Self::cancel`] returns only once the read no longer writes.
+    fn direct(&self) -> bool {
+        false
+    }
     /// Reads finished (or failed) since the last call.
     fn poll(&self) -> Vec<u32>;
-    /// Copy finished read `id` into `dest` (its length); Err: the read failed.
+    /// Copy finished read `id` into `dest` (its length; a direct read is already there); Err: the
+    /// read failed.
     fn take(&self, id: u32, dest: &mut [u8]) -> Result<(), String>;
     /// Block until read `id` has finished. False: this reader cannot block (or gave up).
     fn wait(&self, id: u32) -> bool;
@@ -289,7 +298,10 @@ impl<R: AsyncReader> AsyncIo<R> {
                 return;
             }
             let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-            if self.reader.submit(id, &ranges) {
+            // A direct reader writes into the slot itself: the slot stays loading (not reused,
+            // resized or freed) until the piece is taken in or cancelled.
+            let dest = if self.reader.direct() { sh.piece_dest(&job, len) } else { None };
+            if self.reader.submit(id, &ranges, dest) {
                 self.flights.lock().unwrap().insert(id, Flight { job, len, t0: crate::clock::now_ms() });
             } else {
                 // The router reads it on demand if it picks it.

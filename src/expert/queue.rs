@@ -304,6 +304,14 @@ impl Shared {
         out
     }
 
+    /// Where the next `len` bytes of the job's slot are (a direct asynchronous read's
+    /// destination); None when they fall outside the slot's buffer.
+    pub(crate) fn piece_dest(&self, job: &Job, len: usize) -> Option<*mut u8> {
+        let mut b = self.bufs[job.req.slot].write().unwrap();
+        let at = job.req.done;
+        b.data.get_mut(at..at + len).map(|d| d.as_mut_ptr())
+    }
+
     /// Let `read` fill the next `len` bytes of the job's slot (its argument: the destination).
     pub(crate) fn fill(&self, job: &Job, len: usize, read: impl FnOnce(&mut [u8]) -> Result<(), ExpertError>) -> Result<(), ExpertError> {
         let mut b = self.bufs[job.req.slot].write().unwrap();

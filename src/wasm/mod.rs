@@ -344,7 +344,7 @@ impl Engine {
         let (session, experts, plan, budget) = match streamed {
             Some((s, Some(ex), plan, budget)) => {
                 if let (Some(r), true) = (reads, eo.prefetch) {
-                    ex.use_async_reader(io::JsReads(r), eo.io_lanes);
+                    ex.use_async_reader(io::JsReads::new(r), eo.io_lanes);
                 }
                 (s, Some(ex), plan, budget)
             }

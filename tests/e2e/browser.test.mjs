@@ -359,7 +359,7 @@ test('chat keeps its state: the second turn reuses the first turn, New chat star
 
 // Lookahead Expert Scheduling in the browser (www/les/io.js, src/wasm/io.rs): on a cross-origin
 // isolated page an I/O worker reads predicted experts into shared memory while the engine
-// computes. The policy is the native one, so only timing changes: at caches of 10%, 30% and 60% of
+// computes (with threads, straight into the expert slots of the shared wasm memory). The policy is the native one, so only timing changes: at caches of 10%, 30% and 60% of
 // the expert bytes the logits of every step are bit-identical with prefetch on and off, and the
 // tokens equal the native engine's (portable kernels).
 test('lookahead in the browser: experts prefetched by an I/O worker, logits equal with prefetch on and off at 10/30/60% of expert bytes', async () => {
@@ -378,25 +378,32 @@ test('lookahead in the browser: experts prefetched by an I/O worker, logits equa
     let prefetched = 0, used = 0;
     for (const f of [0.1, 0.3, 0.6]) {
       const slots = String(Math.max(info.n_expert_used + 1, Math.round(f * all)));
-      const on = await runDemo(page, base, { ...q, slots, prefetch: '1' });
-      const off = await runDemo(page, base, { ...q, slots, prefetch: '0' });
+      // Two threads: the threaded build's wasm memory is shared, so the I/O worker reads
+      // straight into the expert slots; one thread: into its own lanes, copied at each layer.
+      const on = await runDemo(page, base, { ...q, slots, prefetch: '1', threads: '2' });
+      const off = await runDemo(page, base, { ...q, slots, prefetch: '0', threads: '1' });
       for (const x of [on, off]) assert.equal(x.error, null, JSON.stringify(x.error));
       assert.equal((await page.evaluate(() => window.les.engine.info)).plan.slots, Number(slots));
       assert.deepEqual(on.last.tokens, want, `${f}: prefetch on vs native`);
       assert.deepEqual(off.last.tokens, want, `${f}: prefetch off vs native`);
       assert.equal(on.last.stats.logits_fnv, off.last.stats.logits_fnv, `${f}: logits differ with prefetch on and off`);
-      assert.match(on.last.stats.reads, /asynchronous reads \(shared/);
+      assert.match(on.last.stats.reads, /asynchronous reads \(shared, into the slots/);
       assert.equal(on.last.reads.mode, 'shared');
       assert.equal(on.last.reads.failed, 0);
+      assert.equal(on.last.reads.direct, on.last.reads.completed, JSON.stringify(on.last.reads));
       assert.equal(off.last.stats.stream.prefetch_loads, 0);
       assert.equal(off.last.reads, null);
       prefetched += on.last.stats.stream.prefetch_loads;
       used += on.last.stats.stream.prefetch_used;
       assert.ok(on.last.reads.completed > 0 && on.last.reads.bytes > 0, JSON.stringify(on.last.reads));
       if (f > 0.5) {
-        // The demo page shows the prefetched experts the router used (of those loaded).
-        const onPage = await runDemo(page, base, { ...q, slots, prefetch: '1' });
+        // One thread: reads copied from the I/O worker's lanes, the same logits. The demo page
+        // shows the prefetched experts the router used (of those loaded).
+        const onPage = await runDemo(page, base, { ...q, slots, prefetch: '1', threads: '1' });
         assert.equal(onPage.error, null);
+        assert.equal(onPage.last.stats.logits_fnv, off.last.stats.logits_fnv, `${f}: logits differ with reads copied`);
+        assert.match(onPage.last.stats.reads, /asynchronous reads \(shared, 1 lanes/);
+        assert.ok(onPage.last.reads.completed > 0 && onPage.last.reads.direct === 0, JSON.stringify(onPage.last.reads));
         await page.waitForFunction(() => /^\d+ \/ \d+$/.test(document.getElementById('m-prefetch').textContent), null, { timeout: 30_000 });
         const [usedShown, loadedShown] = (await page.textContent('#m-prefetch')).split(' / ').map(Number);
         assert.ok(usedShown > 0 && usedShown <= loadedShown, `demo shows ${usedShown} / ${loadedShown}`);

@@ -48,7 +48,7 @@ export class AsyncReads {
   // `maxPiece`: bytes per read (a shared lane's size): a whole expert of most models, so one
   // prefetch is one read.
   // `failEvery` (tests): every n-th read fails when taken.
-  static async create(model, { lanes = 1, maxPiece = 4 << 20, shared = !!globalThis.crossOriginIsolated, failEvery = 0 } = {}) {
+  static async create(model, { lanes = 1, maxPiece = 4 << 20, shared = !!globalThis.crossOriginIsolated, failEvery = 0, memory = null } = {}) {
     const src = model.asyncSource?.();
     if (!src) return null;
     const r = new AsyncReads();
@@ -58,13 +58,17 @@ export class AsyncReads {
     r.takes = 0;
     r.lanes = lanes;
     r.maxPiece = maxPiece;
-    r.stats = { submitted: 0, refused: 0, completed: 0, failed: 0, bytes: 0, blocked: 0 };
+    r.stats = { submitted: 0, refused: 0, completed: 0, failed: 0, bytes: 0, blocked: 0, direct: 0 }; // direct: reads that landed in the engine's memory
     if (shared && typeof SharedArrayBuffer === 'function' && typeof Atomics?.wait === 'function') {
       r.mode = 'shared';
       r.sab = new SharedArrayBuffer(lanes * maxPiece);
       r.ctrl = new Int32Array(new SharedArrayBuffer(lanes * 4 * 4)); // per lane: state, id, length, -
       r.laneOf = new Map();
       r.cancelled = new Set();
+      // The threaded build's wasm memory is shared: the I/O worker then reads each piece straight
+      // into its expert slot (the address the engine gives with the read), no copy at `take`.
+      r.memory = memory && typeof SharedArrayBuffer === 'function' && memory.buffer instanceof SharedArrayBuffer ? memory : null;
+      r.destOf = new Map(); // id -> the wasm address a direct read fills
       r.worker = new Worker(new URL('./io-worker.js', import.meta.url), { type: 'module' });
       const started = new Promise((res) => {
         r.worker.onmessage = (e) => res(e.data?.ready === true);
@@ -72,10 +76,10 @@ export class AsyncReads {
         setTimeout(() => res(false), 10000);
       });
       const device = model.device ? { profile: model.device.profile, state: model.device.state } : null;
-      r.worker.postMessage({ init: src, sab: r.sab, ctrl: r.ctrl, maxPiece, device });
+      r.worker.postMessage({ init: src, sab: r.sab, ctrl: r.ctrl, maxPiece, device, memory: r.memory });
       if (!(await started)) {
         r.worker.terminate();
-        return AsyncReads.create(model, { lanes, maxPiece, shared: false, failEvery });
+        return AsyncReads.create(model, { lanes, maxPiece, shared: false, failEvery, memory });
       }
     } else {
       r.mode = 'local';
@@ -86,7 +90,13 @@ export class AsyncReads {
     return r;
   }
 
-  submit(id, ranges) {
+  // Whether reads go straight into the engine's memory (`submit`'s `dest`).
+  get direct() {
+    return !!this.memory;
+  }
+
+  // `dest`: where in the engine's wasm memory the bytes go (direct reads), else -1.
+  submit(id, ranges, dest = -1) {
     let length = 0, stored = true;
     for (let i = 0; i < ranges.length; i += 2) {
       length += ranges[i + 1];
@@ -109,7 +119,9 @@ export class AsyncReads {
       this.ctrl[4 * lane + 2] = length;
       Atomics.store(this.ctrl, 4 * lane, BUSY);
       this.laneOf.set(id, lane);
-      this.worker.postMessage({ lane, id, ranges: Array.from(ranges) });
+      const into = this.memory && dest >= 0 ? dest : -1;
+      if (into >= 0) this.destOf.set(id, into);
+      this.worker.postMessage({ lane, id, ranges: Array.from(ranges), dest: into });
     } else {
       if (this.flights.size >= this.lanes) return false;
       const f = { bytes: null, error: null };
@@ -172,8 +184,12 @@ export class AsyncReads {
           this.stats.failed++;
           throw new Error(st === FAILED ? 'the I/O worker could not read the model file' : `read ${id} is not finished`);
         }
-        dest.set(new Uint8Array(this.sab, lane * this.maxPiece, this.ctrl[4 * lane + 2]));
+        const into = this.destOf.get(id);
+        if (into === undefined) dest.set(new Uint8Array(this.sab, lane * this.maxPiece, this.ctrl[4 * lane + 2]));
+        else if (into !== dest.byteOffset || dest.byteLength !== this.ctrl[4 * lane + 2]) throw new Error(`read ${id} went to ${into}, not ${dest.byteOffset}`);
+        else this.stats.direct++;
       } finally {
+        this.destOf.delete(id);
         if (st === DONE || st === FAILED) Atomics.store(this.ctrl, 4 * lane, FREE);
       }
     }
@@ -203,6 +219,9 @@ export class AsyncReads {
     const lane = this.laneOf.get(id);
     if (lane === undefined) return;
     this.reported.delete(id);
+    // A direct read writes into the engine's memory: wait until the worker is done with it, so
+    // the slot can be given to another expert (or freed).
+    if (this.destOf.delete(id)) while (Atomics.load(this.ctrl, 4 * lane) === BUSY) Atomics.wait(this.ctrl, 4 * lane, BUSY, 1000);
     const st = Atomics.load(this.ctrl, 4 * lane);
     if (st === BUSY) {
       this.cancelled.add(id); // the lane is freed once the worker has finished with it
@@ -213,6 +232,8 @@ export class AsyncReads {
   }
 
   close() {
+    // Direct reads in flight write into the engine's memory: let them finish first.
+    if (this.memory) for (let l = 0; l < this.lanes; l++) while (Atomics.load(this.ctrl, 4 * l) === BUSY) Atomics.wait(this.ctrl, 4 * l, BUSY, 1000);
     this.worker?.terminate();
   }
 }

@@ -6,6 +6,7 @@ import { Device } from './device.js';
 
 let ready = null; // the engine's module, once loaded: pkg/ (one thread) or pkg-mt/ (threaded CPU kernels)
 let threads = { n: 1, why: '', simd: null };
+let wasmMemory = null;
 
 // Whether this browser's WebAssembly has relaxed SIMD: a module whose one function runs
 // `i32x4.relaxed_dot_i8x16_i7x16_add_s` on constants validates only where the proposal is shipped
@@ -33,7 +34,8 @@ async function loadWasm(cpu, nThreads, relaxedSimd = true) {
   const relaxed = relaxedSimd !== false && hasRelaxedSimd();
   const dir = `./pkg${want > 1 ? '-mt' : ''}${relaxed ? '-relaxed' : ''}/`;
   const m = await import(new URL(`${dir}les.js`, import.meta.url));
-  await m.default({ module_or_path: new URL(`${dir}les_bg.wasm`, import.meta.url) });
+  const exports = await m.default({ module_or_path: new URL(`${dir}les_bg.wasm`, import.meta.url) });
+  wasmMemory = exports.memory; // shared in the threaded build: the I/O worker reads into it
   if (want > 1) {
     await m.initThreadPool(want);
     m.threadPoolReady();
@@ -109,7 +111,7 @@ async function load({ model: src, mmproj = null, memoryBudgetMB = 0, backend = '
     // shared memory, reads land only when the worker awaits: every layer on WebGPU, but only
     // between tokens on the CPU, too late to pay for the slots they take there.
     reads?.close();
-    reads = prefetch && memoryBudgetMB > 0 ? await AsyncReads.create(model, { lanes: ioLanes, failEvery: debugFailReads }) : null;
+    reads = prefetch && memoryBudgetMB > 0 ? await AsyncReads.create(model, { lanes: ioLanes, failEvery: debugFailReads, memory: wasmMemory }) : null;
     if (reads?.mode === 'local' && !gpuPool) {
       reads.close();
       reads = null;

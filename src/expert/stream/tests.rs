@@ -156,11 +156,15 @@ fn refinement_replaces_a_queued_prefetch() {
 }
 
 /// A reader like the browser page's: a read submitted now finishes at the second poll after
-/// it (or at `wait`, when it may block); every `refuse_every`-th submission is refused.
+/// it (or at `wait`, when it may block); every `refuse_every`-th submission is refused. A
+/// `direct` one writes a read's bytes into the destination given at submission when the read
+/// finishes (as the I/O worker writes into the shared wasm memory), and `take` copies nothing.
 struct PageReader {
     store: Arc<SlowStore>,
-    pending: Mutex<Vec<(u32, Vec<(u64, usize)>, u32)>>,
-    done: Mutex<HashMap<u32, Vec<(u64, usize)>>>,
+    /// (id, ranges, polls seen, destination address or 0).
+    pending: Mutex<Vec<(u32, Vec<(u64, usize)>, u32, usize)>>,
+    done: Mutex<HashMap<u32, (Vec<(u64, usize)>, usize)>>,
+    direct: bool,
     submits: std::sync::atomic::AtomicUsize,
     can_block: bool,
     refuse_every: usize,
@@ -170,56 +174,89 @@ struct PageReader {
     takes: std::sync::atomic::AtomicUsize,
 }
 
-impl AsyncReader for Arc<PageReader> {
-    fn submit(&self, id: u32, ranges: &[(u64, usize)]) -> bool {
-        let n = self.submits.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
-        if n % self.refuse_every == 0 {
-            return false;
-        }
-        assert!(ranges.iter().map(|r| r.1).sum::<usize>() <= self.max_piece());
-        self.pending.lock().unwrap().push((id, ranges.to_vec(), 0));
-        true
-    }
-    fn poll(&self) -> Vec<u32> {
-        let mut p = self.pending.lock().unwrap();
-        let mut out = Vec::new();
-        p.retain_mut(|(id, ranges, age)| {
-            *age += 1;
-            if *age < 2 {
-                return true;
-            }
-            self.done.lock().unwrap().insert(*id, std::mem::take(ranges));
-            out.push(*id);
-            false
-        });
-        out
-    }
-    fn take(&self, id: u32, dest: &mut [u8]) -> Result<(), String> {
-        let ranges = self.done.lock().unwrap().remove(&id).ok_or("not finished")?;
-        let n = self.takes.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
-        if self.fail_every > 0 && n % self.fail_every == 0 {
-            return Err("injected read failure".into());
-        }
+impl PageReader {
+    fn read_into(&self, ranges: &[(u64, usize)], dest: &mut [u8]) -> Result<(), String> {
         assert_eq!(ranges.iter().map(|r| r.1).sum::<usize>(), dest.len());
         let mut at = 0;
-        for (off, len) in ranges {
+        for &(off, len) in ranges {
             self.store.read_range(0, 0, off, &mut dest[at..at + len]).map_err(|e| e.to_string())?;
             at += len;
         }
         Ok(())
     }
+
+    /// A read finishes: a direct one lands in its destination now.
+    fn finish(&self, id: u32, ranges: Vec<(u64, usize)>, dest: usize) {
+        if dest != 0 {
+            let len = ranges.iter().map(|r| r.1).sum();
+            // SAFETY: the executor keeps the destination for this read until it is taken or
+            // cancelled (what the test checks: every expert handed over has the store's bytes).
+            let d = unsafe { std::slice::from_raw_parts_mut(dest as *mut u8, len) };
+            self.read_into(&ranges, d).unwrap();
+        }
+        self.done.lock().unwrap().insert(id, (ranges, dest));
+    }
+}
+
+impl AsyncReader for Arc<PageReader> {
+    fn submit(&self, id: u32, ranges: &[(u64, usize)], dest: Option<*mut u8>) -> bool {
+        let n = self.submits.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        if n % self.refuse_every == 0 {
+            return false;
+        }
+        assert!(ranges.iter().map(|r| r.1).sum::<usize>() <= self.max_piece());
+        assert_eq!(dest.is_some(), self.direct, "a destination is given to direct readers only");
+        self.pending.lock().unwrap().push((id, ranges.to_vec(), 0, dest.map_or(0, |p| p as usize)));
+        true
+    }
+    fn direct(&self) -> bool {
+        self.direct
+    }
+    fn poll(&self) -> Vec<u32> {
+        let mut finished = Vec::new();
+        self.pending.lock().unwrap().retain_mut(|(id, ranges, age, dest)| {
+            *age += 1;
+            if *age < 2 {
+                return true;
+            }
+            finished.push((*id, std::mem::take(ranges), *dest));
+            false
+        });
+        finished
+            .into_iter()
+            .map(|(id, ranges, dest)| {
+                self.finish(id, ranges, dest);
+                id
+            })
+            .collect()
+    }
+    fn take(&self, id: u32, dest: &mut [u8]) -> Result<(), String> {
+        let (ranges, into) = self.done.lock().unwrap().remove(&id).ok_or("not finished")?;
+        let n = self.takes.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        if self.fail_every > 0 && n % self.fail_every == 0 {
+            return Err("injected read failure".into());
+        }
+        if into != 0 {
+            assert_eq!((into, ranges.iter().map(|r| r.1).sum::<usize>()), (dest.as_ptr() as usize, dest.len()), "a direct read is taken where it went");
+            return Ok(());
+        }
+        self.read_into(&ranges, dest)
+    }
     fn wait(&self, id: u32) -> bool {
         if !self.can_block {
             return false;
         }
-        let mut p = self.pending.lock().unwrap();
-        if let Some(i) = p.iter().position(|x| x.0 == id) {
-            let (id, ranges, _) = p.remove(i);
-            self.done.lock().unwrap().insert(id, ranges);
+        let found = {
+            let mut p = self.pending.lock().unwrap();
+            p.iter().position(|x| x.0 == id).map(|i| p.remove(i))
+        };
+        if let Some((id, ranges, _, dest)) = found {
+            self.finish(id, ranges, dest);
         }
         true
     }
     fn cancel(&self, id: u32) {
+        // A direct read is not written after it is cancelled (the page waits for a busy one).
         self.pending.lock().unwrap().retain(|x| x.0 != id);
         self.done.lock().unwrap().remove(&id);
     }
@@ -235,17 +272,27 @@ impl AsyncReader for Arc<PageReader> {
 /// range and reads spanning several ranges, reads that land only at later layers, refused
 /// submissions (dropped prefetches), pieces the router waits for (blocked on, or abandoned and
 /// read here), failed reads (a failed prefetch costs nothing: the expert is read on demand if
-/// the router picks it). Every expert handed to the model has exactly the store's bytes, and
-/// prefetches do load.
+/// the router picks it), direct reads into the slots. Every expert handed to the model has
+/// exactly the store's bytes, and prefetches do load.
 #[test]
 fn asynchronous_reads_hand_over_the_stores_bytes() {
     // The last case starts with native I/O threads: replacing them must stop them (not hang).
-    for (can_block, max_piece, io_threads, fail_every) in [(true, 3000, 0, 0), (false, 3000, 0, 0), (true, 12000, 0, 0), (false, 12000, 2, 0), (true, 12000, 0, 3), (false, 3000, 0, 4)] {
+    for (can_block, max_piece, io_threads, fail_every, direct) in [
+        (true, 3000, 0, 0, false),
+        (false, 3000, 0, 0, false),
+        (true, 12000, 0, 0, false),
+        (false, 12000, 2, 0, false),
+        (true, 12000, 0, 3, false),
+        (false, 3000, 0, 4, false),
+        (true, 3000, 0, 0, true),
+        (false, 12000, 0, 0, true),
+        (true, 12000, 0, 3, true),
+    ] {
         let bytes = 5000;
         let (store, router, n_expert) = unit_router_store(bytes, 3, 0);
         let cfg = StreamConfig { slots: 5, prefetch: true, depth: 2, temporal: true, io_threads, prefetch_chunk: 2048, ..Default::default() };
         let ex = StreamingExperts::new(store.clone(), vec![router.clone(); 3], n_expert, 1, cfg);
-        let reader = Arc::new(PageReader { store, pending: Mutex::new(Vec::new()), done: Mutex::new(HashMap::new()), submits: Default::default(), can_block, refuse_every: 7, max_piece, fail_every, takes: Default::default() });
+        let reader = Arc::new(PageReader { store, pending: Mutex::new(Vec::new()), done: Mutex::new(HashMap::new()), direct, submits: Default::default(), can_block, refuse_every: 7, max_piece, fail_every, takes: Default::default() });
         ex.use_async_reader(reader.clone(), 2);
         assert!(ex.executor().contains("test page"));
         let mut handed = 0;
@@ -261,7 +308,7 @@ fn asynchronous_reads_hand_over_the_stores_bytes() {
                 ex.with_experts(layer, &[e as u32], &mut |_, b| {
                     assert_eq!(b.data.len(), 3 * bytes);
                     for (i, &v) in b.data.iter().enumerate() {
-                        assert_eq!(v, SlowStore::byte(layer, e, i), "L{layer} E{e} byte {i} (can_block {can_block})");
+                        assert_eq!(v, SlowStore::byte(layer, e, i), "L{layer} E{e} byte {i} (can_block {can_block}, direct {direct})");
                     }
                     handed += 1;
                 })
