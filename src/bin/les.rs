@@ -427,6 +427,11 @@ struct RunArgs {
     /// weights and experts are held in memory, out of --memory-budget.
     #[arg(long)]
     mtp: bool,
+    /// With --mtp on a streamed model: how many of the first layers get experts prefetched from
+    /// the embeddings of the tokens the block drafts, before the verification forward reaches
+    /// them (0: off).
+    #[arg(long, value_name = "N", default_value_t = les::engine::mtp::MTP_LOOKAHEAD_LAYERS, requires = "mtp")]
+    mtp_lookahead: usize,
     /// Most draft tokens verified per target forward (default 4 with --draft-model, 16 with
     /// --lookup, 3 with --mtp).
     #[arg(long)]
@@ -867,7 +872,8 @@ fn cmd_run(a: RunArgs) -> Res {
         (None, true) => Some(Box::new(PromptLookup::default())),
         (None, false) if a.mtp => {
             let bytes = sess.model.load_mtp(&FileSource::open(&a.m.model)?, &sess.gguf)?;
-            let d = MtpDraft::new(&sess.model, sess.kv.n_ctx)?;
+            let mut d = MtpDraft::new(&sess.model, sess.kv.n_ctx)?;
+            d.lookahead_layers = a.mtp_lookahead;
             let within = if a.s.memory_budget.is_some() { "taken from --memory-budget" } else { "resident" };
             eprintln!("les: MTP block: {:.1} MiB of weights + {:.1} MiB of cache ({within}; run on the CPU)", bytes as f64 / 1048576.0, d.cache_bytes() as f64 / 1048576.0);
             Some(Box::new(d))

@@ -12,6 +12,13 @@
 //! target's (`speculative::generate`): greedy output equals plain greedy output bit for bit.
 //!
 //! The block runs on the CPU backend (whatever the target's backend), its experts held in memory.
+//!
+//! Cross-token lookahead: on a streamed target, the verification forward's rows are known token
+//! by token while the block drafts (the last committed token, then each draft). Their embeddings
+//! are where that forward's residual stream starts, so they go to the expert scheduler as the
+//! FFN inputs of its first [`MtpDraft::lookahead_layers`] layers
+//! ([`crate::expert::ExpertSource::on_draft_hidden`]): those layers' experts load while the block
+//! still computes, where plain decoding has no prediction for a forward's first layer at all.
 
 use super::sampling::{Sampler, SamplerConfig};
 use super::speculative::{draft_sampler, draw, proposal, reset_history, Draft, Proposal};
@@ -39,7 +46,18 @@ pub struct MtpDraft {
     n_embd: usize,
     sampler: Sampler,
     forwards: u64,
+    /// A streamed target's expert scheduler (see the module's notes) and the embeddings of the
+    /// coming verification's rows so far.
+    lookahead: Option<std::sync::Arc<dyn crate::expert::ExpertSource>>,
+    look_rows: Vec<f32>,
+    n_layer: usize,
+    /// How many of the target's first layers get the rows' embeddings as a prediction of their
+    /// FFN inputs (0: none).
+    pub lookahead_layers: usize,
 }
+
+/// Default [`MtpDraft::lookahead_layers`].
+pub const MTP_LOOKAHEAD_LAYERS: usize = 2;
 
 impl MtpDraft {
     /// A draft for `target` (whose MTP block is loaded: [`Model::load_mtp`]) with `n_ctx` positions.
@@ -57,7 +75,26 @@ impl MtpDraft {
             n_embd: target.cfg.n_embd,
             sampler: Sampler::new(SamplerConfig::greedy()),
             forwards: 0,
+            lookahead: None,
+            look_rows: Vec::new(),
+            n_layer: target.cfg.n_layer,
+            lookahead_layers: MTP_LOOKAHEAD_LAYERS,
         })
+    }
+
+    /// The next verification row is `token`: pass the rows so far on to the target's scheduler.
+    fn pass_on(&mut self, target: &Model, token: u32, first: bool) {
+        let Some(ex) = self.lookahead.as_ref().filter(|_| self.lookahead_layers > 0) else { return };
+        if first {
+            self.look_rows.clear();
+        }
+        match target.token_rows(&[token]) {
+            Ok(r) => self.look_rows.extend_from_slice(&r),
+            Err(_) => return,
+        }
+        let n = self.lookahead_layers.min(self.n_layer);
+        let rows: Vec<Vec<f32>> = (0..n).map(|_| self.look_rows.clone()).collect();
+        ex.on_draft_hidden(&rows);
     }
 
     /// Bytes of the block's cache.
@@ -68,6 +105,8 @@ impl MtpDraft {
     /// The draft chain: from the last committed position, up to `max` tokens.
     fn chain(&mut self, target: &Model, ctx: &[u32], max: usize) -> Result<Proposal, EngineError> {
         let (e, l) = (self.n_embd, ctx.len());
+        // The verification starts from the last committed token.
+        self.pass_on(target, ctx[l - 1], true);
         // Catch up on the committed pairs (x_p, h_{p−1}) the cache lacks, up to the last one.
         let common = super::common_prefix(&self.kv_tokens, ctx).min(self.valid).min(l - 1);
         let common = self.kv.truncate(common);
@@ -91,6 +130,7 @@ impl MtpDraft {
         let (mut logits, mut h) = out;
         for i in 0..max {
             let d = draw(&mut self.sampler, &logits, &mut prop);
+            self.pass_on(target, d, false);
             if i + 1 < max {
                 (logits, h) = target.forward_mtp(&[d], &h, &mut self.kv)?;
                 self.kv_tokens.push(d);
@@ -147,5 +187,10 @@ impl Draft for MtpDraft {
 
     fn forwards(&self) -> u64 {
         self.forwards
+    }
+
+    fn set_lookahead(&mut self, target: Option<std::sync::Arc<dyn crate::expert::ExpertSource>>, _n_embd: usize, _n_layer: usize) {
+        // The block is the target's own: its embeddings are the target's.
+        self.lookahead = target;
     }
 }

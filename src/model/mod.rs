@@ -447,6 +447,20 @@ impl Model {
         Ok(out)
     }
 
+    /// Token embeddings (`get_rows` of `token_embd`), `tokens.len() × n_embd` (the MTP draft's
+    /// cross-token lookahead: the rows a coming forward starts from).
+    pub fn token_rows(&self, tokens: &[u32]) -> Result<Vec<f32>, ModelError> {
+        let e = self.cfg.n_embd;
+        let mut x = vec![0f32; tokens.len() * e];
+        for (row, &t) in x.chunks_mut(e).zip(tokens) {
+            if t as usize >= self.cfg.n_vocab {
+                return Err(ModelError::Internal(format!("token {t} outside the vocabulary of {}", self.cfg.n_vocab)));
+            }
+            self.weights.row_f32(self.tok_embd, t as usize, row)?;
+        }
+        Ok(x)
+    }
+
     /// The MTP block's cache: one attention layer.
     pub fn new_mtp_kv(&self, n_ctx: usize) -> KvCache {
         KvCache::hybrid(&[None], n_ctx, self.cfg.n_head_kv, self.cfg.head_dim)

@@ -445,7 +445,9 @@ fn greedy_mtp_equals_plain_greedy() {
 }
 
 /// The same under a memory budget: experts streamed through 24 slots of 64, the MTP block's own
-/// experts held beside them.
+/// experts held beside them; with and without the cross-token lookahead (the embeddings of the
+/// rows the block drafts predict the verification's first layers): the same tokens, and only
+/// with it are experts predicted from the draft (some of them routed).
 #[test]
 fn streamed_mtp_equals_resident_plain_greedy() {
     let name = "rand-qwen35moe-mtp.gguf";
@@ -454,14 +456,23 @@ fn streamed_mtp_equals_resident_plain_greedy() {
     let toks = r.tokenize(&prompts()[1]);
     let want = plain_greedy(&mut r, &toks, 16);
     drop(r);
-    let opts = StreamOptions { budget: 0, n_ctx: 512, direct: false, profile: None, cache: StreamConfig { prefetch: true, io_threads: 2, ..Default::default() }, slots: Some(24), gpu_pool: false, dense: Default::default() };
-    let mut st = open_streaming(path.to_str().unwrap(), &opts).unwrap();
-    st.session.model.load_mtp(&FileSource::open(&path).unwrap(), &st.session.gguf).unwrap();
-    let mut d = les::engine::mtp::MtpDraft::new(&st.session.model, 512).unwrap();
-    let (got, sp) = spec_greedy(&mut st.session, &mut d, 3, &toks, 16);
-    assert_eq!(got, want, "streamed MTP speculative greedy differs from resident plain greedy");
-    assert!(sp.drafted > 0);
-    assert!(st.experts.stats().bytes_read > 0, "nothing was streamed");
+    for layers in [0, 2] {
+        let opts = StreamOptions { budget: 0, n_ctx: 512, direct: false, profile: None, cache: StreamConfig { prefetch: true, adaptive: false, io_threads: 2, ..Default::default() }, slots: Some(24), gpu_pool: false, dense: Default::default() };
+        let mut st = open_streaming(path.to_str().unwrap(), &opts).unwrap();
+        st.session.model.load_mtp(&FileSource::open(&path).unwrap(), &st.session.gguf).unwrap();
+        let mut d = les::engine::mtp::MtpDraft::new(&st.session.model, 512).unwrap();
+        d.lookahead_layers = layers;
+        let (got, sp) = spec_greedy(&mut st.session, &mut d, 3, &toks, 16);
+        assert_eq!(got, want, "streamed MTP speculative greedy (lookahead {layers}) differs from resident plain greedy");
+        assert!(sp.drafted > 0);
+        let s = st.experts.stats();
+        assert!(s.bytes_read > 0, "nothing was streamed");
+        if layers == 0 {
+            assert_eq!(s.draft_pred_made, 0);
+        } else {
+            assert!(s.draft_pred_made > 0 && s.draft_pred_tp > 0, "lookahead {layers}: {} predicted, {} routed", s.draft_pred_made, s.draft_pred_tp);
+        }
+    }
 }
 
 /// A model without a NextN block: a typed error naming the reason, not a panic.
