@@ -429,7 +429,7 @@ struct RunArgs {
     mtp: bool,
     /// With --mtp on a streamed model: how many of the first layers get experts prefetched from
     /// the embeddings of the tokens the block drafts, before the verification forward reaches
-    /// them (0: off).
+    /// them (0: off, the default: measured no faster, see BENCHMARKS.md).
     #[arg(long, value_name = "N", default_value_t = les::engine::mtp::MTP_LOOKAHEAD_LAYERS, requires = "mtp")]
     mtp_lookahead: usize,
     /// Most draft tokens verified per target forward (default 4 with --draft-model, 16 with

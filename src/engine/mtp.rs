@@ -56,8 +56,12 @@ pub struct MtpDraft {
     pub lookahead_layers: usize,
 }
 
-/// Default [`MtpDraft::lookahead_layers`].
-pub const MTP_LOOKAHEAD_LAYERS: usize = 2;
+/// Default [`MtpDraft::lookahead_layers`]: off. Measured on `rand-qwen35moe-mtp` under 17-49 of
+/// 64 expert slots (BENCHMARKS.md, `tools/bench_mtp_lookahead.py`): the drafted rows predict the
+/// first layers' experts with ~73% recall and precision, yet one layer moved the hit rate by at
+/// most 1.7 points (decode 0.91-1.04×) and two or more layers lowered it (their prefetches evict
+/// experts the verification needs).
+pub const MTP_LOOKAHEAD_LAYERS: usize = 0;
 
 impl MtpDraft {
     /// A draft for `target` (whose MTP block is loaded: [`Model::load_mtp`]) with `n_ctx` positions.

@@ -107,6 +107,13 @@ export interface CreateEngineOptions {
    * SIMD128 build, faster. `false` forces the SIMD128 build (`ThreadInfo.simd` says which ran).
    */
   relaxedSimd?: boolean;
+  /**
+   * With a memory budget on a cross-origin isolated page and the threaded build (its wasm memory is
+   * shared), the I/O worker reads prefetched experts straight into their slots (default true).
+   * `false`: into the worker's own buffer, copied into the slot when the engine takes it in
+   * (benchmarks). `lastResult.reads.direct` counts the reads that needed no copy.
+   */
+  directReads?: boolean;
   /** Tests: every n-th asynchronous prefetch read fails (the engine must not notice but in its counters). */
   debugFailReads?: number;
   onProgress?: (p: Progress) => void;
