@@ -156,8 +156,10 @@ pub fn debug_matvec(ty: u32, w: &[u8], x: &[f32]) -> Vec<f32> {
     y
 }
 
-/// A [`ByteSource`] over a JavaScript function `read(offset, length) -> Uint8Array` (synchronous;
-/// it may throw, which becomes a [`StoreError::Io`] carrying the message).
+/// A [`ByteSource`] over a JavaScript function `read(offset, length, into)` (synchronous; it may
+/// throw, which becomes a [`StoreError::Io`] carrying the message). `into` is a `Uint8Array` view
+/// of the destination in the engine's memory, `length` bytes: the function fills it and returns
+/// `true`, or returns a new `Uint8Array` of `length` bytes, which is copied there.
 struct JsSource {
     read: js_sys::Function,
     /// `hint(offset, length)`: lookahead (the store may start fetching); errors are ignored.
@@ -177,15 +179,22 @@ impl ByteSource for JsSource {
         self.len
     }
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), StoreError> {
-        check_range(offset, buf.len(), self.len)?;
-        let io = |msg: String| StoreError::Io { offset, len: buf.len(), source: std::io::Error::other(msg) };
+        let len = buf.len();
+        check_range(offset, len, self.len)?;
+        let io = |msg: String| StoreError::Io { offset, len, source: std::io::Error::other(msg) };
+        // SAFETY: the view covers `buf`, which outlives the call; nothing runs wasm code (so the
+        // memory neither grows nor moves) while the synchronous JS function fills it.
+        let into = unsafe { js_sys::Uint8Array::view_mut_raw(buf.as_mut_ptr(), len) };
         let v = self
             .read
-            .call2(&JsValue::NULL, &JsValue::from_f64(offset as f64), &JsValue::from_f64(buf.len() as f64))
+            .call3(&JsValue::NULL, &JsValue::from_f64(offset as f64), &JsValue::from_f64(len as f64), &into)
             .map_err(|e| io(js_error_text(&e)))?;
+        if v.as_bool() == Some(true) {
+            return Ok(());
+        }
         let a: js_sys::Uint8Array = v.dyn_into().map_err(|_| io("the reader did not return a Uint8Array".into()))?;
-        if a.length() as usize != buf.len() {
-            return Err(StoreError::ShortRead { offset, wanted: buf.len(), got: a.length() as usize });
+        if a.length() as usize != len {
+            return Err(StoreError::ShortRead { offset, wanted: len, got: a.length() as usize });
         }
         a.copy_to(buf);
         Ok(())

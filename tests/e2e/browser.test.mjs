@@ -152,6 +152,54 @@ test('a corrupted block is detected by its checksum and fetched again', async ()
   }
 });
 
+// The engine's reads fill its own memory (`CachedModel.readInto` with a view of the wasm heap). A
+// unit not stored yet is fetched and its CRC-32 checked by the engine's wasm first, which may grow
+// the wasm memory and so detach that view: then readInto says so (null) and the engine reads a
+// fresh copy. Here the check detaches the view itself; bytes compared with the file's.
+test('reads into the engine memory: a view detached while a missing unit is fetched falls back to a copy', async () => {
+  const bytes = fs.readFileSync(SMALL);
+  const ctx = await launch();
+  try {
+    const page = await ctx.newPage();
+    await page.goto(`${base}/index.html`);
+    const r = await page.evaluate(async (base) => {
+      const src = `
+        import { CachedModel } from '${base}/les/store.js';
+        // zlib's CRC-32 (the bundle's block checksums)
+        const T = new Uint32Array(256).map((_, n) => { let c = n; for (let k = 0; k < 8; k++) c = c & 1 ? 0xedb88320 ^ (c >>> 1) : c >>> 1; return c >>> 0; });
+        const crc = (b) => { let c = ~0; for (const x of b) c = T[(c ^ x) & 255] ^ (c >>> 8); return ~c >>> 0; };
+        onmessage = async () => {
+          try {
+            let detach = null;
+            const m = await CachedModel.open('${base}/models/rand-llama-moe.les', { backing: 'opfs', crc32: (b) => { detach?.(); detach = null; return crc(b); } });
+            const u = m.units[m.units.length - 1];
+            const stored = m.bits[m.units.length - 1];
+            const len = Math.min(4096, u.end - u.start);
+            const out = new Uint8Array(new ArrayBuffer(len));
+            detach = () => out.buffer.transfer();
+            const first = m.readInto(u.start, out, len);
+            const out2 = new Uint8Array(len);
+            const second = m.readInto(u.start, out2, len);
+            const copy = m.readSync(u.start, len);
+            postMessage({ start: u.start, len, stored, firstNull: first === null, detached: out.byteLength === 0, secondFilled: second === out2, out2: Array.from(out2), copy: Array.from(copy), stats: m.stats });
+          } catch (e) { postMessage({ error: String(e) }); }
+        };`;
+      const w = new Worker(URL.createObjectURL(new Blob([src], { type: 'text/javascript' })), { type: 'module' });
+      return await new Promise((res) => { w.onmessage = (e) => res(e.data); w.onerror = (e) => res({ error: e.message }); w.postMessage(0); });
+    }, base);
+    assert.equal(r.error, undefined, r.error);
+    assert.equal(r.stored, 0, 'the unit was not stored before the read');
+    assert.ok(r.detached && r.firstNull, 'a detached view is reported, not left unfilled');
+    assert.equal(r.stats.fetchedOnDemand, 1);
+    const want = Array.from(bytes.subarray(r.start, r.start + r.len));
+    assert.ok(r.secondFilled);
+    assert.deepEqual(r.out2, want);
+    assert.deepEqual(r.copy, want);
+  } finally {
+    await ctx.close();
+  }
+});
+
 test('IndexedDB storage (where OPFS is missing): same tokens, and a reload reads IndexedDB only', async () => {
   const want = nativeTokens(SMALL, SMALL_PROMPT, 16, ['--memory-budget', '1GiB'], { LES_NO_SIMD: '1' });
   const ctx = await launch();

@@ -119,7 +119,9 @@ async function load({ model: src, mmproj = null, memoryBudgetMB = 0, backend = '
     // The GPU run keeps its experts in GPU slots: the budget is split into a small CPU staging
     // cache and the GPU pool, as natively.
     const opts = JSON.stringify({ prefetch, prefetch_always: prefetchAlways, gpu_pool: gpuPool, io_lanes: ioLanes, expert_slots: expertSlots ?? undefined, policy: policy ?? undefined, lookahead, verified_at_rest: model instanceof CachedModel });
-    return new Engine((off, len) => model.readSync(off, len), (off, len) => model.hint(off, len), model.size, memoryBudgetMB * 1048576, nCtx, String(src.name ?? src), opts, reads ?? undefined);
+    // Reads fill the engine's own memory where the model can (`into`: no buffer per read).
+    const read = model.readInto && directReads ? (off, len, into) => model.readInto(off, into, len) !== null || model.readSync(off, len) : (off, len) => model.readSync(off, len);
+    return new Engine(read, (off, len) => model.hint(off, len), model.size, memoryBudgetMB * 1048576, nCtx, String(src.name ?? src), opts, reads ?? undefined);
   };
   try {
     engine = await open(wantGpu);
