@@ -44,6 +44,14 @@ pub fn thread_pool_ready() {
     crate::backend::cpu::par::set_pool_ready();
 }
 
+/// Tests: a parallel section whose chunks panic on the pool's workers (see
+/// [`crate::backend::cpu::par::debug_panic_on_a_worker`]); it must end in an error, not a hang.
+#[cfg(target_feature = "atomics")]
+#[wasm_bindgen(js_name = debugPanicOnAWorker)]
+pub fn debug_panic_on_a_worker() {
+    crate::backend::cpu::par::debug_panic_on_a_worker();
+}
+
 /// A streamed harmony (gpt-oss) reply split into reasoning and content as it arrives
 /// ([`chat::HarmonyStream`]; other replies pass through as content). `push` and `finish` return
 /// `[reasoning, content]`.

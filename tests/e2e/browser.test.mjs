@@ -552,6 +552,44 @@ test('wasm threads: a pool of web workers on isolated pages, same logits as one 
 // A generation stopped while prefetches are in flight leaves no half-read expert behind: the
 // next run in the same engine (its cache holds whatever the stopped one loaded or had in flight)
 // gives the same logits as the first, uninterrupted one.
+// The threaded build aborts on panic: a kernel that panics on a pool worker traps that worker, and
+// its chunk never completes. The engine's thread must fail too (par.rs's panic hook), and the
+// engine answer that call and every later one with EngineCrashed, not wait forever.
+test('wasm threads: a kernel panicking on a pool worker ends in an error, not a hang', async () => {
+  const ctx = await launch();
+  try {
+    const page = await ctx.newPage();
+    await page.goto(`${base}/index.html`);
+    const r = await page.evaluate(async () => {
+      const { createEngine } = await import('/les/index.js');
+      const e = await createEngine({ model: '/models/rand-llama-moe.les', backend: 'cpu', threads: 2 });
+      const err = (x) => ({ name: x.name, message: x.message });
+      const first = await Promise.race([
+        e._rpc.call('debugPanicOnAWorker').then(() => ({ name: 'none' }), err),
+        new Promise((res) => setTimeout(() => res({ name: 'timeout' }), 60_000)),
+      ]);
+      if (first.name === 'timeout') {
+        e._rpc.worker.terminate();
+        return { threads: e.loadInfo.threads, first, after: null };
+      }
+      let after = { name: 'none' };
+      try {
+        for await (const _ of e.generate('Hello', { max_tokens: 2 }));
+      } catch (x) {
+        after = err(x);
+      }
+      await e.unload();
+      return { threads: e.loadInfo.threads, first, after };
+    });
+    assert.equal(r.threads.n, 2, JSON.stringify(r.threads));
+    assert.equal(r.first.name, 'EngineCrashed', JSON.stringify(r.first));
+    assert.match(r.first.message, /trapped|unreachable|panicked/);
+    assert.equal(r.after?.name, 'EngineCrashed', JSON.stringify(r.after));
+  } finally {
+    await ctx.close();
+  }
+});
+
 test('lookahead: abort while prefetches are in flight, the next run is bit-identical', async () => {
   const ctx = await launch();
   try {

@@ -256,7 +256,11 @@ const ops = {
   },
   unload: async () => {
     download?.ctl.abort();
-    engine?.free();
+    try {
+      engine?.free();
+    } catch (e) {
+      if (!crashed) throw e; // after a trap the worker is terminated anyway (index.js)
+    }
     engine = null;
     reads?.close();
     reads = null;
@@ -264,18 +268,54 @@ const ops = {
     model = null;
     return true;
   },
+  // Tests: chunks of a parallel section panic on the pool's workers (threaded build only).
+  debugPanicOnAWorker: async () => {
+    const m = await ready;
+    if (!m?.debugPanicOnAWorker) throw new Error('not the threaded build');
+    m.debugPanicOnAWorker();
+    return true;
+  },
   listModels: async () => listModels(),
   deleteModel: async ({ url }) => deleteModel(url),
   storageUsage: async () => storageUsage(),
 };
 
+// A trap in the engine's wasm (a Rust panic: the builds abort on panic, and a pool worker's panic
+// makes the engine's thread trap too, `par.rs`) leaves the engine unusable: every call in flight
+// and every later one fails with `EngineCrashed` instead of waiting forever. A trap inside an
+// async step surfaces as an uncaught error or rejection, hence the global listeners.
+let crashed = null;
+const pending = new Set();
+function crash(e) {
+  crashed ??= { name: 'EngineCrashed', message: `the engine stopped: ${errorOf(e).message}; create a new engine` };
+  for (const id of pending) post({ id, ok: false, error: crashed });
+  pending.clear();
+}
+const isTrap = (e) => e instanceof WebAssembly.RuntimeError;
+self.addEventListener('error', (ev) => {
+  if (isTrap(ev.error)) {
+    ev.preventDefault();
+    crash(ev.error);
+  }
+});
+self.addEventListener('unhandledrejection', (ev) => {
+  if (isTrap(ev.reason)) {
+    ev.preventDefault();
+    crash(ev.reason);
+  }
+});
+
 onmessage = async (ev) => {
   const { id, op } = ev.data;
+  pending.add(id);
   try {
     const f = ops[op];
     if (!f) throw new Error(`unknown operation ${op}`);
-    post({ id, ok: true, result: await f(ev.data) });
+    if (crashed && op !== 'unload') throw Object.assign(new Error(crashed.message), { name: crashed.name });
+    const result = await f(ev.data);
+    if (pending.delete(id)) post({ id, ok: true, result });
   } catch (e) {
-    post({ id, ok: false, error: errorOf(e) });
+    if (isTrap(e)) crash(e);
+    else if (pending.delete(id)) post({ id, ok: false, error: errorOf(e) });
   }
 };

@@ -131,6 +131,7 @@ mod pool {
                 Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
                 Err(std::sync::TryLockError::WouldBlock) => return false,
             };
+            check_trapped();
             // SAFETY: only the lifetime is erased; the pointer is not used after this call returns.
             let f: *const (dyn Fn(usize) + Sync) = unsafe { std::mem::transmute(f) };
             let job = Job::new(f, n, self.workers + 1);
@@ -142,11 +143,13 @@ mod pool {
             }
             job.work(0);
             while job.done.load(SeqCst) < n {
+                check_trapped();
                 std::hint::spin_loop();
             }
             self.epoch.fetch_add(1, SeqCst); // close: no worker joins from now on
             // A worker that joined before the close may still hold `job`; wait until it has left.
             while self.active.load(SeqCst) > 0 {
+                check_trapped();
                 std::hint::spin_loop();
             }
             self.job.store(std::ptr::null_mut(), SeqCst);
@@ -251,10 +254,31 @@ mod pool {
         POOL.get().copied()
     }
 
+    /// The browser's threaded build is `panic = abort`: a panicking thread traps, and a pool worker
+    /// that traps never finishes its chunk. A panic hook (every thread's) records it, so a caller
+    /// waiting for that chunk panics (traps) too and the engine's JS sees an error instead of a
+    /// hang.
+    #[cfg(target_arch = "wasm32")]
+    static TRAPPED: AtomicBool = AtomicBool::new(false);
+
+    #[cfg(target_arch = "wasm32")]
+    fn check_trapped() {
+        if TRAPPED.load(SeqCst) {
+            panic!("a CPU worker thread trapped (a kernel panicked): this engine cannot go on");
+        }
+    }
+    #[cfg(not(target_arch = "wasm32"))]
+    fn check_trapped() {}
+
     /// Start the workers on rayon's web workers (all but one: the engine's worker computes too).
     #[cfg(target_arch = "wasm32")]
     pub fn start_wasm() {
         POOL.get_or_init(|| {
+            let hook = std::panic::take_hook();
+            std::panic::set_hook(Box::new(move |info| {
+                TRAPPED.store(true, SeqCst);
+                hook(info);
+            }));
             let pool: &'static Pool = Box::leak(Box::new(Pool::new(rayon::current_num_threads().saturating_sub(1))));
             for i in 0..pool.workers {
                 rayon::spawn(move || pool.worker(i + 1));
@@ -269,6 +293,26 @@ mod pool {
 #[cfg(all(target_arch = "wasm32", target_feature = "atomics"))]
 pub fn set_pool_ready() {
     pool::start_wasm();
+}
+
+/// Tests of the browser's threaded build: a parallel section whose chunks panic on the pool's
+/// workers (not on the calling thread), as a kernel's bug would. The caller must then fail
+/// (trap), not wait forever for the trapped worker's chunk.
+#[cfg(all(target_arch = "wasm32", target_feature = "atomics"))]
+pub fn debug_panic_on_a_worker() {
+    thread_local!(static CALLER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) });
+    CALLER.with(|c| c.set(true));
+    for_each(64, |_| {
+        if !CALLER.with(|c| c.get()) {
+            panic!("debug: a chunk panicked on a pool worker");
+        }
+        // Leave the workers time to wake up and join.
+        let t = js_sys::Date::now();
+        while js_sys::Date::now() - t < 2.0 {
+            std::hint::spin_loop();
+        }
+    });
+    CALLER.with(|c| c.set(false));
 }
 
 /// Run `f(i)` for every `i < n`, in parallel where threads exist (each index once, on some
