@@ -365,8 +365,9 @@ export declare class Engine {
 /**
  * Errors keep their `name`: 'QuotaExceededError' (browser storage full; nothing half-written is
  * kept), 'ChecksumError' (a block failed its CRC-32 three times), 'RangeNotSupported',
- * 'NetworkError', 'NotFound', or 'LesError' (a model or engine error, e.g. a budget below the
- * model's minimum, with the minimum in the message).
+ * 'NetworkError', 'NotFound', 'EngineCrashed' (the engine's wasm trapped, e.g. a panic in a kernel:
+ * that call and every later one fail; unload it and create a new engine), or 'LesError' (a model or
+ * engine error, e.g. a budget below the model's minimum, with the minimum in the message).
  */
 export declare function createEngine(options: CreateEngineOptions): Promise<Engine>;
 
