@@ -848,10 +848,9 @@ fn cmd_run(a: RunArgs) -> Res {
     let reserve = reserve
         + match (a.mtp, &a.s.memory_budget) {
             (true, Some(_)) => {
-                let g = les::gguf::GgufFile::read(&FileSource::open(&a.m.model)?)?;
-                let c = les::model::Config::from_gguf(&g)?;
+                let (bytes, c) = les::engine::mtp::mtp_file_bytes(std::sync::Arc::new(FileSource::open(&a.m.model)?))?;
                 let n_ctx = a.m.ctx_size.min(c.n_ctx_train.max(1));
-                c.mtp_bytes(&g) + les::model::KvCache::bytes(1, n_ctx, c.n_head_kv, c.head_dim) as u64
+                bytes + les::model::KvCache::bytes(1, n_ctx, c.n_head_kv, c.head_dim) as u64
             }
             _ => 0,
         };
@@ -871,7 +870,7 @@ fn cmd_run(a: RunArgs) -> Res {
         }
         (None, true) => Some(Box::new(PromptLookup::default())),
         (None, false) if a.mtp => {
-            let bytes = sess.model.load_mtp(&FileSource::open(&a.m.model)?, &sess.gguf)?;
+            let bytes = les::engine::mtp::load_mtp_file(&mut sess.model, std::sync::Arc::new(FileSource::open(&a.m.model)?), &sess.gguf)?;
             let mut d = MtpDraft::new(&sess.model, sess.kv.n_ctx)?;
             d.lookahead_layers = a.mtp_lookahead;
             let within = if a.s.memory_budget.is_some() { "taken from --memory-budget" } else { "resident" };

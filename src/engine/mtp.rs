@@ -22,8 +22,14 @@
 
 use super::sampling::{Sampler, SamplerConfig};
 use super::speculative::{draft_sampler, draw, proposal, reset_history, Draft, Proposal};
+use super::stream::OpenError;
 use super::EngineError;
-use crate::model::{KvCache, Model};
+use crate::expert::bundle::{is_bundle, Bundle};
+use crate::expert::ResidentExperts;
+use crate::gguf::GgufFile;
+use crate::model::{Config, KvCache, Model, ModelError};
+use crate::store::ByteSource;
+use std::sync::Arc;
 
 /// Most pairs the block's catch-up feeds per forward.
 const CATCH_UP: usize = 256;
@@ -196,5 +202,53 @@ impl Draft for MtpDraft {
     fn set_lookahead(&mut self, target: Option<std::sync::Arc<dyn crate::expert::ExpertSource>>, _n_embd: usize, _n_layer: usize) {
         // The block is the target's own: its embeddings are the target's.
         self.lookahead = target;
+    }
+}
+
+/// Load `target`'s MTP block from its model file, a GGUF (`g`: its header) or a `.les` bundle (the
+/// block's dense tensors sit in the bundle's dense GGUF, its experts in the bundle's MoE layer of
+/// block `n_layer`, checksums verified). Returns the block's weight bytes.
+pub fn load_mtp_file(target: &mut Model, src: Arc<dyn ByteSource>, g: &GgufFile) -> Result<usize, OpenError> {
+    if !is_bundle(&*src) {
+        return Ok(target.load_mtp(&*src, g).map_err(EngineError::from)?);
+    }
+    let b = Bundle::open(src)?;
+    let experts = match bundle_mtp_layer(&b, &target.cfg)? {
+        Some(layer) => Some(ResidentExperts::from_store(&b.expert_store(), layer, target.cfg.n_expert).map_err(|e| EngineError::Model(e.into()))?),
+        None => None,
+    };
+    Ok(target.load_mtp_with(&b.dense_source(), b.dense_gguf(), experts).map_err(EngineError::from)?)
+}
+
+/// The bytes of the MTP block's weights in a model file (GGUF or bundle): what a memory budget
+/// sets aside for them, with the model's config.
+pub fn mtp_file_bytes(src: Arc<dyn ByteSource>) -> Result<(u64, Config), OpenError> {
+    let config = |g: &GgufFile| Config::from_gguf(g).map_err(|e| EngineError::Model(e.into()));
+    if !is_bundle(&*src) {
+        let g = GgufFile::read(&*src).map_err(EngineError::from)?;
+        let c = config(&g)?;
+        return Ok((c.mtp_bytes(&g), c));
+    }
+    let b = Bundle::open(src)?;
+    let c = config(b.dense_gguf())?;
+    let experts = match bundle_mtp_layer(&b, &c)? {
+        Some(layer) => b.layouts()[layer].bytes() as u64 * c.n_expert as u64,
+        None => 0,
+    };
+    Ok((c.mtp_bytes(b.dense_gguf()) + experts, c))
+}
+
+/// The bundle's MoE layer holding the MTP block's experts (None: the model has no MoE MTP block).
+fn bundle_mtp_layer(b: &Bundle, c: &Config) -> Result<Option<usize>, OpenError> {
+    if c.n_nextn == 0 || !c.is_moe() {
+        return Ok(None);
+    }
+    match b.layer_blocks().iter().position(|&blk| blk as usize == c.n_layer) {
+        Some(l) => Ok(Some(l)),
+        None => Err(EngineError::Model(ModelError::Unsupported(format!(
+            "the bundle holds no experts of the multi-token-prediction block (blk.{}): pack it again from the GGUF with this version of les",
+            c.n_layer
+        )))
+        .into()),
     }
 }

@@ -202,6 +202,18 @@ impl ResidentExperts {
         }
         Ok(Self { layers })
     }
+    /// One layer, every expert read from `store`'s MoE layer `layer` (a bundle's: checksums
+    /// verified).
+    pub fn from_store(store: &dyn store::ExpertStore, layer: usize, n_expert: usize) -> Result<Self, ExpertError> {
+        let layout = store.layout(layer).clone();
+        let mut v = Vec::with_capacity(n_expert);
+        for e in 0..n_expert {
+            let mut data = Vec::new();
+            store.read_expert(layer, e, &mut data)?;
+            v.push(Arc::new(ExpertBlock { data, layout: layout.clone() }));
+        }
+        Ok(Self { layers: vec![(layout, v)] })
+    }
     /// Total bytes of all experts.
     pub fn bytes(&self) -> usize {
         self.layers.iter().map(|(l, v)| l.bytes() * v.len()).sum()

@@ -398,6 +398,12 @@ impl Model {
     /// embeddings and output matrix stay shared), its experts are held in memory. Returns the
     /// bytes it holds.
     pub fn load_mtp(&mut self, src: &dyn ByteSource, g: &GgufFile) -> Result<usize, ModelError> {
+        self.load_mtp_with(src, g, None)
+    }
+
+    /// As [`Self::load_mtp`], the block's experts given (read from a `.les` bundle:
+    /// [`crate::engine::mtp::load_mtp_file`]) where `g` (a bundle's dense GGUF) holds none.
+    pub fn load_mtp_with(&mut self, src: &dyn ByteSource, g: &GgufFile, experts: Option<ResidentExperts>) -> Result<usize, ModelError> {
         let Layers::Hybrid(_) = &self.layers else {
             return Err(ModelError::Unsupported(format!("{}: multi-token prediction is implemented for qwen35moe, qwen35 and qwen3next", self.cfg.arch.name())));
         };
@@ -410,11 +416,14 @@ impl Model {
         self.weights = ld.w;
         let mut mtp = r?;
         let il = self.cfg.n_layer;
-        if self.cfg.is_moe() {
+        let mut bytes = self.cfg.mtp_bytes(g) as usize;
+        if let Some(x) = experts {
+            bytes += x.bytes();
+            mtp.experts = Some(Arc::new(x));
+        } else if self.cfg.is_moe() {
             let t = GgufExpertTensors::find(g, il, self.cfg.n_embd, self.cfg.n_expert)?;
             mtp.experts = Some(Arc::new(ResidentExperts::load(src, &[t], self.cfg.n_expert)?));
         }
-        let bytes = self.cfg.mtp_bytes(g) as usize;
         mtp.bytes = bytes;
         self.mtp = Some(mtp);
         Ok(bytes)

@@ -475,6 +475,46 @@ fn streamed_mtp_equals_resident_plain_greedy() {
     }
 }
 
+/// The MTP block read from a `.les` bundle (its dense tensors from the bundle's dense GGUF, its
+/// experts from the bundle's MoE layer of block n_layer) is the GGUF's block: the same bytes set
+/// aside, the same draft logits and hidden state bit for bit, and streamed from the bundle,
+/// speculative greedy equals resident plain greedy.
+#[test]
+fn mtp_from_a_bundle_equals_mtp_from_the_gguf() {
+    use std::sync::Arc;
+    let name = "rand-qwen35moe-mtp.gguf";
+    let path = model(name);
+    let bundle = std::env::temp_dir().join(format!("les-test-mtp-{}.les", std::process::id()));
+    {
+        let mut out = std::fs::File::create(&bundle).unwrap();
+        les::expert::bundle::pack(&FileSource::open(&path).unwrap(), &mut out, &mut |_, _| {}).unwrap();
+    }
+    let (bytes_g, _) = les::engine::mtp::mtp_file_bytes(Arc::new(FileSource::open(&path).unwrap())).unwrap();
+    let (bytes_b, _) = les::engine::mtp::mtp_file_bytes(Arc::new(FileSource::open(&bundle).unwrap())).unwrap();
+    assert_eq!(bytes_b, bytes_g);
+
+    let (mut r, _) = mtp_session(name);
+    let toks = r.tokenize(&prompts()[1]);
+    let want = plain_greedy(&mut r, &toks, 16);
+    let opts = StreamOptions { budget: 0, n_ctx: 512, direct: false, profile: None, cache: StreamConfig { prefetch: true, io_threads: 2, ..Default::default() }, slots: Some(24), gpu_pool: false, dense: Default::default() };
+    let mut st = open_streaming(bundle.to_str().unwrap(), &opts).unwrap();
+    let loaded = les::engine::mtp::load_mtp_file(&mut st.session.model, Arc::new(FileSource::open(&bundle).unwrap()), &st.session.gguf).unwrap();
+    assert_eq!(loaded as u64, bytes_g);
+    // One draft step from the same token and hidden state on both.
+    let e = r.model.cfg.n_embd;
+    let h: Vec<f32> = (0..e).map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.1).collect();
+    let (mut kv_g, mut kv_b) = (r.model.new_mtp_kv(64), st.session.model.new_mtp_kv(64));
+    let (lg, hg) = r.model.forward_mtp(&[toks[1]], &h, &mut kv_g).unwrap();
+    let (lb, hb) = st.session.model.forward_mtp(&[toks[1]], &h, &mut kv_b).unwrap();
+    assert!(lg.iter().zip(&lb).all(|(a, b)| a.to_bits() == b.to_bits()), "draft logits differ");
+    assert!(hg.iter().zip(&hb).all(|(a, b)| a.to_bits() == b.to_bits()), "draft hidden state differs");
+    let mut d = les::engine::mtp::MtpDraft::new(&st.session.model, 512).unwrap();
+    let (got, sp) = spec_greedy(&mut st.session, &mut d, 3, &toks, 16);
+    let _ = std::fs::remove_file(&bundle);
+    assert_eq!(got, want, "MTP from the bundle, streamed: speculative greedy differs from plain greedy");
+    assert!(sp.drafted > 0 && st.experts.stats().bytes_read > 0);
+}
+
 /// A model without a NextN block: a typed error naming the reason, not a panic.
 #[test]
 fn mtp_without_a_nextn_block_is_a_typed_error() {
