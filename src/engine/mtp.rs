@@ -56,7 +56,6 @@ pub struct MtpDraft {
     /// coming verification's rows so far.
     lookahead: Option<std::sync::Arc<dyn crate::expert::ExpertSource>>,
     look_rows: Vec<f32>,
-    n_layer: usize,
     /// How many of the target's first layers get the rows' embeddings as a prediction of their
     /// FFN inputs (0: none).
     pub lookahead_layers: usize,
@@ -87,7 +86,6 @@ impl MtpDraft {
             forwards: 0,
             lookahead: None,
             look_rows: Vec::new(),
-            n_layer: target.cfg.n_layer,
             lookahead_layers: MTP_LOOKAHEAD_LAYERS,
         })
     }
@@ -102,7 +100,7 @@ impl MtpDraft {
             Ok(r) => self.look_rows.extend_from_slice(&r),
             Err(_) => return,
         }
-        let n = self.lookahead_layers.min(self.n_layer);
+        let n = self.lookahead_layers.min(target.cfg.n_layer);
         let rows: Vec<Vec<f32>> = (0..n).map(|_| self.look_rows.clone()).collect();
         ex.on_draft_hidden(&rows);
     }

@@ -67,7 +67,7 @@ export class AsyncReads {
       r.cancelled = new Set();
       // The threaded build's wasm memory is shared: the I/O worker then reads each piece straight
       // into its expert slot (the address the engine gives with the read), no copy at `take`.
-      r.memory = memory && typeof SharedArrayBuffer === 'function' && memory.buffer instanceof SharedArrayBuffer ? memory : null;
+      r.memory = memory?.buffer instanceof SharedArrayBuffer ? memory : null;
       r.destOf = new Map(); // id -> the wasm address a direct read fills
       r.worker = new Worker(new URL('./io-worker.js', import.meta.url), { type: 'module' });
       const started = new Promise((res) => {
@@ -221,7 +221,7 @@ export class AsyncReads {
     this.reported.delete(id);
     // A direct read writes into the engine's memory: wait until the worker is done with it, so
     // the slot can be given to another expert (or freed).
-    if (this.destOf.delete(id)) while (Atomics.load(this.ctrl, 4 * lane) === BUSY) Atomics.wait(this.ctrl, 4 * lane, BUSY, 1000);
+    if (this.destOf.delete(id)) this._waitIdle(lane);
     const st = Atomics.load(this.ctrl, 4 * lane);
     if (st === BUSY) {
       this.cancelled.add(id); // the lane is freed once the worker has finished with it
@@ -231,9 +231,14 @@ export class AsyncReads {
     }
   }
 
+  // Block until the I/O worker no longer writes through `lane`.
+  _waitIdle(lane) {
+    while (Atomics.load(this.ctrl, 4 * lane) === BUSY) Atomics.wait(this.ctrl, 4 * lane, BUSY, 1000);
+  }
+
   close() {
     // Direct reads in flight write into the engine's memory: let them finish first.
-    if (this.memory) for (let l = 0; l < this.lanes; l++) while (Atomics.load(this.ctrl, 4 * l) === BUSY) Atomics.wait(this.ctrl, 4 * l, BUSY, 1000);
+    if (this.memory) for (let l = 0; l < this.lanes; l++) this._waitIdle(l);
     this.worker?.terminate();
   }
 }
