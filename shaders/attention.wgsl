@@ -14,7 +14,10 @@
 // softmax's sum after the last position (ggml's flash-attention `sinks`): its factor is the
 // extra last score of each row, and a new maximum rescales the accumulator in f32.
 //
-// KV layout (u32 = two f16): K[((layer * n_head_kv + kvh) * n_ctx + pos) * head_dim / 2 + p].
+// KV layout (u32 = two f16): a layer's slot starts at word P.off and holds P.n_ctx cells per KV
+// head, position pos in cell pos mod n_ctx (a sliding-window layer's ring: its window and a
+// batch fit in the cells; every other slot has a cell per position):
+// K[P.off + (kvh * n_ctx + pos mod n_ctx) * head_dim / 2 + p].
 // Scores: S[(t * n_head + h) * (n_kv_max + 1) + j] with n_kv_max = pos0 + n_tok (j = n_kv_max:
 // the sink's factor).
 
@@ -23,7 +26,7 @@ struct Params {
     n_head_kv: u32,
     head_dim: u32,
     n_ctx: u32,
-    layer: u32,
+    off: u32,
     pos0: u32,
     n_tok: u32,
     scale: f32,
@@ -63,11 +66,16 @@ fn kv_span(t: u32) -> vec2<u32> {
 
 fn kv_base(h: u32) -> u32 {
     let kvh = h / (P.n_head / P.n_head_kv);
-    return (P.layer * P.n_head_kv + kvh) * P.n_ctx * (P.head_dim / 2u);
+    return P.off + kvh * P.n_ctx * (P.head_dim / 2u);
 }
 
-fn k_at(base: u32, j: u32, d: u32) -> f32 {
-    let w = unpack2x16float(K[base + j * (P.head_dim / 2u) + d / 2u]);
+// The first word of position j's row in a head's cells starting at `base`.
+fn kv_row(base: u32, j: u32) -> u32 {
+    return base + (j % P.n_ctx) * (P.head_dim / 2u);
+}
+
+fn k_at(row: u32, d: u32) -> f32 {
+    let w = unpack2x16float(K[row + d / 2u]);
     return select(w.x, w.y, (d & 1u) == 1u);
 }
 
@@ -82,7 +90,7 @@ fn scores(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
     let h = th % P.n_head;
     let span = kv_span(t);
     if (j >= span.y || j < span.x) { return; }
-    let base = kv_base(h);
+    let row = kv_row(kv_base(h), j);
     let qb = P.q_off + (t * P.n_head + h) * P.head_dim;
     let np = P.head_dim & ~63u;
     var acc: array<f32, 64>;
@@ -90,7 +98,7 @@ fn scores(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
     for (var c = 0u; c < np; c += 64u) {
         for (var l = 0u; l < 64u; l++) {
             // f16 x f16 is exact in f32, so the CPU's fma is this product then one rounded add.
-            acc[l] = keep(acc[l] + keep(k_at(base, j, c + l) * f16_round(Q[qb + c + l])));
+            acc[l] = keep(acc[l] + keep(k_at(row, c + l) * f16_round(Q[qb + c + l])));
         }
     }
     // acc[16 * r + l] is the CPU's acc[r][l].
@@ -104,7 +112,7 @@ fn scores(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups
     // to f32: a double-f32 sum here (exact.wgsl).
     var s = vec2<f32>(keep(keep(t6[0] + t6[2]) + keep(t6[1] + t6[3])), 0.0);
     for (var d = np; d < P.head_dim; d++) {
-        s = df_add_f(s, keep(k_at(base, j, d) * f16_round(Q[qb + d])));
+        s = df_add_f(s, keep(k_at(row, d) * f16_round(Q[qb + d])));
     }
     S[th * (n_kv_max + 1u) + j] = df_to_f32(s) * P.scale;
 }
@@ -173,7 +181,7 @@ fn softmax_v(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
         for (var i = 0u; i < 4u; i++) {
             let p = lid + 64u * i;
             if (p < hp) {
-                let v = unpack2x16float(V[base + j * hp + p]);
+                let v = unpack2x16float(V[kv_row(base, j) + p]);
                 acc[i] = vec2<f32>(f16_round(fma_rn(v.x, vs, acc[i].x)), f16_round(fma_rn(v.y, vs, acc[i].y)));
             }
         }

@@ -194,12 +194,15 @@ impl Session {
     /// Run on the GPU of `ctx`: upload the dense weights (experts go to GPU slots as routed).
     pub fn use_gpu(&mut self, ctx: crate::backend::wgpu::GpuContext, opts: &crate::backend::wgpu::exec::GpuOptions) -> Result<(), EngineError> {
         let m = &self.model;
-        let gpu = GpuBackend::new(std::sync::Arc::new(ctx), &m.weights, m.gpu_shapes(self.kv.n_ctx), m.experts(), opts)?;
+        let sh = m.gpu_shapes(self.kv.n_ctx);
+        let gpu = GpuBackend::new(std::sync::Arc::new(ctx), &m.weights, sh, m.experts(), opts)?;
         self.gpu_opts = opts.clone();
-        // Keys and values live on the GPU; the CPU cache keeps only the position count.
-        // (Recurrent states too; the cache keeps the checkpoint bookkeeping the GPU mirrors.)
+        // Keys and values live on the GPU; the CPU cache keeps only the position count and
+        // whether the sliding-window rings still hold what a rollback needs. (Recurrent states
+        // too; the cache keeps the checkpoint bookkeeping the GPU mirrors.)
         let c = &self.model.cfg;
-        self.kv = KvCache::positions_only(self.kv.n_ctx, c.ssm.is_some(), c.n_head_kv, c.head_dim);
+        let rings: Vec<(usize, usize)> = (0..c.n_layer).filter(|&il| sh.swa_layers > 0 && !c.is_recurrent(il) && c.window(il) > 0).map(|il| (c.window(il), sh.swa_cells)).collect();
+        self.kv = KvCache::positions_only(self.kv.n_ctx, c.ssm.is_some(), &rings, c.n_head_kv, c.head_dim);
         self.gpu = Some(gpu);
         Ok(())
     }

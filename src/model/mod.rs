@@ -558,10 +558,24 @@ impl Model {
         }
     }
 
-    /// What the wgpu backend allocates for this model with `n_ctx` positions.
+    /// What the wgpu backend allocates for this model with `n_ctx` positions: a slot of `n_ctx`
+    /// cells per attention layer, a ring of [`crate::backend::cpu::kv::swa_ring_cells`] per
+    /// sliding-window layer (fewer than the host's bounded cells, which the budget plan
+    /// counts: [`Config::cache_bytes`]).
     pub fn gpu_shapes(&self, n_ctx: usize) -> GpuShapes {
         let c = &self.cfg;
-        GpuShapes { n_layer: c.n_layer, kv_layers: c.n_attn_layers(), n_head_kv: c.n_head_kv, head_dim: c.head_dim, n_ctx, n_expert: c.n_expert, n_expert_used: c.n_expert_used }
+        let swa_layers = (0..c.n_layer).filter(|&il| !c.is_recurrent(il) && c.window(il) > 0).count();
+        GpuShapes {
+            n_layer: c.n_layer,
+            kv_layers: c.n_attn_layers() - swa_layers,
+            swa_layers,
+            swa_cells: if swa_layers > 0 { crate::backend::cpu::kv::swa_ring_cells(c.n_swa, GPU_BATCH, n_ctx) } else { 0 },
+            n_head_kv: c.n_head_kv,
+            head_dim: c.head_dim,
+            n_ctx,
+            n_expert: c.n_expert,
+            n_expert_used: c.n_expert_used,
+        }
     }
 
     /// The forward pass on the wgpu backend `g`, in chunks of [`GPU_BATCH`] tokens. Keys and values

@@ -88,6 +88,17 @@ pub const WEIGHT_TYPES: [GgmlType; 16] = [
     GgmlType::MXFP4,
 ];
 
+/// `n` token ids below `vocab` from a 64-bit LCG seeded with `seed` (Knuth's MMIX constants).
+pub fn random_tokens(n: usize, vocab: u32, seed: u64) -> Vec<u32> {
+    let mut x = seed;
+    (0..n)
+        .map(|_| {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((x >> 33) % vocab as u64) as u32
+        })
+        .collect()
+}
+
 /// The long test matrices (`LES_FULL_TESTS=1`, `tools/test_full.sh`) instead of the default run's
 /// short ones.
 pub fn full_tests() -> bool {

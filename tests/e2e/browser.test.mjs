@@ -623,10 +623,11 @@ test('lookahead: abort while prefetches are in flight, the next run is bit-ident
   }
 });
 
-// A failed prefetch read costs nothing (the expert is read on demand if the router picks it), and
-// unloading an engine while its prefetches are in flight ends the generation with an AbortError;
-// a new engine over the same stored model then gives the first run's logits.
-test('lookahead: failed prefetch reads cost nothing; unload with prefetches in flight', async () => {
+// A failed prefetch read costs nothing (the expert is read on demand if the router picks it), an
+// I/O worker that stops answering is given up on (`ioTimeoutMs`) without changing the output,
+// and unloading an engine while its prefetches are in flight ends the generation with an
+// AbortError; a new engine over the same stored model then gives the first run's logits.
+test('lookahead: failed prefetch reads cost nothing; a hung I/O worker is given up; unload with prefetches in flight', async () => {
   const ctx = await launch();
   try {
     const page = await ctx.newPage();
@@ -655,11 +656,24 @@ test('lookahead: failed prefetch reads cost nothing; unload with prefetches in f
       } catch (x) {
         err = x.name;
       }
+      // An I/O worker that stops answering at its third read: the engine blocks on that read
+      // (when it needs the expert, or gives its slot away, or unloads) at most 1.5 s, then stops
+      // the worker and reads for itself. The logits stay the same and unloading ends.
+      e = await open({ debugStallReads: 3, ioTimeoutMs: 1500 });
+      const stalled = await run(e);
+      stalled.submitted = e.lastResult.reads?.submitted;
+      const t0 = performance.now();
+      await e.unload();
+      stalled.unloadMs = performance.now() - t0;
       e = await open({});
       const after = await run(e);
       await e.unload();
-      return { ref, failing, after, err };
+      return { ref, failing, after, err, stalled };
     }, SMALL_PROMPT);
+    assert.ok(out.stalled.submitted >= 3, `the stalled read was never submitted: ${JSON.stringify(out.stalled)}`);
+    assert.ok(out.stalled.unloadMs < 10000, `unloading waited ${out.stalled.unloadMs} ms for a hung I/O worker`);
+    assert.equal(out.stalled.fnv, out.ref.fnv, 'a stopped I/O worker changed the logits');
+    assert.deepEqual(out.stalled.tokens, out.ref.tokens);
     assert.ok(out.ref.submitted > 0, 'prefetches were read asynchronously');
     assert.ok(out.failing.failed > 0 && out.failing.failures > 0, JSON.stringify(out.failing));
     assert.equal(out.failing.fnv, out.ref.fnv, 'failed prefetches changed the logits');

@@ -122,6 +122,75 @@ fn gpu_equals_cpu_gpt_oss() {
     gpu_lossless("rand-gpt-oss.gguf", 8);
 }
 
+/// Sliding-window layers on the GPU keep a ring of cells (issue 37 item 3): rand-gpt-oss
+/// (window 16 on layers 0 and 2) with 1024 positions holds 2 × 1024 cells and two rings of
+/// 16 (window) + 32 (a forward's rows) + 64 (rollback) on the device; a 200-token prompt (the
+/// rings wrap), greedy steps and a rollback of 30 give the CPU portable kernels' logits bit for
+/// bit; a rollback past what the rings hold starts the cache over (the caller feeds everything).
+#[test]
+fn gpu_sliding_window_rings_equal_cpu() {
+    if !gpu_available() {
+        return;
+    }
+    les::quant::Simd::force(les::quant::Simd::Scalar);
+    let n_ctx = 1024;
+    let src = FileSource::open(model_path("rand-gpt-oss.gguf")).unwrap();
+    let mut cpu = Session::load(&src, ExpertMode::Resident, n_ctx).unwrap();
+    let mut gpu = Session::load(&src, ExpertMode::Resident, n_ctx).unwrap();
+    gpu.set_backend(BackendKind::Wgpu, &GpuOptions { exact: Some(true), ..Default::default() }).unwrap();
+    // f16 keys and values, 2 KV heads of 64.
+    let per_cell = 2 * 2 * 64 * 2;
+    assert_eq!(gpu.gpu.as_ref().unwrap().kv_bytes() as usize, (2 * n_ctx + 2 * 112) * per_cell);
+    let bits = |l: &[f32]| l.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+    let vocab = cpu.model.cfg.n_vocab as u32;
+    let prompt = random_tokens(200, vocab, 11);
+    let (a, b) = (cpu.prefill(&prompt).unwrap(), gpu.prefill(&prompt).unwrap());
+    assert_eq!(bits(&b), bits(&a), "prompt logits");
+    let mut next = argmax(&a);
+    for step in 0..4 {
+        let (a, b) = (cpu.forward(&[next], Logits::Last).unwrap(), gpu.forward(&[next], Logits::Last).unwrap());
+        assert_eq!(bits(&b), bits(&a), "step {step}");
+        next = argmax(&a);
+    }
+    // A rollback the rings still hold (speculative decoding, a regenerated reply).
+    let back = cpu.kv.len - 30;
+    assert_eq!(gpu.kv.truncate(back), back);
+    assert_eq!(cpu.kv.truncate(back), back);
+    let again = random_tokens(40, vocab, 13);
+    let (a, b) = (cpu.forward(&again, Logits::All).unwrap(), gpu.forward(&again, Logits::All).unwrap());
+    assert_eq!(bits(&b), bits(&a), "after a rollback of 30");
+    // Further back than the rings hold (they hold positions 102..214): the cache starts over.
+    assert_eq!(gpu.kv.truncate(50), 0);
+    cpu.kv.clear();
+    let (a, b) = (cpu.prefill(&prompt[..120]).unwrap(), gpu.prefill(&prompt[..120]).unwrap());
+    assert_eq!(bits(&b), bits(&a), "after starting over");
+}
+
+/// MTP self-speculation with the target on the GPU (issue 37 item 2): the trunk runs on the
+/// GPU's exact path and its output-normed rows are read back for the MTP block, which drafts on
+/// the CPU; greedy output is the CPU's plain greedy, and drafts are made.
+#[test]
+fn gpu_mtp_speculative_equals_cpu_plain_greedy() {
+    use les::engine::speculative::{self, SpecOptions};
+    if !gpu_available() {
+        return;
+    }
+    les::quant::Simd::force(les::quant::Simd::Scalar);
+    let src = FileSource::open(model_path("rand-qwen35moe-mtp.gguf")).unwrap();
+    let mut cpu = Session::load(&src, ExpertMode::Resident, 256).unwrap();
+    let mut gpu = Session::load(&src, ExpertMode::Resident, 256).unwrap();
+    gpu.set_backend(BackendKind::Wgpu, &GpuOptions { exact: Some(true), ..Default::default() }).unwrap();
+    gpu.model.load_mtp(&src, &gpu.gguf).unwrap();
+    let mut d = les::engine::mtp::MtpDraft::new(&gpu.model, 256).unwrap();
+    let g = SamplerConfig::greedy();
+    let toks = cpu.tokenize(&prompts()[1]);
+    let want = cpu.generate(&toks, 8, &g, true, &mut |_, _| true).unwrap().0;
+    let o = SpecOptions { draft_max: 3, io: None, verify_first: false };
+    let (got, _, st) = speculative::generate(&mut gpu, Some(&mut d), &o, &toks, 8, &g, true, &mut |_, _| true).unwrap();
+    assert_eq!(got, want, "MTP speculative greedy with the trunk on the GPU differs from the CPU's plain greedy");
+    assert!(st.drafted > 0);
+}
+
 #[test]
 fn gpu_greedy_equals_cpu_smolmoe_32x2() {
     if !gpu_available() {

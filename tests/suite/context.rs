@@ -8,16 +8,6 @@ use les::engine::Session;
 use les::model::{ExpertMode, Logits};
 use les::store::FileSource;
 
-fn tokens(n: usize, vocab: u32, seed: u64) -> Vec<u32> {
-    let mut x = seed;
-    (0..n)
-        .map(|_| {
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            ((x >> 33) % vocab as u64) as u32
-        })
-        .collect()
-}
-
 fn argmax(l: &[f32]) -> u32 {
     l.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).unwrap().0 as u32
 }
@@ -44,7 +34,7 @@ fn a_sliding_window_keeps_bounded_cells_with_the_full_caches_bits() {
     let bytes = ring.kv.kv_bytes();
 
     let vocab = ring.model.cfg.n_vocab as u32;
-    let prompt = tokens(1500, vocab, 7);
+    let prompt = random_tokens(1500, vocab, 7);
     let (a, b) = (ring.prefill(&prompt).unwrap(), full.prefill(&prompt).unwrap());
     assert_eq!(bits(&a), bits(&b), "prompt logits");
     let mut next = argmax(&a);
@@ -57,7 +47,7 @@ fn a_sliding_window_keeps_bounded_cells_with_the_full_caches_bits() {
     let back = ring.kv.len - 30;
     assert_eq!(ring.kv.truncate(back), back);
     assert_eq!(full.kv.truncate(back), back);
-    let again = tokens(70, vocab, 9);
+    let again = random_tokens(70, vocab, 9);
     let (a, b) = (ring.forward(&again, Logits::All).unwrap(), full.forward(&again, Logits::All).unwrap());
     assert_eq!(bits(&a), bits(&b), "after a rollback of 30");
     assert_eq!(ring.kv.kv_bytes(), bytes, "batches of at most 512 never grow the cells");
@@ -93,7 +83,7 @@ fn a_long_context_stays_within_the_budget() {
     let n: u32 = if full_tests() { 32768 } else { 4096 };
     // ~1 token per word on both fixtures' vocabularies; 90% of the context.
     let words = ["alpha", "river", "stone", "light", "green", "cloud", "paper", "seven", "under", "quiet"];
-    let text: Vec<&str> = tokens(n as usize * 9 / 10, words.len() as u32, 3).iter().map(|&i| words[i as usize]).collect();
+    let text: Vec<&str> = random_tokens(n as usize * 9 / 10, words.len() as u32, 3).iter().map(|&i| words[i as usize]).collect();
     let prompt = std::env::temp_dir().join(format!("les-ctx-{}-{n}.txt", std::process::id()));
     std::fs::write(&prompt, text.join(" ")).unwrap();
     for (name, arch) in [("rand-gpt-oss.gguf", "gpt-oss"), ("rand-qwen35moe.gguf", "qwen35moe")] {

@@ -305,14 +305,20 @@ fn attention_case(g: &Gpu, arena: &wgpu::Buffer, hd: usize) {
     // 12 positions of keys/values, written in two batches (8 then 4), then 4 queries at 8..12.
     let kvals: Vec<f32> = x.iter().take(12 * nkv).map(|v| v * 0.7).collect();
     let vvals: Vec<f32> = x.iter().rev().take(12 * nkv).copied().collect();
-    let words = n_layer * n_head_kv * n_ctx * hd / 2;
+    // Two slots of n_ctx cells (the test writes the second), then a ring of 8 cells for a
+    // sliding-window layer (position p in cell p mod 8: after 12 positions it holds 4..12).
+    let ring = 8;
+    let slot_words = n_head_kv * n_ctx * hd / 2;
+    let ring_off = n_layer * slot_words;
+    let words = ring_off + n_head_kv * ring * hd / 2;
     let kc = g.ctx.scratch("kc", 4 * words).unwrap();
     let vc = g.ctx.scratch("vc", 4 * words).unwrap();
     let mut rec = Recorder::new(&g.ctx, arena);
     for (p0, n) in [(0usize, 8usize), (8, 4)] {
         let kb = upf(g, &kvals[p0 * nkv..(p0 + n) * nkv]);
         let vb = upf(g, &vvals[p0 * nkv..(p0 + n) * nkv]);
-        g.k.kv_store(&mut rec, &kb, &vb, &kc, &vc, n_head_kv, hd, n_ctx, layer, p0, n);
+        g.k.kv_store(&mut rec, &kb, &vb, &kc, &vc, n_head_kv, hd, n_ctx, layer * slot_words, p0, n);
+        g.k.kv_store(&mut rec, &kb, &vb, &kc, &vc, n_head_kv, hd, ring, ring_off, p0, n);
         rec.submit();
     }
     // The cache holds the CPU's f16 rounding of every value.
@@ -326,6 +332,12 @@ fn attention_case(g: &Gpu, arena: &wgpu::Buffer, hd: usize) {
         for (i, v) in kr.iter().enumerate() {
             let at = (((layer * n_head_kv + h) * n_ctx) * hd + i) * 2;
             assert_eq!(u16::from_le_bytes([got_k[at], got_k[at + 1]]), v.to_bits(), "K head {h} [{i}]");
+            // The ring: position i / hd (≥ 4) in cell (i / hd) mod 8.
+            let (p, d) = (i / hd, i % hd);
+            if p >= 12 - ring {
+                let at = (ring_off * 2 + (h * ring + p % ring) * hd + d) * 2;
+                assert_eq!(u16::from_le_bytes([got_k[at], got_k[at + 1]]), v.to_bits(), "ring K head {h} position {p} [{d}]");
+            }
         }
     }
     let n_tok = 4;
@@ -340,8 +352,9 @@ fn attention_case(g: &Gpu, arena: &wgpu::Buffer, hd: usize) {
     let sinks = [3.0f32, -2.0, 0.5, 10.0, -10.0, 1.0];
     let sb = upf(g, &sinks);
     let mut worst = 0f32;
-    for (window, sink) in [(0usize, false), (5, true)] {
-        g.k.attention(&mut rec, &qb, &kc, &vc, &o, &sc, n_head, n_head_kv, hd, n_ctx, layer, pos0, n_tok, scale, window, sink.then_some(&sb));
+    // The window of 5 also on the ring (queries 8..12 see positions 4..12).
+    for (window, sink, (cells, off)) in [(0usize, false, (n_ctx, layer * slot_words)), (5, true, (n_ctx, layer * slot_words)), (5, true, (ring, ring_off))] {
+        g.k.attention(&mut rec, &qb, &kc, &vc, &o, &sc, n_head, n_head_kv, hd, cells, off, pos0, n_tok, scale, window, sink.then_some(&sb));
         let got = read(g, &mut rec, &o, n_tok * n_head * hd);
         for t in 0..n_tok {
             for h in 0..n_head {
@@ -354,7 +367,7 @@ fn attention_case(g: &Gpu, arena: &wgpu::Buffer, hd: usize) {
                 for i in 0..hd {
                     let d = (got[(t * n_head + h) * hd + i] - want[i]).abs();
                     worst = worst.max(d);
-                    assert_eq!(got[(t * n_head + h) * hd + i].to_bits(), want[i].to_bits(), "head_dim {hd} window {window} t{t} h{h} [{i}]: {} vs {}", got[(t * n_head + h) * hd + i], want[i]);
+                    assert_eq!(got[(t * n_head + h) * hd + i].to_bits(), want[i].to_bits(), "head_dim {hd} window {window} cells {cells} t{t} h{h} [{i}]: {} vs {}", got[(t * n_head + h) * hd + i], want[i]);
                 }
             }
         }

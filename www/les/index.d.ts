@@ -114,8 +114,17 @@ export interface CreateEngineOptions {
    * (benchmarks). `lastResult.reads.direct` counts the reads that needed no copy.
    */
   directReads?: boolean;
+  /**
+   * Milliseconds the engine blocks on the I/O worker's read (one it needs now, or a direct read
+   * into a slot it gives to another expert) before it gives the I/O worker up (default 60000):
+   * the worker is terminated, its unfinished reads fail (the engine reads those experts itself)
+   * and prefetching goes on without asynchronous reads (`lastResult.reads.workerStopped`).
+   */
+  ioTimeoutMs?: number;
   /** Tests: every n-th asynchronous prefetch read fails (the engine must not notice but in its counters). */
   debugFailReads?: number;
+  /** Tests: the I/O worker stops answering at its n-th read, as a hung worker would. */
+  debugStallReads?: number;
   onProgress?: (p: Progress) => void;
   /** URL of worker.js when a bundler moves it. */
   workerUrl?: string | URL;
@@ -192,6 +201,10 @@ export interface ReadStats {
   bytes: number;
   /** Times the engine blocked on a read it needed (shared mode). */
   blocked: number;
+  /** Reads that landed straight in the engine's memory (no copy; threaded build, shared mode). */
+  direct: number;
+  /** The I/O worker did not finish a read within `ioTimeoutMs` and was stopped (shared mode). */
+  workerStopped: boolean;
 }
 
 export interface Stats {

@@ -1,6 +1,7 @@
 // The I/O worker of io.js's 'shared' mode: reads pieces of the model file into lanes of a
 // SharedArrayBuffer and flags each lane DONE (2) or FAILED (3) with Atomics, waking the engine's
-// worker if it blocks on it. Messages: {init: source, sab, ctrl, maxPiece, device, memory}, then
+// worker if it blocks on it. Messages: {init: source, sab, ctrl, maxPiece, device, memory,
+// stallAfter}, then
 // {lane, id, ranges: [offset, length, ...], dest} (read one after the other into the lane, or with
 // the engine's shared wasm `memory` and `dest` >= 0 straight into that memory at `dest`). An OPFS model is read through this worker's own sync access handle straight
 // into the shared lane (Chromium: `readwrite-unsafe` handles coexist with the engine's); where
@@ -10,11 +11,12 @@ import { Device } from './device.js';
 
 const DONE = 2, FAILED = 3;
 let read = null, handle = null, sab = null, ctrl = null, maxPiece = 0, device = null, memory = null;
-let ready = null;
+let ready = null, stallAfter = 0, reads = 0;
 
 async function init(m) {
   read = openReader(m.init);
   ({ sab, ctrl, maxPiece, memory } = m);
+  stallAfter = m.stallAfter ?? 0;
   // The engine's modelled flash device, shared with its worker (benchmarks).
   device = m.device ? new Device(m.device.profile, m.device.state) : null;
   if (m.init.kind === 'opfs') {
@@ -36,6 +38,8 @@ onmessage = async (ev) => {
   }
   await ready;
   const { lane, ranges } = m;
+  // Tests: stop answering, as a hung worker would (the lane stays busy).
+  if (stallAfter > 0 && ++reads >= stallAfter) return;
   let st = FAILED;
   try {
     // Into the lane, or (`dest` >= 0) straight into the engine's shared wasm memory at `dest`

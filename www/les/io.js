@@ -48,7 +48,10 @@ export class AsyncReads {
   // `maxPiece`: bytes per read (a shared lane's size): a whole expert of most models, so one
   // prefetch is one read.
   // `failEvery` (tests): every n-th read fails when taken.
-  static async create(model, { lanes = 1, maxPiece = 4 << 20, shared = !!globalThis.crossOriginIsolated, failEvery = 0, memory = null } = {}) {
+  // `timeoutMs`: how long the engine blocks on an I/O worker that has not finished a read before
+  // it gives the worker up (`stopWorker`); `stallAfter` (tests): the worker stops answering after
+  // that many reads, as a hung one would.
+  static async create(model, { lanes = 1, maxPiece = 4 << 20, shared = !!globalThis.crossOriginIsolated, failEvery = 0, memory = null, timeoutMs = 60000, stallAfter = 0 } = {}) {
     const src = model.asyncSource?.();
     if (!src) return null;
     const r = new AsyncReads();
@@ -58,7 +61,9 @@ export class AsyncReads {
     r.takes = 0;
     r.lanes = lanes;
     r.maxPiece = maxPiece;
-    r.stats = { submitted: 0, refused: 0, completed: 0, failed: 0, bytes: 0, blocked: 0, direct: 0 }; // direct: reads that landed in the engine's memory
+    r.timeoutMs = timeoutMs;
+    // direct: reads that landed in the engine's memory; workerStopped: the I/O worker was given up
+    r.stats = { submitted: 0, refused: 0, completed: 0, failed: 0, bytes: 0, blocked: 0, direct: 0, workerStopped: false };
     if (shared && typeof SharedArrayBuffer === 'function' && typeof Atomics?.wait === 'function') {
       r.mode = 'shared';
       r.sab = new SharedArrayBuffer(lanes * maxPiece);
@@ -76,10 +81,10 @@ export class AsyncReads {
         setTimeout(() => res(false), 10000);
       });
       const device = model.device ? { profile: model.device.profile, state: model.device.state } : null;
-      r.worker.postMessage({ init: src, sab: r.sab, ctrl: r.ctrl, maxPiece, device, memory: r.memory });
+      r.worker.postMessage({ init: src, sab: r.sab, ctrl: r.ctrl, maxPiece, device, memory: r.memory, stallAfter });
       if (!(await started)) {
         r.worker.terminate();
-        return AsyncReads.create(model, { lanes, maxPiece, shared: false, failEvery, memory });
+        return AsyncReads.create(model, { lanes, maxPiece, shared: false, failEvery, memory, timeoutMs });
       }
     } else {
       r.mode = 'local';
@@ -107,7 +112,7 @@ export class AsyncReads {
         stored = false;
       }
     }
-    if (length > this.maxPiece || !stored) {
+    if (length > this.maxPiece || !stored || this.stats.workerStopped) {
       this.stats.refused++;
       return false;
     }
@@ -202,13 +207,9 @@ export class AsyncReads {
     const lane = this.laneOf.get(id);
     if (lane === undefined) return true;
     this.stats.blocked++;
-    // A read that has not finished within a minute is given up on (the engine reads it itself).
-    const t0 = performance.now();
-    while (Atomics.load(this.ctrl, 4 * lane) === BUSY) {
-      if (performance.now() - t0 > 60000) return false;
-      Atomics.wait(this.ctrl, 4 * lane, BUSY, 1000);
-    }
-    return true;
+    // A read that has not finished within `timeoutMs` is given up on with its worker (the engine
+    // reads it itself).
+    return this._waitIdle(lane);
   }
 
   cancel(id) {
@@ -231,9 +232,33 @@ export class AsyncReads {
     }
   }
 
-  // Block until the I/O worker no longer writes through `lane`.
+  // Block until the I/O worker no longer writes through `lane` (true), or until `timeoutMs` has
+  // passed: then the worker is stopped (false).
   _waitIdle(lane) {
-    while (Atomics.load(this.ctrl, 4 * lane) === BUSY) Atomics.wait(this.ctrl, 4 * lane, BUSY, 1000);
+    const t0 = performance.now();
+    while (Atomics.load(this.ctrl, 4 * lane) === BUSY) {
+      const left = this.timeoutMs - (performance.now() - t0);
+      if (left <= 0) {
+        this.stopWorker();
+        return false;
+      }
+      Atomics.wait(this.ctrl, 4 * lane, BUSY, Math.min(left, 1000));
+    }
+    return true;
+  }
+
+  // Give up on an I/O worker that stopped answering: terminate it, so that nothing writes into the
+  // engine's memory once this returns (a slot whose read never finished can then be reused), mark
+  // its busy lanes failed (their reads fail when taken: the engine reads those experts itself)
+  // and accept no more reads (`submit` refuses: prefetches become nothing, demand reads go on).
+  stopWorker() {
+    if (this.stats.workerStopped) return;
+    this.stats.workerStopped = true;
+    this.worker?.terminate();
+    console.warn(`LES: the I/O worker did not finish a read within ${this.timeoutMs} ms; prefetching goes on without it`);
+    for (let l = 0; l < this.lanes; l++) {
+      if (Atomics.load(this.ctrl, 4 * l) === BUSY) Atomics.store(this.ctrl, 4 * l, FAILED);
+    }
   }
 
   close() {

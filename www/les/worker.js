@@ -90,7 +90,7 @@ async function openSource(src, opts, what) {
   throw new TypeError(`${what} must be a URL string, a File or a FileSystemFileHandle`);
 }
 
-async function load({ model: src, mmproj = null, memoryBudgetMB = 0, backend = 'auto', nCtx = 2048, backing = 'auto', gpuExpertSlots = null, prefetch = true, prefetchAlways = false, ioLanes = 1, expertSlots = null, policy = null, lookahead = 1, store = null, threads: nThreads = null, relaxedSimd = true, directReads = true, debugFailReads = 0, debugProfile = false }) {
+async function load({ model: src, mmproj = null, memoryBudgetMB = 0, backend = 'auto', nCtx = 2048, backing = 'auto', gpuExpertSlots = null, prefetch = true, prefetchAlways = false, ioLanes = 1, expertSlots = null, policy = null, lookahead = 1, store = null, threads: nThreads = null, relaxedSimd = true, directReads = true, ioTimeoutMs = 60000, debugFailReads = 0, debugStallReads = 0, debugProfile = false }) {
   const wantGpu = backend === 'webgpu' || (backend === 'auto' && !!navigator.gpu);
   const { Engine, crc32, deviceProfile, profileOps } = await (ready ??= loadWasm(!wantGpu, nThreads, relaxedSimd));
   // Benchmarks: per-op times of the CPU forward in `stats().profile`.
@@ -111,7 +111,7 @@ async function load({ model: src, mmproj = null, memoryBudgetMB = 0, backend = '
     // shared memory, reads land only when the worker awaits: every layer on WebGPU, but only
     // between tokens on the CPU, too late to pay for the slots they take there.
     reads?.close();
-    reads = prefetch && memoryBudgetMB > 0 ? await AsyncReads.create(model, { lanes: ioLanes, failEvery: debugFailReads, memory: directReads ? wasmMemory : null }) : null;
+    reads = prefetch && memoryBudgetMB > 0 ? await AsyncReads.create(model, { lanes: ioLanes, failEvery: debugFailReads, memory: directReads ? wasmMemory : null, timeoutMs: ioTimeoutMs, stallAfter: debugStallReads }) : null;
     if (reads?.mode === 'local' && !gpuPool) {
       reads.close();
       reads = null;

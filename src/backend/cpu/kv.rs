@@ -58,6 +58,13 @@ pub fn swa_cells(n_swa: usize, n_ctx: usize) -> usize {
     (n_swa + UBATCH + SWA_KEEP + SWA_ALIGN).min(n_ctx)
 }
 
+/// Cells of a sliding-window layer kept as a ring (a device's cache: position `p` in cell
+/// `p mod cells`) for forwards of at most `rows` rows: the window, a forward's rows and the
+/// rollback reserve. The ring's positions never move, so it needs no alignment slack.
+pub fn swa_ring_cells(n_swa: usize, rows: usize, n_ctx: usize) -> usize {
+    (n_swa + rows + SWA_KEEP).min(n_ctx)
+}
+
 pub struct KvCache {
     pub n_ctx: usize,
     pub n_head_kv: usize,
@@ -78,6 +85,12 @@ pub struct KvCache {
     saved: Option<(usize, Vec<Option<RecState>>)>,
     /// State events not yet taken by a device backend ([`KvCache::take_events`]).
     events: Vec<StateEvent>,
+    /// A device's sliding-window layers, (window, cells): rings where position `p` lives in cell
+    /// `p mod cells` ([`Self::positions_only`]); empty for a host cache.
+    rings: Vec<(usize, usize)>,
+    /// The most positions held since the cache was last cleared (a ring's cells hold positions
+    /// `high − cells .. high`).
+    high: usize,
 }
 
 impl KvCache {
@@ -118,14 +131,21 @@ impl KvCache {
             window,
             saved: None,
             events: Vec::new(),
+            rings: Vec::new(),
+            high: 0,
         }
     }
 
     /// The position count (and, for a model with recurrent layers, the checkpoint bookkeeping)
-    /// of a sequence whose keys, values and states live on a device.
-    pub fn positions_only(n_ctx: usize, recurrent: bool, n_head_kv: usize, head_dim: usize) -> Self {
+    /// of a sequence whose keys, values and states live on a device. `rings`: the device's
+    /// sliding-window layers as (window, cells), each a ring holding position `p` in cell
+    /// `p mod cells`; a rollback further back than a ring still holds clears the cache, as
+    /// [`Self::truncate`] does for the host's bounded cells.
+    pub fn positions_only(n_ctx: usize, recurrent: bool, rings: &[(usize, usize)], n_head_kv: usize, head_dim: usize) -> Self {
         let layers: Vec<Option<(usize, usize)>> = if recurrent { vec![Some((0, 0))] } else { Vec::new() };
-        Self::hybrid(&layers, n_ctx, n_head_kv, head_dim)
+        let mut c = Self::hybrid(&layers, n_ctx, n_head_kv, head_dim);
+        c.rings = rings.iter().copied().filter(|&(w, cells)| w > 0 && cells < n_ctx).collect();
+        c
     }
 
     /// The state events since the last call (a device backend replays them).
@@ -156,6 +176,7 @@ impl KvCache {
 
     pub fn clear(&mut self) {
         self.len = 0;
+        self.high = 0;
         self.base.fill(0);
         self.zero_states();
         if self.recurrent() {
@@ -186,6 +207,7 @@ impl KvCache {
     /// [`Self::truncate`] even when nothing is cut: after a forward that failed half-way, the
     /// recurrent states may hold part of it, so they go back to the checkpoint at or before `n`.
     pub fn restore(&mut self, n: usize) -> usize {
+        self.high = self.high.max(self.len);
         if !self.recurrent() {
             self.len = self.len.min(n);
         } else {
@@ -204,7 +226,9 @@ impl KvCache {
         // The next query, at position len, sees len + 1 − window .. len: a sliding-window layer
         // must still hold them, or the cache starts over.
         let next = self.len + 1;
-        if self.window.iter().zip(&self.base).any(|(&w, &b)| w > 0 && b > next.saturating_sub(w)) {
+        // A device ring holds `high − cells .. high` (later positions overwrote the rest).
+        let lost = |&(w, cells): &(usize, usize)| self.high.saturating_sub(cells) > next.saturating_sub(w);
+        if self.window.iter().zip(&self.base).any(|(&w, &b)| w > 0 && b > next.saturating_sub(w)) || self.rings.iter().any(lost) {
             self.saved = None;
             self.clear();
         }

@@ -83,8 +83,13 @@ pub struct GpuStats {
 #[derive(Clone, Copy, Debug)]
 pub struct GpuShapes {
     pub n_layer: usize,
-    /// Layers with keys and values (attention layers; a hybrid's recurrent layers hold none).
+    /// Layers with keys and values for every position (attention layers; a hybrid's recurrent
+    /// layers hold none).
     pub kv_layers: usize,
+    /// Sliding-window attention layers (gpt-oss's even layers): each a ring of `swa_cells`
+    /// positions, position `p` in cell `p mod swa_cells`.
+    pub swa_layers: usize,
+    pub swa_cells: usize,
     pub n_head_kv: usize,
     pub head_dim: usize,
     /// KV positions held on the GPU.
@@ -105,10 +110,12 @@ pub struct GpuBackend {
     vecs: Vec<(wgpu::Buffer, usize)>,
     kc: wgpu::Buffer,
     vc: wgpu::Buffer,
-    /// The layer holding each KV slot, in the order layers first attended (`kc`/`vc` have
-    /// `kv_layers` slots).
-    kv_slots: Mutex<Vec<usize>>,
+    /// The layer holding each KV slot, in the order layers first attended: `kc`/`vc` hold
+    /// `kv_layers` slots of `n_ctx` positions, then `swa_layers` rings of `swa_cells`.
+    kv_slots: Mutex<(Vec<usize>, Vec<usize>)>,
     kv_layers: usize,
+    swa_layers: usize,
+    swa_cells: usize,
     n_ctx: usize,
     acts: Vec<wgpu::Buffer>,
     arena: wgpu::Buffer,
@@ -192,7 +199,8 @@ impl GpuBackend {
             mats.push(if w.host_only(i) { None } else { Some(GpuWeight::upload(g, &format!("mat-{i}"), m)?) });
         }
         let vecs = w.vecs().iter().enumerate().map(|(i, v)| Ok((g.upload(&format!("vec-{i}"), bytemuck::cast_slice(v))?, v.len()))).collect::<Result<Vec<_>, GpuError>>()?;
-        let kv_bytes = (s.kv_layers * s.n_head_kv * s.n_ctx * s.head_dim * 2).max(4);
+        let swa_cells = s.swa_cells.min(s.n_ctx);
+        let kv_bytes = ((s.kv_layers * s.n_ctx + s.swa_layers * swa_cells) * s.n_head_kv * s.head_dim * 2).max(4);
         if kv_bytes as u64 > g.max_binding() {
             return Err(GpuError::Limit { what: format!("KV cache of {} positions (lower --ctx-size)", s.n_ctx), need: kv_bytes as u64, have: g.max_binding() });
         }
@@ -227,8 +235,10 @@ impl GpuBackend {
             vecs,
             kc,
             vc,
-            kv_slots: Mutex::new(Vec::new()),
+            kv_slots: Mutex::new(Default::default()),
             kv_layers: s.kv_layers,
+            swa_layers: s.swa_layers,
+            swa_cells,
             n_ctx: s.n_ctx,
             acts,
             arena: Recorder::arena_buffer(g),
@@ -253,16 +263,26 @@ impl GpuBackend {
         self.kc.size() + self.vc.size()
     }
 
-    /// Layer `il`'s KV slot: the next free one when it first attends; `None` when all are taken.
-    fn kv_slot(&self, il: usize) -> Option<usize> {
-        let mut s = self.kv_slots.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(i) = s.iter().position(|&l| l == il) {
-            return Some(i);
-        }
-        (s.len() < self.kv_layers).then(|| {
-            s.push(il);
-            s.len() - 1
-        })
+    /// Layer `il`'s KV slot as (offset in u32 words of `kc`/`vc`, cells per KV head): the next
+    /// free one of its kind (a ring for a sliding-window layer) when it first attends; `None`
+    /// when all are taken.
+    fn kv_slot(&self, il: usize, windowed: bool, n_head_kv: usize, head_dim: usize) -> Option<(usize, usize)> {
+        let mut g = self.kv_slots.lock().unwrap_or_else(|e| e.into_inner());
+        let ring = windowed && self.swa_layers > 0;
+        let (list, cap, cells, first) = if ring {
+            (&mut g.1, self.swa_layers, self.swa_cells, self.kv_layers * self.n_ctx)
+        } else {
+            (&mut g.0, self.kv_layers, self.n_ctx, 0)
+        };
+        let i = match list.iter().position(|&l| l == il) {
+            Some(i) => i,
+            None if list.len() < cap => {
+                list.push(il);
+                list.len() - 1
+            }
+            None => return None,
+        };
+        Some(((first + i * cells) * n_head_kv * head_dim / 2, cells))
     }
 
     /// The kernel variants in use, for logs: the exact path or the parallel matvec reduction,
@@ -621,10 +641,14 @@ impl Ops for GpuExec<'_> {
         // One more column per row: the sink's factor.
         let scores = self.alloc(t_n * p.n_head, n_ctx + 1)?;
         let sinks = p.sinks.map(|v| self.vec(v));
-        let slot = self.g.kv_slot(il).ok_or(OpError::NoKv(il))?;
+        let (off, cells) = self.g.kv_slot(il, p.window > 0, p.n_head_kv, p.head_dim).ok_or(OpError::NoKv(il))?;
+        // A ring holds the window of the batch's first query and every row after it.
+        if cells < n_ctx && p.window + t_n > cells + 1 {
+            return Err(OpError::Unsupported { backend: "wgpu", op: "a batch larger than a sliding-window layer's ring" });
+        }
         let kk = &self.g.k;
-        kk.kv_store(&mut self.rec, k.buf(), v.buf(), &self.g.kc, &self.g.vc, p.n_head_kv, p.head_dim, n_ctx, slot, pos0, t_n);
-        kk.attention(&mut self.rec, q.buf(), &self.g.kc, &self.g.vc, o.buf(), scores.buf(), p.n_head, p.n_head_kv, p.head_dim, n_ctx, slot, pos0, t_n, p.scale, p.window, sinks);
+        kk.kv_store(&mut self.rec, k.buf(), v.buf(), &self.g.kc, &self.g.vc, p.n_head_kv, p.head_dim, cells, off, pos0, t_n);
+        kk.attention(&mut self.rec, q.buf(), &self.g.kc, &self.g.vc, o.buf(), scores.buf(), p.n_head, p.n_head_kv, p.head_dim, cells, off, pos0, t_n, p.scale, p.window, sinks);
         Ok(o)
     }
 

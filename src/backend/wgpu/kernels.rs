@@ -348,29 +348,32 @@ impl Kernels {
         rec.dispatch(&self.rope.pipelines["main"], &bg, (n_tok as u32, 1, 1));
     }
 
-    /// Store K/V rows (`n_tok` rows of `n_head_kv * head_dim`) at positions `pos0..` of `layer`.
+    /// Store K/V rows (`n_tok` rows of `n_head_kv * head_dim`) at positions `pos0..` of the slot
+    /// at u32 word `off` of `kc`/`vc` holding `cells` positions per KV head (position `p` in cell
+    /// `p mod cells`: a sliding-window layer's ring).
     #[allow(clippy::too_many_arguments)]
-    pub fn kv_store(&self, rec: &mut Recorder<'_>, k: Buf, v: Buf, kc: Buf, vc: Buf, n_head_kv: usize, head_dim: usize, n_ctx: usize, layer: usize, pos0: usize, n_tok: usize) {
-        let prm = rec.push(&bytes_of(&[n_head_kv as u32, head_dim as u32, n_ctx as u32, layer as u32, pos0 as u32, n_tok as u32, 0, 0]));
+    pub fn kv_store(&self, rec: &mut Recorder<'_>, k: Buf, v: Buf, kc: Buf, vc: Buf, n_head_kv: usize, head_dim: usize, cells: usize, off: usize, pos0: usize, n_tok: usize) {
+        let prm = rec.push(&bytes_of(&[n_head_kv as u32, head_dim as u32, cells as u32, off as u32, pos0 as u32, n_tok as u32, 0, 0]));
         let bg = self.bind(rec, &self.kv.layout, vec![entire(k), entire(v), entire(kc), entire(vc), rec.arena_binding(prm)]);
         rec.dispatch(&self.kv.pipelines["main"], &bg, (n_tok as u32, 1, 1));
     }
 
-    /// Causal attention for `n_tok` query rows at positions `pos0..` over the layer's KV cache.
-    /// `scores` needs `n_tok * n_head * (pos0 + n_tok)` f32 values.
-    #[allow(clippy::too_many_arguments)]
+    /// Causal attention for `n_tok` query rows at positions `pos0..` over the KV slot at u32 word
+    /// `off` with `cells` positions per KV head (as [`Self::kv_store`]).
+    /// `scores` needs `n_tok * n_head * (pos0 + n_tok + 1)` f32 values.
     /// `window`: sliding window (0: none); `sinks`: one logit per head (attention sinks).
-    pub fn attention(&self, rec: &mut Recorder<'_>, q: Buf, kc: Buf, vc: Buf, o: Buf, scores: Buf, n_head: usize, n_head_kv: usize, head_dim: usize, n_ctx: usize, layer: usize, pos0: usize, n_tok: usize, scale: f32, window: usize, sinks: Option<Buf>) {
-        self.attention_blocks(rec, q, kc, vc, o, scores, [n_head, n_head_kv, head_dim, n_ctx, layer, pos0, n_tok], scale, window, sinks, 0);
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention(&self, rec: &mut Recorder<'_>, q: Buf, kc: Buf, vc: Buf, o: Buf, scores: Buf, n_head: usize, n_head_kv: usize, head_dim: usize, cells: usize, off: usize, pos0: usize, n_tok: usize, scale: f32, window: usize, sinks: Option<Buf>) {
+        self.attention_blocks(rec, q, kc, vc, o, scores, [n_head, n_head_kv, head_dim, cells, off, pos0, n_tok], scale, window, sinks, 0);
     }
 
     /// [`Self::attention`] with `block` > 0: no causal mask, query t sees the rows of its block of
     /// `block` (pos0 0; a vision encoder's self-attention: block = n_tok for all rows).
-    /// `dims`: n_head, n_head_kv, head_dim, n_ctx, layer, pos0, n_tok.
+    /// `dims`: n_head, n_head_kv, head_dim, cells, off, pos0, n_tok.
     #[allow(clippy::too_many_arguments)]
     pub fn attention_blocks(&self, rec: &mut Recorder<'_>, q: Buf, kc: Buf, vc: Buf, o: Buf, scores: Buf, dims: [usize; 7], scale: f32, window: usize, sinks: Option<Buf>, block: usize) {
-        let [n_head, n_head_kv, head_dim, n_ctx, layer, pos0, n_tok] = dims;
-        let words = [n_head as u32, n_head_kv as u32, head_dim as u32, n_ctx as u32, layer as u32, pos0 as u32, n_tok as u32, scale.to_bits(), 0, 0, 0, 0, window as u32, sinks.is_some() as u32, block as u32, 0];
+        let [n_head, n_head_kv, head_dim, cells, off, pos0, n_tok] = dims;
+        let words = [n_head as u32, n_head_kv as u32, head_dim as u32, cells as u32, off as u32, pos0 as u32, n_tok as u32, scale.to_bits(), 0, 0, 0, 0, window as u32, sinks.is_some() as u32, block as u32, 0];
         let prm = rec.push(&bytes_of(&words));
         let bg = self.bind(rec, &self.attn.layout, vec![entire(q), entire(kc), entire(vc), entire(o), entire(scores), rec.arena_binding(prm), entire(sinks.unwrap_or(&self.dummy))]);
         rec.dispatch(&self.attn.pipelines["scores"], &bg, groups_1d(n_tok * n_head * (pos0 + n_tok)));
