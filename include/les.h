@@ -47,7 +47,11 @@ extern "C" {
  * `memory_budget` ("400MiB"), `backend` ("cpu" | "wgpu" | "auto"), `n_ctx`, `store`,
  * `reuse_prefix` (default true: a chat that re-sends its conversation runs only the new part),
  * `mmproj` (a vision tower's GGUF, as [`les_load_mmproj`]; its weights and encoder activations
- * come out of `memory_budget`, which a tower loaded later by [`les_load_mmproj`] adds to).
+ * come out of `memory_budget`, which a tower loaded later by [`les_load_mmproj`] adds to),
+ * `speculative` ("mtp": the model's own multi-token-prediction block, llama.cpp's
+ * `--spec-type draft-mtp`; "lookup": prompt lookup) or `draft_model` (a draft GGUF with the
+ * model's vocabulary), `draft_max` (drafts verified per target forward; a draft's weights and
+ * cache come out of `memory_budget` too).
  * Returns NULL on failure with a message in `err` (`err_len` bytes, NUL-terminated).
  */
 struct LesEngine *les_load(const char *model_path,
@@ -70,7 +74,9 @@ char *les_plan(const char *model_path, const char *options_json, char *err, size
 /**
  * Generate up to `n_predict` tokens after `prompt` (tokenized as llama.cpp does, as it is: no
  * chat template), calling `callback(text, user)` per decoded chunk. `temperature` 0 is greedy;
- * `seed` seeds sampling. Returns the number of tokens generated, or -1 on error (see
+ * `seed` seeds sampling. With a draft (`speculative` / `draft_model` load options) the tokens
+ * are drafted and verified (greedy output is plain greedy's; [`les_stats_json`]'s `last.draft`
+ * counts the drafts). Returns the number of tokens generated, or -1 on error (see
  * [`les_last_error`]).
  */
 int32_t les_generate(struct LesEngine *engine,
@@ -98,7 +104,7 @@ int32_t les_load_mmproj(struct LesEngine *engine, const char *mmproj_path);
  * `prompt` holds the marker `<__media__>`; without markers they all go before the text.
  * `images` are `n_images` PNG / JPEG files' bytes (n_images 0: the chat turn alone, no vision
  * tower needed). Needs a vision tower ([`les_load_mmproj`]). Callback, sampling and return as
- * [`les_generate`]; -1 with [`les_last_error`] for an image that does not decode, no vision
+ * [`les_generate`] (decoded without drafts); -1 with [`les_last_error`] for an image that does not decode, no vision
  * tower, or NULL pointers. With `reuse_prefix`, a next call with the same image at the same
  * place neither encodes nor runs it again.
  */
@@ -119,8 +125,9 @@ const char *les_last_error(const struct LesEngine *engine);
 
 /**
  * Statistics as a JSON string (backend; `last`: the last generation's prompt tokens, reused
- * tokens, timings and finish reason, and `images` after images: count, embedding rows, pieces
- * encoded, `encode_ms`, `prefill_ms`; expert cache hit rate, bytes read per token, stall, GPU
+ * tokens, timings and finish reason, `images` after images: count, embedding rows, pieces
+ * encoded, `encode_ms`, `prefill_ms`, and `draft` after speculative decoding: its source,
+ * tokens drafted and accepted, target forwards; expert cache hit rate, bytes read per token, stall, GPU
  * readbacks); free it with [`les_string_free`]. NULL when `engine` is NULL.
  */
 char *les_stats_json(const struct LesEngine *engine);

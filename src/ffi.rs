@@ -13,6 +13,8 @@ use crate::backend::BackendKind;
 use crate::engine::chat::Message;
 use crate::engine::sampling::SamplerConfig;
 use crate::engine::stream::{open_streaming, parse_bytes, BudgetControl, StreamOptions};
+use crate::engine::draft::DraftSpec;
+use crate::engine::speculative::{self, Draft, SpecOptions, SpecStats};
 use crate::engine::{GenOptions, Session};
 use crate::expert::stream::StreamConfig;
 use crate::model::ExpertMode;
@@ -34,6 +36,11 @@ pub struct LesEngine {
     mmproj: Option<Mmproj>,
     /// What the last generation did with its images (none: it had none).
     last_images: Option<ImageStats>,
+    /// Speculative decoding's draft and the most drafts per target forward (`speculative` /
+    /// `draft_model` load options).
+    draft: Option<(Box<dyn Draft + Send>, usize)>,
+    /// Speculative decoding's counters of the last generation (it was drafted).
+    last_spec: Option<SpecStats>,
 }
 
 /// The images of one generation, in [`les_stats_json`]'s `last.images`.
@@ -75,6 +82,24 @@ struct LoadOptions {
     reuse_prefix: Option<bool>,
     /// A vision tower (mmproj GGUF) to load with the model, as [`les_load_mmproj`] does.
     mmproj: Option<String>,
+    /// Speculative decoding: "mtp" (the model's own multi-token-prediction block) or "lookup"
+    /// (prompt lookup); a draft model is given by `draft_model` instead.
+    speculative: Option<String>,
+    /// A draft model's GGUF (the target's vocabulary) for speculative decoding.
+    draft_model: Option<String>,
+    /// Most draft tokens verified per target forward (default per kind, as `les run`).
+    draft_max: Option<usize>,
+}
+
+fn draft_spec(o: &LoadOptions) -> Result<Option<DraftSpec>, String> {
+    match (o.speculative.as_deref(), &o.draft_model) {
+        (Some(_), Some(_)) => Err("options: give speculative or draft_model, not both".into()),
+        (None, Some(p)) => Ok(Some(DraftSpec::Model(std::sync::Arc::new(FileSource::open(p).map_err(|e| format!("draft_model {p}: {e}"))?)))),
+        (Some("mtp"), None) => Ok(Some(DraftSpec::Mtp { lookahead: crate::engine::mtp::MTP_LOOKAHEAD_LAYERS })),
+        (Some("lookup"), None) => Ok(Some(DraftSpec::Lookup)),
+        (Some(k), None) => Err(format!("options: speculative must be \"mtp\" or \"lookup\", not {k:?}")),
+        (None, None) => Ok(None),
+    }
 }
 
 /// Called with each chunk of generated text (UTF-8, NUL-terminated, valid only during the call).
@@ -106,6 +131,8 @@ fn load(path: &str, opts: &str) -> Result<LesEngine, String> {
     let o: LoadOptions = if opts.trim().is_empty() { LoadOptions::default() } else { serde_json::from_str(opts).map_err(|e| format!("options: {e}"))? };
     let n_ctx = o.n_ctx.unwrap_or(2048);
     let backend: BackendKind = o.backend.as_deref().unwrap_or("auto").parse()?;
+    let spec = draft_spec(&o)?;
+    let target = || FileSource::open(path).map(|f| std::sync::Arc::new(f) as std::sync::Arc<dyn crate::store::ByteSource>).map_err(|e| e.to_string());
     let (mut session, budget, backend_line) = match &o.memory_budget {
         None => {
             let src = FileSource::open(path).map_err(|e| e.to_string())?;
@@ -116,13 +143,15 @@ fn load(path: &str, opts: &str) -> Result<LesEngine, String> {
                 None | Some("disk") => None,
                 Some(n) => Some(crate::store::throttle::DeviceProfile::by_name(n).ok_or_else(|| format!("unknown store profile '{n}'"))?),
             };
-            // A vision tower's weights and encoder activations come out of the budget too.
+            // A vision tower's weights and encoder activations come out of the budget too, and
+            // so does a draft (a draft model, an MTP block).
             let reserve = match &o.mmproj {
                 Some(p) => Mmproj::footprint(&FileSource::open(p).map_err(|x| format!("mmproj {p}: {x}"))?, false).map_err(|x| format!("mmproj {p}: {x}"))?,
                 None => 0,
             };
+            let reserve = reserve + spec.as_ref().map(|d| d.reserve(target()?, n_ctx).map_err(|e| e.to_string())).transpose()?.unwrap_or(0);
             let budget = parse_bytes(b).map_err(|e| e.to_string())?;
-            let budget = budget.checked_sub(reserve).ok_or_else(|| format!("memory_budget {b} is smaller than the vision tower's {:.1} MiB", reserve as f64 / 1048576.0))?;
+            let budget = budget.checked_sub(reserve).ok_or_else(|| format!("memory_budget {b} is smaller than the {:.1} MiB set aside for the vision tower and the draft", reserve as f64 / 1048576.0))?;
             // On a GPU the budget's expert slots are split into a small CPU staging cache and
             // the GPU pool (as `les run`); `auto` falls back to the CPU when the budget cannot
             // hold the dense weights the GPU needs.
@@ -146,7 +175,11 @@ fn load(path: &str, opts: &str) -> Result<LesEngine, String> {
     };
     session.reuse_prefix = o.reuse_prefix.unwrap_or(true);
     let mmproj = o.mmproj.as_deref().map(|p| load_mmproj(&session, p)).transpose()?;
-    Ok(LesEngine { session, budget, last_error: CString::default(), backend_line, last: None, mmproj, last_images: None })
+    let draft = match &spec {
+        Some(d) => Some((d.open(target()?, &mut session).map_err(|e| e.to_string())?.draft, o.draft_max.unwrap_or(d.default_max()))),
+        None => None,
+    };
+    Ok(LesEngine { session, budget, last_error: CString::default(), backend_line, last: None, mmproj, last_images: None, draft, last_spec: None })
 }
 
 /// A vision tower for `session`'s text model, checked against it when loaded (the embedding
@@ -211,7 +244,11 @@ fn image_bytes(images: *const LesImage, n: usize) -> Result<Vec<Vec<u8>>, String
 /// `memory_budget` ("400MiB"), `backend` ("cpu" | "wgpu" | "auto"), `n_ctx`, `store`,
 /// `reuse_prefix` (default true: a chat that re-sends its conversation runs only the new part),
 /// `mmproj` (a vision tower's GGUF, as [`les_load_mmproj`]; its weights and encoder activations
-/// come out of `memory_budget`, which a tower loaded later by [`les_load_mmproj`] adds to).
+/// come out of `memory_budget`, which a tower loaded later by [`les_load_mmproj`] adds to),
+/// `speculative` ("mtp": the model's own multi-token-prediction block, llama.cpp's
+/// `--spec-type draft-mtp`; "lookup": prompt lookup) or `draft_model` (a draft GGUF with the
+/// model's vocabulary), `draft_max` (drafts verified per target forward; a draft's weights and
+/// cache come out of `memory_budget` too).
 /// Returns NULL on failure with a message in `err` (`err_len` bytes, NUL-terminated).
 #[no_mangle]
 pub extern "C" fn les_load(model_path: *const c_char, options_json: *const c_char, err: *mut c_char, err_len: usize) -> *mut LesEngine {
@@ -293,15 +330,29 @@ pub extern "C" fn les_plan(model_path: *const c_char, options_json: *const c_cha
 
 /// Generate up to `n_predict` tokens after `prompt` (tokenized as llama.cpp does, as it is: no
 /// chat template), calling `callback(text, user)` per decoded chunk. `temperature` 0 is greedy;
-/// `seed` seeds sampling. Returns the number of tokens generated, or -1 on error (see
+/// `seed` seeds sampling. With a draft (`speculative` / `draft_model` load options) the tokens
+/// are drafted and verified (greedy output is plain greedy's; [`les_stats_json`]'s `last.draft`
+/// counts the drafts). Returns the number of tokens generated, or -1 on error (see
 /// [`les_last_error`]).
 #[no_mangle]
 pub extern "C" fn les_generate(engine: *mut LesEngine, prompt: *const c_char, n_predict: i32, temperature: f32, seed: u64, callback: LesTokenCallback, user: *mut c_void) -> i32 {
     with_engine(engine, "generating", |e| {
         let toks = e.session.tokenize(cstr(prompt)?);
         let sampler = SamplerConfig { temperature: temperature.max(0.0), seed, ..Default::default() };
-        let (out, st) = e.session.generate(&toks, n_predict.max(0) as usize, &sampler, false, &mut text_sink(callback, user)).map_err(|x| x.to_string())?;
-        (e.last, e.last_images) = (Some(st), None);
+        let n = n_predict.max(0) as usize;
+        let (out, st, spec) = match e.draft.as_mut() {
+            Some((d, gamma)) => {
+                let o = SpecOptions { draft_max: *gamma, io: None, verify_first: false };
+                let g = GenOptions { n, sampler, ..Default::default() };
+                let (out, st, sp) = speculative::generate_with(&mut e.session, Some(&mut **d as &mut dyn Draft), &o, &toks, &g, &mut text_sink(callback, user)).map_err(|x| x.to_string())?;
+                (out, st, Some(sp))
+            }
+            None => {
+                let (out, st) = e.session.generate(&toks, n, &sampler, false, &mut text_sink(callback, user)).map_err(|x| x.to_string())?;
+                (out, st, None)
+            }
+        };
+        (e.last, e.last_images, e.last_spec) = (Some(st), None, spec);
         Ok(out.len() as i32)
     })
 }
@@ -329,7 +380,7 @@ pub extern "C" fn les_load_mmproj(engine: *mut LesEngine, mmproj_path: *const c_
 /// `prompt` holds the marker `<__media__>`; without markers they all go before the text.
 /// `images` are `n_images` PNG / JPEG files' bytes (n_images 0: the chat turn alone, no vision
 /// tower needed). Needs a vision tower ([`les_load_mmproj`]). Callback, sampling and return as
-/// [`les_generate`]; -1 with [`les_last_error`] for an image that does not decode, no vision
+/// [`les_generate`] (decoded without drafts); -1 with [`les_last_error`] for an image that does not decode, no vision
 /// tower, or NULL pointers. With `reuse_prefix`, a next call with the same image at the same
 /// place neither encodes nor runs it again.
 #[no_mangle]
@@ -374,7 +425,7 @@ pub extern "C" fn les_generate_images(
         if let Some((s, reused)) = &seen {
             (st.prompt_reused, st.prompt_ms) = (*reused, st.prompt_ms + s.prefill_ms);
         }
-        (e.last, e.last_images) = (Some(st), seen.map(|(s, _)| s));
+        (e.last, e.last_images, e.last_spec) = (Some(st), seen.map(|(s, _)| s), None);
         Ok(out.len() as i32)
     })
 }
@@ -390,8 +441,9 @@ pub extern "C" fn les_last_error(engine: *const LesEngine) -> *const c_char {
 }
 
 /// Statistics as a JSON string (backend; `last`: the last generation's prompt tokens, reused
-/// tokens, timings and finish reason, and `images` after images: count, embedding rows, pieces
-/// encoded, `encode_ms`, `prefill_ms`; expert cache hit rate, bytes read per token, stall, GPU
+/// tokens, timings and finish reason, `images` after images: count, embedding rows, pieces
+/// encoded, `encode_ms`, `prefill_ms`, and `draft` after speculative decoding: its source,
+/// tokens drafted and accepted, target forwards; expert cache hit rate, bytes read per token, stall, GPU
 /// readbacks); free it with [`les_string_free`]. NULL when `engine` is NULL.
 #[no_mangle]
 pub extern "C" fn les_stats_json(engine: *const LesEngine) -> *mut c_char {
@@ -404,6 +456,9 @@ pub extern "C" fn les_stats_json(engine: *const LesEngine) -> *mut c_char {
         let mut v = serde_json::json!({ "backend": e.backend_line, "last": e.last });
         if let (Some(im), Some(last)) = (&e.last_images, v["last"].as_object_mut()) {
             last.insert("images".into(), serde_json::to_value(im).unwrap_or_default());
+        }
+        if let (Some(sp), Some(last)) = (&e.last_spec, v["last"].as_object_mut()) {
+            last.insert("draft".into(), serde_json::json!({ "source": sp.source, "drafted": sp.drafted, "accepted": sp.accepted, "target_forwards": sp.target_forwards }));
         }
         if let Some(b) = &e.budget {
             let p = b.plan();

@@ -12,8 +12,8 @@ mod serve;
 use clap::{Args, Parser, Subcommand};
 use les::engine::chat::Message;
 use les::engine::sampling::SamplerConfig;
-use les::engine::mtp::MtpDraft;
-use les::engine::speculative::{self, Draft, DraftModel, PromptLookup, SpecOptions};
+use les::engine::draft::DraftSpec;
+use les::engine::speculative::{self, Draft, SpecOptions};
 use les::engine::stream::BudgetControl;
 use les::engine::{memory_usage, Session};
 use les::gguf::GgufFile;
@@ -416,6 +416,24 @@ struct RunArgs {
     ignore_eos: bool,
     #[command(flatten)]
     g: GenArgs,
+    #[command(flatten)]
+    sp: SpecArgs,
+    /// Write the generated token ids as a JSON array to FILE (one array per prompt, one per line).
+    #[arg(long, value_name = "FILE")]
+    tokens_out: Option<String>,
+    /// A vision tower (mmproj GGUF, llama.cpp's `--mmproj`: projector `minicpmv4_6`) for --image.
+    #[arg(long, value_name = "FILE", requires = "prompt")]
+    mmproj: Option<String>,
+    /// An image (PNG or JPEG) for the prompt (repeatable); the prompt goes through the chat
+    /// template as `llama-mtmd-cli -p` lays it out (`<__media__>` marks where each image goes,
+    /// else the images come first). Needs --mmproj.
+    #[arg(long, value_name = "FILE")]
+    image: Vec<String>,
+}
+
+/// Speculative decoding (`les run`, `les serve`; llama.cpp's names where it has them).
+#[derive(Args, Clone, Default)]
+struct SpecArgs {
     /// Speculative decoding with this draft model (same vocabulary as --model; loaded resident).
     #[arg(long, conflicts_with_all = ["lookup", "mtp"])]
     draft_model: Option<String>,
@@ -436,17 +454,46 @@ struct RunArgs {
     /// --lookup, 3 with --mtp).
     #[arg(long)]
     draft_max: Option<usize>,
-    /// Write the generated token ids as a JSON array to FILE (one array per prompt, one per line).
-    #[arg(long, value_name = "FILE")]
-    tokens_out: Option<String>,
-    /// A vision tower (mmproj GGUF, llama.cpp's `--mmproj`: projector `minicpmv4_6`) for --image.
-    #[arg(long, value_name = "FILE", requires = "prompt")]
-    mmproj: Option<String>,
-    /// An image (PNG or JPEG) for the prompt (repeatable); the prompt goes through the chat
-    /// template as `llama-mtmd-cli -p` lays it out (`<__media__>` marks where each image goes,
-    /// else the images come first). Needs --mmproj.
-    #[arg(long, value_name = "FILE")]
-    image: Vec<String>,
+}
+
+impl SpecArgs {
+    fn any(&self) -> bool {
+        self.draft_model.is_some() || self.lookup || self.mtp
+    }
+
+    fn spec(&self) -> Result<Option<DraftSpec>, Box<dyn std::error::Error>> {
+        Ok(match (&self.draft_model, self.lookup, self.mtp) {
+            (Some(p), _, _) => Some(DraftSpec::Model(std::sync::Arc::new(FileSource::open(p).map_err(|e| format!("--draft-model {p}: {e}"))?))),
+            (None, true, _) => Some(DraftSpec::Lookup),
+            (None, false, true) => Some(DraftSpec::Mtp { lookahead: self.mtp_lookahead }),
+            (None, false, false) => None,
+        })
+    }
+
+    /// Bytes the draft takes out of `--memory-budget` ([`DraftSpec::reserve`]; 0 without a
+    /// budget).
+    fn reserve(&self, m: &ModelArgs, s: &StreamArgs) -> Result<u64, Box<dyn std::error::Error>> {
+        match (self.spec()?, &s.memory_budget) {
+            (Some(d), Some(_)) => Ok(d.reserve(std::sync::Arc::new(FileSource::open(&m.model)?), m.ctx_size)?),
+            _ => Ok(0),
+        }
+    }
+
+    /// The draft asked for, loaded beside `sess` (an MTP block into its model), and γ.
+    fn open(&self, m: &ModelArgs, s: &StreamArgs, sess: &mut Session) -> Result<(Option<Box<dyn Draft + Send>>, usize), Box<dyn std::error::Error>> {
+        let Some(spec) = self.spec()? else {
+            return Ok((None, 0));
+        };
+        let d = spec.open(std::sync::Arc::new(FileSource::open(&m.model)?), sess)?;
+        let within = if s.memory_budget.is_some() { "taken from --memory-budget" } else { "resident" };
+        let mib = |b: u64| b as f64 / 1048576.0;
+        match &spec {
+            DraftSpec::Model(_) => eprintln!("les: draft model {}: {:.1} MiB of weights ({within})", self.draft_model.as_deref().unwrap_or(""), mib(d.weight_bytes)),
+            DraftSpec::Mtp { .. } => eprintln!("les: MTP block: {:.1} MiB of weights + {:.1} MiB of cache ({within}; run on the CPU)", mib(d.weight_bytes), mib(d.cache_bytes)),
+            DraftSpec::Lookup => {}
+        }
+        Ok((Some(d.draft), self.draft_max.unwrap_or(spec.default_max())))
+    }
 }
 
 /// Stop strings and a full context (llama.cpp's names).
@@ -834,58 +881,18 @@ fn adapt_budget(budget: &BudgetControl) -> Res {
 }
 
 fn cmd_run(a: RunArgs) -> Res {
-    // A draft model's weights and KV cache come out of the same budget.
-    let reserve = match (&a.draft_model, &a.s.memory_budget) {
-        (Some(p), Some(_)) => {
-            let g = les::gguf::GgufFile::read(&FileSource::open(p)?)?;
-            let c = les::model::Config::from_gguf(&g)?;
-            let n_ctx = a.m.ctx_size.min(c.n_ctx_train.max(1));
-            g.tensors.iter().map(|t| t.size).sum::<u64>() + c.cache_bytes(n_ctx) as u64
-        }
-        _ => 0,
-    };
-    // So does an MTP block (its tensors and its one layer's cache).
-    let reserve = reserve
-        + match (a.mtp, &a.s.memory_budget) {
-            (true, Some(_)) => {
-                let (bytes, c) = les::engine::mtp::mtp_file_bytes(std::sync::Arc::new(FileSource::open(&a.m.model)?))?;
-                let n_ctx = a.m.ctx_size.min(c.n_ctx_train.max(1));
-                bytes + les::model::KvCache::bytes(1, n_ctx, c.n_head_kv, c.head_dim) as u64
-            }
-            _ => 0,
-        };
-    // So does a vision tower (its weights and the encoder's activations).
+    // A draft model or an MTP block comes out of the same budget; so does a vision tower (its
+    // weights and the encoder's activations).
+    let reserve = a.sp.reserve(&a.m, &a.s)?;
     if a.mmproj.is_none() && !a.image.is_empty() {
         return Err("--image needs --mmproj FILE (the model's vision tower)".into());
     }
+    if a.sp.any() && a.g.context_shift {
+        return Err("--context-shift is not supported with speculative decoding (--draft-model, --lookup, --mtp)".into());
+    }
     let (mut sess, budget, tower) = open_session_with_tower(&a.m, &a.s, reserve, a.mmproj.as_deref())?;
     let streaming = budget.as_ref().map(|b| b.experts().clone());
-    let mut draft: Option<Box<dyn Draft>> = match (&a.draft_model, a.lookup) {
-        (Some(p), _) => {
-            let src = FileSource::open(p)?;
-            let d = DraftModel::load(&src, &sess.tokenizer, sess.kv.n_ctx)?;
-            let within = if a.s.memory_budget.is_some() { "taken from --memory-budget" } else { "resident" };
-            eprintln!("les: draft model {p}: {:.1} MiB of weights ({within})", d.bytes as f64 / 1048576.0);
-            Some(Box::new(d))
-        }
-        (None, true) => Some(Box::new(PromptLookup::default())),
-        (None, false) if a.mtp => {
-            let bytes = les::engine::mtp::load_mtp_file(&mut sess.model, std::sync::Arc::new(FileSource::open(&a.m.model)?), &sess.gguf)?;
-            let mut d = MtpDraft::new(&sess.model, sess.kv.n_ctx)?;
-            d.lookahead_layers = a.mtp_lookahead;
-            let within = if a.s.memory_budget.is_some() { "taken from --memory-budget" } else { "resident" };
-            eprintln!("les: MTP block: {:.1} MiB of weights + {:.1} MiB of cache ({within}; run on the CPU)", bytes as f64 / 1048576.0, d.cache_bytes() as f64 / 1048576.0);
-            Some(Box::new(d))
-        }
-        (None, false) => None,
-    };
-    let gamma = a.draft_max.unwrap_or(if a.lookup {
-        speculative::LOOKUP_DRAFT_MAX
-    } else if a.mtp {
-        les::engine::mtp::MTP_DRAFT_MAX
-    } else {
-        speculative::DRAFT_MODEL_DRAFT_MAX
-    });
+    let (mut draft, gamma) = a.sp.open(&a.m, &a.s, &mut sess)?;
     let probe_ex = streaming.clone();
     let probe = move || {
         probe_ex.as_ref().map(|e| {
@@ -893,7 +900,7 @@ fn cmd_run(a: RunArgs) -> Res {
             (s.demand_loads + s.prefetch_loads, s.bytes_read)
         }).unwrap_or((0, 0))
     };
-    let spec = Spec { draft: draft.as_deref_mut(), gamma, io: if streaming.is_some() { Some(&probe) } else { None } };
+    let spec = Spec { draft: draft.as_deref_mut().map(|d| d as &mut dyn Draft), gamma, io: if streaming.is_some() { Some(&probe) } else { None } };
     let r = cmd_run_inner(&a, &mut sess, spec, tower.as_ref());
     if let Some(ex) = &streaming {
         let st = ex.stats();
@@ -1059,10 +1066,10 @@ fn generate_one_with(sess: &mut Session, toks: Vec<u32>, a: &RunArgs, sampler: &
             let (ids, st) = sess.generate_with(&toks, &o, &mut on_text)?;
             (ids, st, None)
         }
-        Some(_) if !a.g.stop.is_empty() || a.g.context_shift => return Err("--stop and --context-shift are not supported with speculative decoding (--draft-model, --lookup, --mtp)".into()),
         Some(d) => {
             let o = SpecOptions { draft_max: spec.gamma, io: spec.io, verify_first: false };
-            let (ids, st, sp) = speculative::generate(sess, Some(d), &o, &toks, a.n_predict, sampler, a.ignore_eos, &mut on_text)?;
+            let g = les::engine::GenOptions { n: a.n_predict, sampler: sampler.clone(), ignore_eos: a.ignore_eos, stop: a.g.stop.clone(), context: a.g.context() };
+            let (ids, st, sp) = speculative::generate_with(sess, Some(d), &o, &toks, &g, &mut on_text)?;
             (ids, st, Some(sp))
         }
     };

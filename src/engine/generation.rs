@@ -63,12 +63,8 @@ pub struct Generation {
     pub out: Vec<u32>,
     n: usize,
     ignore_eos: bool,
-    stop: Vec<String>,
+    stops: StopStrings,
     context: ContextMode,
-    /// Decoded text not yet returned: it may be the start of a stop string.
-    held: String,
-    /// A stop string ended generation (what follows it is dropped).
-    cut: bool,
     input: Vec<u32>,
     prefill: bool,
     done: bool,
@@ -102,10 +98,8 @@ impl Generation {
             out: Vec::new(),
             n: o.n,
             ignore_eos: o.ignore_eos,
-            stop: o.stop.iter().filter(|s| !s.is_empty()).cloned().collect(),
+            stops: StopStrings::new(&o.stop),
             context: o.context,
-            held: String::new(),
-            cut: false,
             input: prompt[reused..].to_vec(),
             prefill: true,
             done: o.n == 0,
@@ -194,30 +188,13 @@ impl Generation {
         self.stats.context_shifts += 1;
     }
 
-    /// Text that is safe to return: with stop strings, a suffix that may begin one is held back;
-    /// a complete one ends generation and is cut off with everything after it.
+    /// Text that is safe to return ([`StopStrings::push`]); a complete stop string ends
+    /// generation.
     fn hold_back(&mut self, piece: String) -> String {
-        if self.stop.is_empty() {
-            return piece;
-        }
-        self.held.push_str(&piece);
-        if let Some(at) = self.stop.iter().filter_map(|s| self.held.find(s.as_str())).min() {
-            let out = self.held[..at].to_string();
-            self.held.clear();
-            self.cut = true;
+        let (out, hit) = self.stops.push(piece);
+        if hit {
             self.end(FinishReason::Stop);
-            return out;
         }
-        // The longest suffix of `held` that is a proper prefix of a stop string stays.
-        let keep = self
-            .stop
-            .iter()
-            .map(|s| (1..s.len().min(self.held.len() + 1)).rev().find(|&k| s.is_char_boundary(k) && self.held.ends_with(&s[..k])).unwrap_or(0))
-            .max()
-            .unwrap_or(0);
-        let cut = self.held.len() - keep;
-        let out = self.held[..cut].to_string();
-        self.held.drain(..cut);
         out
     }
 
@@ -235,8 +212,73 @@ impl Generation {
     pub fn finish(&mut self) -> String {
         self.stats.gen_ms = now_ms() - self.t_phase;
         let tail = self.utf8.finish();
+        let (rest, hit) = self.stops.finish(tail);
+        if hit {
+            self.stats.finish_reason = Some(FinishReason::Stop);
+        }
+        if self.stats.finish_reason.is_none() {
+            self.stats.finish_reason = Some(FinishReason::Length);
+        }
+        rest
+    }
+}
+
+/// Stop strings over a stream of text pieces (llama-server's `stop`): a suffix that may begin one
+/// is held back until it cannot; a complete one is cut off with everything after it.
+#[derive(Clone, Debug, Default)]
+pub struct StopStrings {
+    stop: Vec<String>,
+    /// Text not returned yet: it may be the start of a stop string.
+    held: String,
+    /// A stop string was found (everything after it is dropped).
+    cut: bool,
+}
+
+impl StopStrings {
+    /// Empty strings are ignored.
+    pub fn new(stop: &[String]) -> Self {
+        Self { stop: stop.iter().filter(|s| !s.is_empty()).cloned().collect(), ..Default::default() }
+    }
+
+    /// Whether a stop string was found.
+    pub fn stopped(&self) -> bool {
+        self.cut
+    }
+
+    /// The next piece: returns the text that is safe to pass on, and whether it completed a stop
+    /// string (then nothing more is returned).
+    pub fn push(&mut self, piece: String) -> (String, bool) {
         if self.cut {
-            return String::new();
+            return (String::new(), true);
+        }
+        if self.stop.is_empty() {
+            return (piece, false);
+        }
+        self.held.push_str(&piece);
+        if let Some(at) = self.stop.iter().filter_map(|s| self.held.find(s.as_str())).min() {
+            let out = self.held[..at].to_string();
+            self.held.clear();
+            self.cut = true;
+            return (out, true);
+        }
+        // The longest suffix of `held` that is a proper prefix of a stop string stays.
+        let keep = self
+            .stop
+            .iter()
+            .map(|s| (1..s.len().min(self.held.len() + 1)).rev().find(|&k| s.is_char_boundary(k) && self.held.ends_with(&s[..k])).unwrap_or(0))
+            .max()
+            .unwrap_or(0);
+        let cut = self.held.len() - keep;
+        let out = self.held[..cut].to_string();
+        self.held.drain(..cut);
+        (out, false)
+    }
+
+    /// The end of the text (`tail`: bytes still undecoded): what was held back, unless a stop
+    /// string completes with it; and whether one was found at all.
+    pub fn finish(&mut self, tail: String) -> (String, bool) {
+        if self.cut {
+            return (String::new(), true);
         }
         let mut rest = std::mem::take(&mut self.held);
         rest.push_str(&tail);
@@ -244,12 +286,8 @@ impl Generation {
         if let Some(at) = self.stop.iter().filter_map(|s| rest.find(s.as_str())).min() {
             rest.truncate(at);
             self.cut = true;
-            self.stats.finish_reason = Some(FinishReason::Stop);
         }
-        if self.stats.finish_reason.is_none() {
-            self.stats.finish_reason = Some(FinishReason::Length);
-        }
-        rest
+        (rest, self.cut)
     }
 }
 
@@ -264,10 +302,8 @@ mod tests {
             out: Vec::new(),
             n: 100,
             ignore_eos: false,
-            stop: stop.iter().map(|s| s.to_string()).collect(),
+            stops: StopStrings::new(&stop.iter().map(|s| s.to_string()).collect::<Vec<_>>()),
             context: ContextMode::Stop,
-            held: String::new(),
-            cut: false,
             input: Vec::new(),
             prefill: false,
             done: false,

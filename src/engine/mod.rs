@@ -2,6 +2,7 @@
 //! sampling and chat templates.
 
 pub mod chat;
+pub mod draft;
 pub mod eval;
 pub mod generation;
 pub mod sampling;
@@ -24,7 +25,7 @@ use crate::tokenizer::{Tokenizer, TokenizerError};
 use crate::backend::wgpu::exec::GpuBackend;
 #[cfg(not(target_arch = "wasm32"))]
 use crate::backend::{wgpu::exec::GpuOptions, BackendKind};
-pub use generation::{ContextMode, FinishReason, GenOptions, Generation};
+pub use generation::{ContextMode, FinishReason, GenOptions, Generation, StopStrings};
 use sampling::SamplerConfig;
 
 #[derive(Debug, thiserror::Error)]

@@ -38,6 +38,8 @@ pub enum SpecError {
     Engine(#[from] EngineError),
     #[error("the draft model's vocabulary differs from the target's: {0}")]
     VocabMismatch(String),
+    #[error("{0} is not supported")]
+    Unsupported(&'static str),
 }
 
 impl From<crate::model::ModelError> for SpecError {
@@ -190,6 +192,11 @@ impl DraftModel {
         let kv = model.new_kv(n_ctx.min(model.cfg.n_ctx_train.max(1)));
         let bytes = g.tensors.iter().map(|t| t.size).sum();
         Ok(Self { model, kv, kv_tokens: Vec::new(), sampler: Sampler::new(SamplerConfig::greedy()), forwards: 0, bytes, lookahead: None, rows: Vec::new() })
+    }
+
+    /// Bytes of the draft's KV cache.
+    pub fn cache_bytes(&self) -> usize {
+        self.kv.kv_bytes()
     }
 
     /// Feed `toks` (positions `kv.len ..`), returning the last position's logits.
@@ -627,6 +634,41 @@ pub fn generate(
         d.set_lookahead(None, e, l);
     }
     r
+}
+
+/// [`generate`] with a generation's options as [`Session::generate_with`] takes them: stop
+/// strings apply to the text as it does (held back across tokens, cut off with what follows;
+/// `on_text` also sees empty pieces, so it can stop a generation whose text is held back). A
+/// context shift is not supported: generation ends when the context is full.
+pub fn generate_with(
+    sess: &mut Session,
+    draft: Option<&mut dyn Draft>,
+    opts: &SpecOptions<'_>,
+    prompt: &[u32],
+    o: &super::GenOptions,
+    on_text: &mut dyn FnMut(u32, &str) -> bool,
+) -> Result<(Vec<u32>, GenStats, SpecStats), SpecError> {
+    if matches!(o.context, super::ContextMode::Shift { .. }) {
+        return Err(SpecError::Unsupported("a context shift with speculative decoding"));
+    }
+    let mut stops = super::StopStrings::new(&o.stop);
+    let mut cb = |t: u32, piece: &str| {
+        if stops.stopped() {
+            return false;
+        }
+        let (text, hit) = stops.push(piece.to_string());
+        let go = on_text(t, &text);
+        go && !hit
+    };
+    let (ids, mut st, sp) = generate(sess, draft, opts, prompt, o.n, &o.sampler, o.ignore_eos, &mut cb)?;
+    let (rest, hit) = stops.finish(String::new());
+    if !rest.is_empty() {
+        on_text(u32::MAX, &rest);
+    }
+    if hit {
+        st.finish_reason = Some(super::FinishReason::Stop);
+    }
+    Ok((ids, st, sp))
 }
 
 #[cfg(test)]

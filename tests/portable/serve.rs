@@ -6,6 +6,7 @@
 //! With `--mmproj`: an image sent as a data URL gives llama.cpp's greedy text, a second turn with
 //! the same image reuses the cache past it, and remote URLs, bad data URLs and bad images are
 //! refused (as is any image on a server without a vision tower).
+//! Speculative decoding (`--lookup`, `--mtp`) gives the same greedy text.
 //! The `openai` Python client and curl run against it in `tests/e2e/serve_clients.sh`.
 
 use crate::common::*;
@@ -286,6 +287,57 @@ fn serve_end_to_end() {
     // Every weight resident: no budget to change.
     let v = assert_error(&post(a, "/les/budget", &json!({ "memory_budget": "64MiB" })), 400, "budget without --memory-budget");
     assert_eq!(v["error"]["code"], "no_memory_budget");
+}
+
+/// Speculative decoding in `les serve` (issue 37 item 2): with prompt lookup (`--lookup`,
+/// SmolLM2, a prompt that repeats itself: drafts are accepted) and with the model's own MTP block
+/// (`--mtp`, rand-qwen35moe-mtp with its experts streamed under a budget), greedy replies are the
+/// engine's plain greedy text, whole and streamed; a stop string cuts them where it cuts plain
+/// decoding; a next turn reuses the cache; `les.draft` counts the drafts.
+/// `--context-shift` with a draft is refused at start.
+#[test]
+fn serve_speculative() {
+    let srv = start_with(MODEL, &["--lookup"]);
+    let a = srv.addr.as_str();
+    let p = "one two three four five six seven eight nine ten, one two three four five six seven eight nine ten, one two three";
+    let want = engine_greedy(p, 16);
+    let v = post(a, "/v1/completions", &json!({ "prompt": p, "max_tokens": 16, "temperature": 0 })).json();
+    assert_eq!(v["choices"][0]["text"].as_str(), Some(want.as_str()), "{v}");
+    let d = &v["les"]["draft"];
+    assert_eq!(d["source"], "prompt lookup");
+    assert!(d["accepted"].as_u64().unwrap() > 0, "no draft accepted: {v}");
+    let stop: String = want.chars().skip(want.chars().count() / 2).take(3).collect();
+    let v = post(a, "/v1/completions", &json!({ "prompt": p, "max_tokens": 16, "temperature": 0, "stop": [stop] })).json();
+    assert_eq!(v["choices"][0]["text"].as_str(), Some(&want[..want.find(&stop).unwrap()]), "stop {stop:?}: {v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    let r = post(a, "/v1/completions", &json!({ "prompt": p, "max_tokens": 16, "temperature": 0, "stream": true }));
+    let ev = r.events();
+    let streamed: String = ev[..ev.len() - 1].iter().map(|e| serde_json::from_str::<Value>(e).unwrap()["choices"][0]["text"].as_str().unwrap_or("").to_string()).collect();
+    assert_eq!(streamed, want);
+    // The next turn (the reply and more) reuses the cache.
+    let p2 = format!("{p}{want} eleven");
+    let v = post(a, "/v1/completions", &json!({ "prompt": p2, "max_tokens": 8, "temperature": 0 })).json();
+    assert_eq!(v["choices"][0]["text"].as_str(), Some(engine_greedy(&p2, 8).as_str()), "{v}");
+    assert!(v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap() > 10, "the next turn reused too little: {v}");
+    drop(srv);
+
+    // 40 MiB: 11 of the experts' slots, the MTP block held beside them.
+    const MTP: &str = "rand-qwen35moe-mtp.gguf";
+    let srv = start_with(MTP, &["--mtp", "--memory-budget", "40MiB"]);
+    let a = srv.addr.as_str();
+    for p in ["Once upon a time", "The capital of France is"] {
+        let want = engine_greedy_on(MTP, p, 12);
+        let v = post(a, "/v1/completions", &json!({ "prompt": p, "max_tokens": 12, "temperature": 0 })).json();
+        assert_eq!(v["choices"][0]["text"].as_str(), Some(want.as_str()), "'{p}': {v}");
+        assert_eq!(v["les"]["draft"]["source"], "MTP");
+        assert!(v["les"]["draft"]["drafted"].as_u64().unwrap() > 0, "{v}");
+        assert!(v["les"]["mb_read_per_token"].as_f64().unwrap() > 0.0, "nothing was streamed: {v}");
+    }
+    drop(srv);
+
+    let out = Command::new(env!("CARGO_BIN_EXE_les")).args(["serve", "--model", model(MODEL).to_str().unwrap(), "--port", "0", "--lookup", "--context-shift"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--context-shift"), "{}", String::from_utf8_lossy(&out.stderr));
 }
 
 /// `/les/budget` (issue 39 item 2): a streamed server's budget lowered to the model's minimum

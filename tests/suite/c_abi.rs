@@ -1,7 +1,8 @@
 //! The C ABI (src/ffi.rs): the committed header is what cbindgen makes from the source, and a
 //! load → generate (callback per token) → stats → free round trip gives the same text as the Rust
 //! API, with clear errors for bad input; with a vision tower, an image and "Describe" give
-//! llama-mtmd-cli's greedy tokens (tests/data/vision/refs.json).
+//! llama-mtmd-cli's greedy tokens (tests/data/vision/refs.json); with `"speculative": "mtp"`, the
+//! same greedy text drafted by the model's MTP block.
 
 use les::ffi::*;
 use std::ffi::{c_char, c_void, CStr, CString};
@@ -28,6 +29,21 @@ fn header_is_current() {
     }
 }
 
+/// The Rust API's greedy text for `prompt` with every weight resident (256 positions), and the
+/// prompt's token count.
+fn resident_greedy(model: &std::path::Path, prompt: &str, n: usize) -> (String, usize) {
+    let src = les::store::FileSource::open(model).unwrap();
+    let mut s = les::engine::Session::load(&src, les::model::ExpertMode::Resident, 256).unwrap();
+    let toks = s.tokenize(prompt);
+    let mut want = String::new();
+    s.generate(&toks, n, &les::engine::sampling::SamplerConfig::greedy(), false, &mut |_, t| {
+        want.push_str(t);
+        true
+    })
+    .unwrap();
+    (want, toks.len())
+}
+
 extern "C" fn collect(text: *const c_char, user: *mut c_void) -> bool {
     // SAFETY: `user` is the String passed below; `text` is valid during the call.
     let s = unsafe { &mut *(user as *mut String) };
@@ -49,15 +65,7 @@ fn load_generate_stats_free_round_trip() {
     let n = les_generate(e, prompt.as_ptr(), 12, 0.0, 1, Some(collect), &mut text as *mut String as *mut c_void);
     assert!(n > 0, "{}", unsafe { CStr::from_ptr(les_last_error(e)) }.to_str().unwrap());
     // The same text as the Rust API with every expert resident.
-    let src = les::store::FileSource::open(&model).unwrap();
-    let mut s = les::engine::Session::load(&src, les::model::ExpertMode::Resident, 256).unwrap();
-    let toks = s.tokenize("The capital of France is");
-    let mut want = String::new();
-    s.generate(&toks, 12, &les::engine::sampling::SamplerConfig::greedy(), false, &mut |_, t| {
-        want.push_str(t);
-        true
-    })
-    .unwrap();
+    let (want, n_prompt) = resident_greedy(&model, "The capital of France is", 12);
     assert_eq!(text, want);
     let st = les_stats_json(e);
     let js: serde_json::Value = serde_json::from_str(unsafe { CStr::from_ptr(st) }.to_str().unwrap()).unwrap();
@@ -76,7 +84,7 @@ fn load_generate_stats_free_round_trip() {
         js["last"]["prompt_reused"].as_u64().unwrap()
     };
     let r = reused(e);
-    assert!(r >= toks.len() as u64, "the first prompt's {} tokens are reused, not {r}", toks.len());
+    assert!(r >= n_prompt as u64, "the first prompt's {n_prompt} tokens are reused, not {r}");
     assert_eq!(les_reset(e), 0);
     assert!(les_generate(e, follow.as_ptr(), 4, 0.0, 1, None, std::ptr::null_mut()) > 0);
     assert_eq!(reused(e), 0);
@@ -168,6 +176,41 @@ fn bad_input_gives_clear_errors() {
     assert!(les_load(std::ptr::null(), std::ptr::null(), std::ptr::null_mut(), 0).is_null());
     assert_eq!(les_generate(std::ptr::null_mut(), std::ptr::null(), 1, 0.0, 0, None, std::ptr::null_mut()), -1);
     assert!(les_stats_json(std::ptr::null()).is_null());
+}
+
+/// Speculative decoding through the C ABI (issue 37 item 2): `"speculative": "mtp"` on
+/// rand-qwen35moe-mtp with its experts streamed under a budget gives the resident engine's plain
+/// greedy text, and `last.draft` counts the drafts; a kind LES does not know, and MTP on a model
+/// without an MTP block, are load errors that say so.
+#[test]
+fn speculative_mtp_gives_plain_greedy() {
+    let model = root().join("models/rand-qwen35moe-mtp.gguf");
+    let path = CString::new(model.to_str().unwrap()).unwrap();
+    let mut err = [0 as c_char; 256];
+    let opts = CString::new(r#"{"memory_budget": "48MiB", "backend": "cpu", "n_ctx": 256, "speculative": "mtp"}"#).unwrap();
+    let e = les_load(path.as_ptr(), opts.as_ptr(), err.as_mut_ptr(), err.len());
+    assert!(!e.is_null(), "{}", unsafe { CStr::from_ptr(err.as_ptr()) }.to_str().unwrap());
+    let p = "Once upon a time";
+    let prompt = CString::new(p).unwrap();
+    let mut text = String::new();
+    let n = les_generate(e, prompt.as_ptr(), 12, 0.0, 1, Some(collect), &mut text as *mut String as *mut c_void);
+    assert!(n > 0, "{}", last_error(e));
+    assert_eq!(text, resident_greedy(&model, p, 12).0);
+    let js = stats(e);
+    assert_eq!(js["last"]["draft"]["source"], "MTP", "{js}");
+    assert!(js["last"]["draft"]["drafted"].as_u64().unwrap() > 0, "{js}");
+    les_free(e);
+
+    let bad = CString::new(r#"{"speculative": "eagle"}"#).unwrap();
+    assert!(les_load(path.as_ptr(), bad.as_ptr(), err.as_mut_ptr(), err.len()).is_null());
+    let msg = unsafe { CStr::from_ptr(err.as_ptr()) }.to_str().unwrap().to_string();
+    assert!(msg.contains("eagle"), "{msg}");
+    let olmoe = CString::new(root().join("models/rand-olmoe.gguf").to_str().unwrap()).unwrap();
+    let mtp = CString::new(r#"{"speculative": "mtp", "backend": "cpu", "n_ctx": 256}"#).unwrap();
+    assert!(les_load(olmoe.as_ptr(), mtp.as_ptr(), err.as_mut_ptr(), err.len()).is_null());
+    let msg = unsafe { CStr::from_ptr(err.as_ptr()) }.to_str().unwrap().to_string();
+    assert!(!msg.is_empty(), "MTP on a model without an MTP block is an error");
+    eprintln!("MTP without a block: {msg}");
 }
 
 fn last_error(e: *const LesEngine) -> String {

@@ -20,8 +20,14 @@
 //! conversation is encoded with its images (`Session::mm_prompt`) and run by
 //! `Session::prefill_mm`, whose token record keys each image on its content, so a next turn with
 //! the same image reuses the cache past it.
+//!
+//! Speculative decoding (`--mtp`, `--lookup`, `--draft-model`, `--draft-max`, as `les run`;
+//! llama-server's `--model-draft` / `--spec-type draft-mtp`): text requests are drafted and
+//! verified (greedy output is plain greedy's; stop strings apply as without drafts); requests
+//! with images decode without drafts; `--context-shift` is refused with a draft. `les.draft` in
+//! a response's statistics counts the tokens drafted and accepted.
 
-use super::{open_session_with_tower, GenArgs, ModelArgs, Res, StreamArgs};
+use super::{open_session_with_tower, GenArgs, ModelArgs, Res, SpecArgs, StreamArgs};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, State};
@@ -33,6 +39,7 @@ use axum::{Json, Router};
 use clap::Args;
 use les::engine::chat::Message;
 use les::engine::sampling::SamplerConfig;
+use les::engine::speculative::{self, Draft, SpecOptions, SpecStats};
 use les::engine::{FinishReason, GenOptions, Session};
 use les::expert::stream::StreamingExperts;
 use les::vision::layout::MARKER;
@@ -58,6 +65,8 @@ pub struct ServeArgs {
     s: StreamArgs,
     #[command(flatten)]
     g: GenArgs,
+    #[command(flatten)]
+    sp: SpecArgs,
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
@@ -180,6 +189,8 @@ struct Done {
     gen_ms: f64,
     hit_rate: Option<f64>,
     mb_per_token: Option<f64>,
+    /// Speculative decoding's counters (a request decoded with drafts).
+    spec: Option<SpecStats>,
 }
 
 struct Job {
@@ -211,9 +222,19 @@ fn unix_now() -> u64 {
 pub fn cmd_serve(a: ServeArgs) -> Res {
     // A vision tower's weights and activations come out of the budget too (its matrices read
     // from storage at each image when the budget cannot hold them beside the model).
-    let (mut sess, budget, mmproj) = open_session_with_tower(&a.m, &a.s, 0, a.mmproj.as_deref())?;
+    // So does a draft model or an MTP block.
+    if a.sp.any() && a.g.context_shift {
+        return Err("--context-shift is not supported with speculative decoding (--draft-model, --lookup, --mtp)".into());
+    }
+    let reserve = a.sp.reserve(&a.m, &a.s)?;
+    let (mut sess, budget, mmproj) = open_session_with_tower(&a.m, &a.s, reserve, a.mmproj.as_deref())?;
     let experts = budget.as_ref().map(|b| b.experts().clone());
     sess.reuse_prefix = true;
+    let (draft, gamma) = a.sp.open(&a.m, &a.s, &mut sess)?;
+    let draft = draft.map(|d| (d, gamma));
+    if let Some((d, g)) = &draft {
+        eprintln!("les serve: speculative decoding ({}, up to {g} drafts per forward)", d.name());
+    }
     if mmproj.is_some() {
         eprintln!("les serve: accepts images (image_url parts with data: URLs)");
     }
@@ -223,7 +244,7 @@ pub fn cmd_serve(a: ServeArgs) -> Res {
     let flag = alive.clone();
     let vision = mmproj.is_some();
     std::thread::Builder::new().name("les-worker".into()).spawn(move || {
-        worker(sess, experts, mmproj, rx);
+        worker(sess, experts, mmproj, draft, rx);
         flag.store(false, std::sync::atomic::Ordering::Relaxed);
     })?;
     let app = Arc::new(App { jobs: tx, alive, model, created: unix_now(), next_id: 0.into(), defaults: a.g.clone(), vision, budget });
@@ -255,12 +276,12 @@ async fn health(State(app): State<Arc<App>>) -> Response {
 
 /// The session's thread: one request at a time, in arrival order. A request that panics in the
 /// engine is answered with a 500 and the session starts over from an empty cache.
-fn worker(mut sess: Session, experts: Option<Arc<StreamingExperts>>, mmproj: Option<Mmproj>, rx: std::sync::mpsc::Receiver<Job>) {
+fn worker(mut sess: Session, experts: Option<Arc<StreamingExperts>>, mmproj: Option<Mmproj>, mut draft: Option<(Box<dyn Draft + Send>, usize)>, rx: std::sync::mpsc::Receiver<Job>) {
     while let Ok(job) = rx.recv() {
         if job.tx.is_closed() {
             continue; // the client left while the request waited
         }
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_job(&mut sess, experts.as_deref(), mmproj.as_ref(), &job)));
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_job(&mut sess, experts.as_deref(), mmproj.as_ref(), draft.as_mut(), &job)));
         let msg = match r {
             Ok(Ok(d)) => Msg::Done(d),
             Ok(Err(e)) => Msg::Error(e),
@@ -295,7 +316,7 @@ fn send(tx: &tokio::sync::mpsc::Sender<Msg>, mut m: Msg) -> bool {
     }
 }
 
-fn run_job(sess: &mut Session, experts: Option<&StreamingExperts>, mmproj: Option<&Mmproj>, job: &Job) -> Result<Done, ApiError> {
+fn run_job(sess: &mut Session, experts: Option<&StreamingExperts>, mmproj: Option<&Mmproj>, draft: Option<&mut (Box<dyn Draft + Send>, usize)>, job: &Job) -> Result<Done, ApiError> {
     let t0 = les::engine::now_ms();
     let (text, images) = match &job.prompt {
         Prompt::Chat(m, images) => (sess.chat_prompt(m).map_err(|e| ApiError::bad(e.to_string(), Some("messages")))?, images.as_slice()),
@@ -345,8 +366,20 @@ fn run_job(sess: &mut Session, experts: Option<&StreamingExperts>, mmproj: Optio
     if !send(tx, Msg::Started) {
         return Err(ApiError::bad("the client went away", None));
     }
-    let r = sess.generate_with(&toks, &opts, &mut |_, t| if t.is_empty() { !tx.is_closed() } else { send(tx, Msg::Text(t.to_string())) });
-    let (ids, st) = r.map_err(|e| ApiError::server(e.to_string()))?;
+    let mut on_text = |_, t: &str| if t.is_empty() { !tx.is_closed() } else { send(tx, Msg::Text(t.to_string())) };
+    // Text prompts are drafted and verified; with images (their rows are not tokens a draft
+    // could read) plain decoding finishes what `prefill_mm` began.
+    let (ids, st, spec) = match draft {
+        Some((d, gamma)) if mm.is_none() => {
+            let o = SpecOptions { draft_max: *gamma, io: None, verify_first: false };
+            let (ids, st, sp) = speculative::generate_with(sess, Some(&mut **d as &mut dyn Draft), &o, &toks, &opts, &mut on_text).map_err(|e| ApiError::server(e.to_string()))?;
+            (ids, st, Some(sp))
+        }
+        _ => {
+            let (ids, st) = sess.generate_with(&toks, &opts, &mut on_text).map_err(|e| ApiError::server(e.to_string()))?;
+            (ids, st, None)
+        }
+    };
     let es = experts.map(|e| e.stats());
     Ok(Done {
         prompt_tokens: st.prompt_tokens,
@@ -358,6 +391,7 @@ fn run_job(sess: &mut Session, experts: Option<&StreamingExperts>, mmproj: Optio
         gen_ms: st.gen_ms,
         hit_rate: es.as_ref().map(|s| s.hit_rate()),
         mb_per_token: es.as_ref().map(|s| s.bytes_per_token() / 1e6),
+        spec,
     })
 }
 
@@ -785,5 +819,6 @@ fn les_stats(d: &Done) -> Value {
         "tokens_per_s": if d.gen_ms > 0.0 { d.completion_tokens as f64 * 1000.0 / d.gen_ms } else { 0.0 },
         "hit_rate": d.hit_rate,
         "mb_read_per_token": d.mb_per_token,
+        "draft": d.spec.as_ref().map(|s| json!({ "source": s.source, "drafted": s.drafted, "accepted": s.accepted, "target_forwards": s.target_forwards })),
     })
 }
