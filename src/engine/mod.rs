@@ -153,7 +153,7 @@ impl Session {
         let tokenizer = Tokenizer::from_gguf(&gguf)?;
         let model = Model::load_with(src, &gguf, mode, dense)?;
         let n_ctx = n_ctx.min(model.cfg.n_ctx_train.max(1));
-        let kv = model.new_kv(n_ctx);
+        let kv = model.new_kv(n_ctx)?;
         Ok(Self { model, tokenizer, kv, gguf, prefill_batch, gpu: None, reuse_prefix: false, chat_template: None, cached: Vec::new(), gpu_opts: Default::default(), markers: Default::default() })
     }
 
@@ -166,22 +166,22 @@ impl Session {
         use crate::backend::wgpu::GpuContext;
         let ctx = match kind {
             BackendKind::Cpu => {
-                self.use_cpu();
+                self.use_cpu()?;
                 return Ok("backend: cpu".into());
             }
             BackendKind::Wgpu => GpuContext::new()?,
             BackendKind::Auto if self.model.weights.has_streamed() => {
-                self.use_cpu();
+                self.use_cpu()?;
                 return Ok("backend: cpu (auto: dense weights are read from storage, which only the CPU backend does)".into());
             }
             BackendKind::Auto => match GpuContext::probe() {
                 Ok(info) if GpuContext::auto_takes(&info) => GpuContext::new()?,
                 Ok(info) => {
-                    self.use_cpu();
+                    self.use_cpu()?;
                     return Ok(format!("backend: cpu (auto: the only GPU adapter, {}, is a software rasterizer)", info.name));
                 }
                 Err(e) => {
-                    self.use_cpu();
+                    self.use_cpu()?;
                     return Ok(format!("backend: cpu (auto: {e})"));
                 }
             },
@@ -209,10 +209,11 @@ impl Session {
     }
 
     #[cfg(not(target_arch = "wasm32"))]
-    fn use_cpu(&mut self) {
+    fn use_cpu(&mut self) -> Result<(), EngineError> {
         if self.gpu.take().is_some() {
-            self.kv = self.model.new_kv(self.kv.n_ctx);
+            self.kv = self.model.new_kv(self.kv.n_ctx)?;
         }
+        Ok(())
     }
 
     /// One forward pass on the session's backend.

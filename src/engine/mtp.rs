@@ -75,7 +75,7 @@ impl MtpDraft {
             return Err(crate::model::ModelError::Unsupported("no multi-token-prediction block is loaded".into()).into());
         }
         Ok(Self {
-            kv: target.new_mtp_kv(n_ctx),
+            kv: target.new_mtp_kv(n_ctx)?,
             kv_tokens: Vec::new(),
             valid: 0,
             h: Vec::new(),

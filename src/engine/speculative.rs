@@ -189,7 +189,7 @@ impl DraftModel {
         if model.cfg.n_vocab != target.n_vocab() {
             return Err(SpecError::VocabMismatch(format!("output rows {} vs {} tokens", model.cfg.n_vocab, target.n_vocab())));
         }
-        let kv = model.new_kv(n_ctx.min(model.cfg.n_ctx_train.max(1)));
+        let kv = model.new_kv(n_ctx.min(model.cfg.n_ctx_train.max(1)))?;
         let bytes = g.tensors.iter().map(|t| t.size).sum();
         Ok(Self { model, kv, kv_tokens: Vec::new(), sampler: Sampler::new(SamplerConfig::greedy()), forwards: 0, bytes, lookahead: None, rows: Vec::new() })
     }

@@ -64,6 +64,9 @@ pub enum ModelError {
     /// A backend broke the op contract (a bug, reported instead of a panic).
     #[error("internal error: {0}")]
     Internal(String),
+    /// A buffer the model needs could not be allocated.
+    #[error("out of memory: cannot allocate {bytes} bytes for the {what} (lower --ctx-size or the memory budget)")]
+    OutOfMemory { what: &'static str, bytes: usize },
 }
 
 impl From<OpError> for ModelError {
@@ -349,12 +352,12 @@ impl Model {
 
     /// The per-sequence cache: keys and values of the attention layers, recurrent states of the
     /// Gated DeltaNet layers.
-    pub fn new_kv(&self, n_ctx: usize) -> KvCache {
+    pub fn new_kv(&self, n_ctx: usize) -> Result<KvCache, ModelError> {
         let c = &self.cfg;
         let layers: Vec<Option<(usize, usize)>> =
             (0..c.n_layer).map(|il| c.ssm.filter(|_| c.is_recurrent(il)).map(|s| (s.conv_state_len(), s.ssm_state_len()))).collect();
         let windows: Vec<usize> = (0..c.n_layer).map(|il| c.window(il)).collect();
-        KvCache::with_windows(&layers, &windows, n_ctx, c.n_head_kv, c.head_dim)
+        KvCache::try_with_windows(&layers, &windows, n_ctx, c.n_head_kv, c.head_dim).map_err(|bytes| ModelError::OutOfMemory { what: "KV cache", bytes })
     }
 
     /// Start (or stop) recording each forward's last-row FFN inputs per layer.
@@ -471,8 +474,8 @@ impl Model {
     }
 
     /// The MTP block's cache: one attention layer.
-    pub fn new_mtp_kv(&self, n_ctx: usize) -> KvCache {
-        KvCache::hybrid(&[None], n_ctx, self.cfg.n_head_kv, self.cfg.head_dim)
+    pub fn new_mtp_kv(&self, n_ctx: usize) -> Result<KvCache, ModelError> {
+        KvCache::try_with_windows(&[None], &[], n_ctx, self.cfg.n_head_kv, self.cfg.head_dim).map_err(|bytes| ModelError::OutOfMemory { what: "MTP block's KV cache", bytes })
     }
 
     pub fn experts(&self) -> Option<&Arc<dyn ExpertSource>> {

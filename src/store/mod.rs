@@ -23,6 +23,10 @@ pub enum StoreError {
     OutOfRange { offset: u64, len: usize, size: u64 },
     #[error("short read at offset {offset}: wanted {wanted} bytes, got {got}")]
     ShortRead { offset: u64, wanted: usize, got: usize },
+    /// The buffer for a read could not be allocated (a heap at its limit: the browser's wasm
+    /// memory, a phone's app allowance).
+    #[error("out of memory: cannot allocate {len} bytes for a read at offset {offset}")]
+    OutOfMemory { offset: u64, len: usize },
 }
 
 /// A random-access, read-only source of bytes.
@@ -61,7 +65,9 @@ pub trait ByteSource: Send + Sync {
     /// allocating, so a hostile length cannot cause an allocation larger than the source.
     fn read_vec(&self, offset: u64, len: usize) -> Result<Vec<u8>, StoreError> {
         check_range(offset, len, self.len())?;
-        let mut v = vec![0u8; len];
+        let mut v = Vec::new();
+        v.try_reserve_exact(len).map_err(|_| StoreError::OutOfMemory { offset, len })?;
+        v.resize(len, 0);
         self.read_at(offset, &mut v)?;
         Ok(v)
     }

@@ -503,7 +503,7 @@ fn mtp_from_a_bundle_equals_mtp_from_the_gguf() {
     // One draft step from the same token and hidden state on both.
     let e = r.model.cfg.n_embd;
     let h: Vec<f32> = (0..e).map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.1).collect();
-    let (mut kv_g, mut kv_b) = (r.model.new_mtp_kv(64), st.session.model.new_mtp_kv(64));
+    let (mut kv_g, mut kv_b) = (r.model.new_mtp_kv(64).unwrap(), st.session.model.new_mtp_kv(64).unwrap());
     let (lg, hg) = r.model.forward_mtp(&[toks[1]], &h, &mut kv_g).unwrap();
     let (lb, hb) = st.session.model.forward_mtp(&[toks[1]], &h, &mut kv_b).unwrap();
     assert!(lg.iter().zip(&lb).all(|(a, b)| a.to_bits() == b.to_bits()), "draft logits differ");

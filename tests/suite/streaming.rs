@@ -532,7 +532,7 @@ fn coactivation_packed_bundle_is_lossless_and_merges_reads() {
 /// This test binary's allocator: allocations of exactly `FAIL_SIZE` bytes (an expert slot's
 /// buffer) fail while `MAX_LIVE` of them are live — a heap that cannot grow (the browser's
 /// wasm memory at its limit). Off (`FAIL_SIZE` 0) except in the child process of
-/// `out_of_memory_shrinks_the_cache_instead_of_aborting`.
+/// `out_of_memory_shrinks_the_cache_instead_of_aborting` and `out_of_memory_at_load_is_an_error`.
 mod limited_alloc {
     use std::alloc::{GlobalAlloc, Layout, System};
     use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
@@ -604,4 +604,33 @@ fn out_of_memory_shrinks_the_cache_instead_of_aborting() {
     let e = logits_seq(&mut st.session, p, cont).unwrap_err();
     FAIL_SIZE.store(0, Relaxed);
     assert!(e.contains("out of memory"), "{e}");
+}
+
+/// A KV cache or a dense weight that cannot be allocated at load (issue 39 item 2: a heap at its
+/// limit) is a load error that names what was short, not an abort; with the memory back, the
+/// same load works.
+#[test]
+fn out_of_memory_at_load_is_an_error() {
+    use limited_alloc::*;
+    use std::sync::atomic::Ordering::Relaxed;
+    if std::env::var_os("LES_TEST_OOM").is_none() {
+        rerun_with_env(module_path!(), "out_of_memory_at_load_is_an_error", &[("LES_TEST_OOM", "1")]);
+        return;
+    }
+    let src = FileSource::open(model("rand-qwen3moe.gguf")).unwrap();
+    let g = GgufFile::read(&src).unwrap();
+    let c = Config::from_gguf(&g).unwrap();
+    // An odd context, so no other buffer has the KV layer's size.
+    let n_ctx = 203.min(c.n_ctx_train);
+    let load = || Session::load(&src, ExpertMode::Resident, n_ctx).map(|_| ()).map_err(|e| e.to_string());
+    let embd = g.tensors.iter().find(|t| t.name == "token_embd.weight").unwrap().size as usize;
+    for (what, size) in [("KV cache", n_ctx * c.n_head_kv * c.head_dim * 2), ("read", embd)] {
+        (LIVE.store(0, Relaxed), MAX_LIVE.store(0, Relaxed), REFUSED.store(0, Relaxed));
+        FAIL_SIZE.store(size, Relaxed);
+        let e = load().unwrap_err();
+        FAIL_SIZE.store(0, Relaxed);
+        assert!(REFUSED.load(Relaxed) > 0);
+        assert!(e.contains("out of memory") && e.contains(what) && e.contains(&size.to_string()), "{what}: {e}");
+    }
+    load().unwrap();
 }

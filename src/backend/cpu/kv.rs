@@ -107,6 +107,12 @@ impl KvCache {
     /// [`Self::hybrid`] with a sliding window per layer (`windows[il]`, 0 or missing: none): those
     /// layers get [`swa_cells`] cells.
     pub fn with_windows(layers: &[Option<(usize, usize)>], windows: &[usize], n_ctx: usize, n_head_kv: usize, head_dim: usize) -> Self {
+        Self::try_with_windows(layers, windows, n_ctx, n_head_kv, head_dim).unwrap_or_else(|e| panic!("KV cache: {e}"))
+    }
+
+    /// [`Self::with_windows`], with a failed allocation returned (the bytes asked for) instead of
+    /// an abort.
+    pub fn try_with_windows(layers: &[Option<(usize, usize)>], windows: &[usize], n_ctx: usize, n_head_kv: usize, head_dim: usize) -> Result<Self, usize> {
         let window: Vec<usize> = (0..layers.len()).map(|il| windows.get(il).copied().unwrap_or(0)).collect();
         let cells: Vec<usize> = layers
             .iter()
@@ -117,15 +123,25 @@ impl KvCache {
                 (None, w) => swa_cells(w, n_ctx),
             })
             .collect();
-        let kv = |&c: &usize| vec![f16::ZERO; c * n_head_kv * head_dim];
-        Self {
+        fn zeros<T: Clone>(n: usize, z: T) -> Result<Vec<T>, usize> {
+            let mut v = Vec::new();
+            v.try_reserve_exact(n).map_err(|_| n * std::mem::size_of::<T>())?;
+            v.resize(n, z);
+            Ok(v)
+        }
+        let kv = |&c: &usize| zeros(c * n_head_kv * head_dim, f16::ZERO);
+        let rs = layers
+            .iter()
+            .map(|l| l.map(|(c, s)| Ok(RecState { conv: zeros(c, 0.0)?, ssm: zeros(s, 0.0)? })).transpose())
+            .collect::<Result<_, usize>>()?;
+        Ok(Self {
             n_ctx,
             n_head_kv,
             head_dim,
             len: 0,
-            k: cells.iter().map(kv).collect(),
-            v: cells.iter().map(kv).collect(),
-            rs: layers.iter().map(|l| l.map(|(c, s)| RecState { conv: vec![0.0; c], ssm: vec![0.0; s] })).collect(),
+            k: cells.iter().map(kv).collect::<Result<_, _>>()?,
+            v: cells.iter().map(kv).collect::<Result<_, _>>()?,
+            rs,
             base: vec![0; layers.len()],
             cells,
             window,
@@ -133,7 +149,7 @@ impl KvCache {
             events: Vec::new(),
             rings: Vec::new(),
             high: 0,
-        }
+        })
     }
 
     /// The position count (and, for a model with recurrent layers, the checkpoint bookkeeping)
