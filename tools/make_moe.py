@@ -329,6 +329,10 @@ FULL_SPECS = {
     ),
 }
 
+# The same with one multi-token-prediction block (`nextn_predict_layers` 1, `blk.40.*`: as the
+# small `qwen35moe-mtp` fixture's, its 256 experts in the trunk's first expert types), for the
+# ladder's MTP rung (`les bench ladder --mtp`; issue 37 item 4). About 21.6 GB.
+FULL_SPECS["qwen35moe-35b-a3b-mtp"] = dict(FULL_SPECS["qwen35moe-35b-a3b"], nextn=1)
 
 # gpt-oss (llama.cpp src/models/openai-moe.cpp; ../shared/research/moe_archs.md §2): biased q/k/v/o
 # and router, attention sinks, sliding-window attention on even layers (a window of 16 here, so

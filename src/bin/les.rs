@@ -546,9 +546,14 @@ enum BenchCmd {
         #[arg(long)]
         no_resident: bool,
         /// Draft model for the + speculative rung (default: prompt lookup).
-        #[arg(long)]
+        #[arg(long, conflicts_with = "mtp")]
         draft_model: Option<String>,
-        /// γ of the + speculative rung (default 4 with --draft-model, 16 with prompt lookup).
+        /// The + speculative rung drafts with the model's own MTP block (`nextn_predict_layers`;
+        /// its weights and experts held in memory, out of the budget).
+        #[arg(long)]
+        mtp: bool,
+        /// γ of the + speculative rung (default 4 with --draft-model, 16 with prompt lookup, 3
+        /// with --mtp).
         #[arg(long)]
         draft_max: Option<usize>,
         /// A bundle with per-layer expert types (`les pack --mixed-precision` or
@@ -707,7 +712,7 @@ fn run(cli: Cli) -> Res {
             Ok(())
         }
         Cmd::Bench(BenchCmd::Soak { m, s, runs, n_predict }) => cmd_soak(&m, &s, runs, n_predict),
-        Cmd::Bench(BenchCmd::Ladder { m, s, bundle, n_predict, n_prompts, prompts, no_resident, draft_model, draft_max, mixed_bundle }) => {
+        Cmd::Bench(BenchCmd::Ladder { m, s, bundle, n_predict, n_prompts, prompts, no_resident, draft_model, mtp, draft_max, mixed_bundle }) => {
             if let Some(t) = m.threads {
                 les::backend::cpu::par::init_threads(t);
             }
@@ -725,7 +730,12 @@ fn run(cli: Cli) -> Res {
                     b
                 }
             };
-            let spec = les::engine::ladder::SpecRung { draft_model, draft_max, mixed_bundle };
+            let draft = match (draft_model, mtp) {
+                (Some(p), _) => Some(DraftSpec::Model(std::sync::Arc::new(FileSource::open(&p).map_err(|e| format!("--draft-model {p}: {e}"))?))),
+                (None, true) => Some(DraftSpec::Mtp { lookahead: les::engine::mtp::MTP_LOOKAHEAD_LAYERS }),
+                (None, false) => None,
+            };
+            let spec = les::engine::ladder::SpecRung { draft, draft_max, mixed_bundle };
             let backend = |sess: &mut Session, gpu_slots: Option<usize>| m.apply_backend_with(sess, gpu_slots.filter(|&n| n > 0));
             let mut rep = les::engine::ladder::run(&m.model, &bundle, &opts, &ps, n_predict, !no_resident, &spec, &backend)?;
             println!("{}", rep.table());

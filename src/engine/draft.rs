@@ -25,6 +25,15 @@ pub enum DraftSpec {
     Mtp { lookahead: usize },
 }
 
+impl std::fmt::Debug for DraftSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DraftSpec::Mtp { lookahead } => write!(f, "MTP (lookahead {lookahead})"),
+            d => f.write_str(d.name()),
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum DraftError {
     #[error(transparent)]

@@ -9,7 +9,8 @@
 //! (Belady-optimal cache with perfect prediction: I/O fully overlapped with compute).
 
 use super::sampling::SamplerConfig;
-use super::speculative::{self, Draft, DraftModel, PromptLookup, SpecOptions};
+use super::draft::DraftSpec;
+use super::speculative::{self, Draft, SpecOptions};
 use super::stream::{open_streaming, open_streaming_from_memory, StreamOptions, Streaming};
 use super::Session;
 use crate::expert::stream::{belady_misses, Policy, StreamingExperts};
@@ -138,9 +139,9 @@ pub struct Rung {
 /// The speculative rung's draft source.
 #[derive(Clone, Debug, Default)]
 pub struct SpecRung {
-    /// Draft model (same vocabulary); `None`: prompt lookup.
-    pub draft_model: Option<String>,
-    /// γ (default: 4 with a draft model, 16 with prompt lookup).
+    /// The draft (a draft model, the model's MTP block); `None`: prompt lookup.
+    pub draft: Option<DraftSpec>,
+    /// γ (default per draft: [`DraftSpec::default_max`]).
     pub draft_max: Option<usize>,
     /// A bundle with per-layer expert types: runs as the `+ mixed precision` rung (after
     /// `+ bundle`), and the `+ speculative` rung runs on it.
@@ -372,30 +373,24 @@ pub fn run(model: &str, bundle: &str, opts: &StreamOptions, prompts: &[String], 
         live.push(Live { name, st, io_threads: o.cache.io_threads, draft: None, t: 0, ms: 0.0, active_ms: 0.0, loads: 0, bytes: 0, drafted: 0, accepted: 0, per_prompt: Vec::new(), waits: Waits::default() });
     }
     // + speculative: the bundle rung's settings, decoding through speculative verification. A
-    // draft model's weights and KV cache come out of the same budget (fewer expert slots).
+    // draft's weights and KV cache (a draft model's, the MTP block's) come out of the same
+    // budget (fewer expert slots).
     {
         let mut o = opts.clone();
         o.cache.prefetch = true;
-        let draft: Box<dyn Draft> = match &spec.draft_model {
-            Some(p) => {
-                // The target's tokenizer and context size, from the GGUF's metadata.
-                let g = crate::gguf::GgufFile::read(&FileSource::open(model)?)?;
-                let tok = crate::tokenizer::Tokenizer::from_gguf(&g)?;
-                let n_ctx = o.n_ctx.min(crate::model::Config::from_gguf(&g)?.n_ctx_train.max(1));
-                let d = DraftModel::load(&FileSource::open(p)?, &tok, n_ctx)?;
-                let extra = d.bytes + d.model.cfg.cache_bytes(d.kv.n_ctx) as u64;
-                o.budget = o.budget.saturating_sub(extra);
-                rep.spec_note = format!("+ speculative: draft model {p} (γ {}), its weights + KV ({:.1} MiB) taken from the budget", spec.draft_max.unwrap_or(speculative::DRAFT_MODEL_DRAFT_MAX), extra as f64 / 1048576.0);
-                Box::new(d)
-            }
-            None => {
-                rep.spec_note = format!("+ speculative: prompt lookup (γ {})", spec.draft_max.unwrap_or(speculative::LOOKUP_DRAFT_MAX));
-                Box::new(PromptLookup::default())
-            }
-        };
-        let gamma = spec.draft_max.unwrap_or(if spec.draft_model.is_some() { speculative::DRAFT_MODEL_DRAFT_MAX } else { speculative::LOOKUP_DRAFT_MAX });
-        let st = open(spec_bundle, &o)?;
+        let ds = spec.draft.clone().unwrap_or(DraftSpec::Lookup);
+        let target: Arc<dyn ByteSource> = Arc::new(FileSource::open(spec_bundle)?);
+        let extra = ds.reserve(target.clone(), o.n_ctx)?;
+        o.budget = o.budget.saturating_sub(extra);
+        let mut st = open(spec_bundle, &o)?;
+        let d = ds.open(target, &mut st.session)?;
+        let gamma = spec.draft_max.unwrap_or(ds.default_max());
+        rep.spec_note = format!("+ speculative: {} (γ {gamma})", ds.name());
+        if extra > 0 {
+            rep.spec_note += &format!(", its weights + KV ({:.1} MiB) taken from the budget", extra as f64 / 1048576.0);
+        }
         rep.spec_note += &format!(", {} expert slots, on {spec_bundle}", st.experts.config().slots);
+        let draft: Box<dyn Draft> = d.draft;
         live.push(Live { name: "+ speculative".into(), st, io_threads: o.cache.io_threads, draft: Some((draft, gamma)), t: 0, ms: 0.0, active_ms: 0.0, loads: 0, bytes: 0, drafted: 0, accepted: 0, per_prompt: Vec::new(), waits: Waits::default() });
     }
     for l in &mut live {

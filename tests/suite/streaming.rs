@@ -368,6 +368,31 @@ fn ladder_reports_waits_and_artifacts() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// `les bench ladder --mtp` (issue 37 item 4): the + speculative rung drafts with the model's own
+/// MTP block, read from the bundle (its weights and cache taken from the budget), and reports
+/// its acceptance and the experts it loads per output token.
+#[test]
+fn ladder_mtp_rung_drafts_with_the_models_block() {
+    let m = model("rand-qwen35moe-mtp.gguf");
+    let m = m.to_str().unwrap();
+    let dir = std::env::temp_dir().join(format!("les-ladder-mtp-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (json, bundle) = (dir.join("ladder.json"), dir.join("b.les"));
+    let les = || std::process::Command::new(env!("CARGO_BIN_EXE_les"));
+    assert!(les().args(["pack", m, bundle.to_str().unwrap()]).status().unwrap().success());
+    let o = les()
+        .current_dir(root())
+        .args(["bench", "ladder", "-m", m, "--bundle", bundle.to_str().unwrap(), "--memory-budget", "40MiB", "--mtp", "--no-resident", "-n", "4", "--n-prompts", "1", "--stats-json", json.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let rep: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert!(rep["spec_note"].as_str().unwrap().contains("MTP (γ 3), its weights + KV"), "{}", rep["spec_note"]);
+    let spec = rep["rungs"].as_array().unwrap().iter().find(|r| r["name"] == "+ speculative").unwrap();
+    assert!(spec["acceptance_rate"].is_number() && spec["experts_per_token"].as_f64().unwrap() > 0.0, "{spec}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// The budget lowered and raised while the model runs (issue 39 item 2), between tokens and
 /// from another thread in the middle of forwards: the logits stay the resident run's bits (the
 /// hybrid's recurrent state and the KV cache are untouched), the cache's buffers follow the
