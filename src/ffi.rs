@@ -94,7 +94,7 @@ struct LoadOptions {
 fn draft_spec(o: &LoadOptions) -> Result<Option<DraftSpec>, String> {
     match (o.speculative.as_deref(), &o.draft_model) {
         (Some(_), Some(_)) => Err("options: give speculative or draft_model, not both".into()),
-        (None, Some(p)) => Ok(Some(DraftSpec::Model(std::sync::Arc::new(FileSource::open(p).map_err(|e| format!("draft_model {p}: {e}"))?)))),
+        (None, Some(p)) => Ok(Some(DraftSpec::model_file(p).map_err(|e| format!("draft_model {p}: {e}"))?)),
         (Some("mtp"), None) => Ok(Some(DraftSpec::Mtp { lookahead: crate::engine::mtp::MTP_LOOKAHEAD_LAYERS })),
         (Some("lookup"), None) => Ok(Some(DraftSpec::Lookup)),
         (Some(k), None) => Err(format!("options: speculative must be \"mtp\" or \"lookup\", not {k:?}")),

@@ -463,7 +463,7 @@ impl SpecArgs {
 
     fn spec(&self) -> Result<Option<DraftSpec>, Box<dyn std::error::Error>> {
         Ok(match (&self.draft_model, self.lookup, self.mtp) {
-            (Some(p), _, _) => Some(DraftSpec::Model(std::sync::Arc::new(FileSource::open(p).map_err(|e| format!("--draft-model {p}: {e}"))?))),
+            (Some(p), _, _) => Some(DraftSpec::model_file(p).map_err(|e| format!("--draft-model {p}: {e}"))?),
             (None, true, _) => Some(DraftSpec::Lookup),
             (None, false, true) => Some(DraftSpec::Mtp { lookahead: self.mtp_lookahead }),
             (None, false, false) => None,
@@ -731,7 +731,7 @@ fn run(cli: Cli) -> Res {
                 }
             };
             let draft = match (draft_model, mtp) {
-                (Some(p), _) => Some(DraftSpec::Model(std::sync::Arc::new(FileSource::open(&p).map_err(|e| format!("--draft-model {p}: {e}"))?))),
+                (Some(p), _) => Some(DraftSpec::model_file(&p).map_err(|e| format!("--draft-model {p}: {e}"))?),
                 (None, true) => Some(DraftSpec::Mtp { lookahead: les::engine::mtp::MTP_LOOKAHEAD_LAYERS }),
                 (None, false) => None,
             };

@@ -52,6 +52,12 @@ pub struct OpenedDraft {
 }
 
 impl DraftSpec {
+    /// A draft model read from the GGUF file at `path`.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn model_file(path: &str) -> Result<Self, crate::store::StoreError> {
+        Ok(DraftSpec::Model(Arc::new(crate::store::FileSource::open(path)?)))
+    }
+
     pub fn name(&self) -> &'static str {
         match self {
             DraftSpec::Model(_) => "draft model",

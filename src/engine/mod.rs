@@ -202,8 +202,9 @@ impl Session {
         // whether the sliding-window rings still hold what a rollback needs. (Recurrent states
         // too; the cache keeps the checkpoint bookkeeping the GPU mirrors.)
         let c = &self.model.cfg;
-        let rings: Vec<(usize, usize)> = (0..c.n_layer).filter(|&il| sh.swa_layers > 0 && !c.is_recurrent(il) && c.window(il) > 0).map(|il| (c.window(il), sh.swa_cells)).collect();
-        self.kv = KvCache::positions_only(self.kv.n_ctx, c.ssm.is_some(), &rings, c.n_head_kv, c.head_dim);
+        // Every sliding-window layer has the window `n_swa` and a ring of `swa_cells`.
+        let rings: &[(usize, usize)] = if sh.swa_layers > 0 { &[(c.n_swa, sh.swa_cells)] } else { &[] };
+        self.kv = KvCache::positions_only(self.kv.n_ctx, c.ssm.is_some(), rings, c.n_head_kv, c.head_dim);
         self.gpu = Some(gpu);
         Ok(())
     }

@@ -72,6 +72,12 @@ impl Resp {
     fn json(&self) -> Value {
         serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
     }
+    /// The text of a streamed `/v1/completions` reply: every chunk's `choices[0].text` before
+    /// `[DONE]`.
+    fn streamed_completion(&self) -> String {
+        let ev = self.events();
+        ev[..ev.len() - 1].iter().map(|e| serde_json::from_str::<Value>(e).unwrap()["choices"][0]["text"].as_str().unwrap_or("").to_string()).collect()
+    }
     /// The `data:` payloads of a server-sent-event stream.
     fn events(&self) -> Vec<String> {
         String::from_utf8_lossy(&self.body).lines().filter_map(|l| l.strip_prefix("data: ").or_else(|| l.strip_prefix("data:")).map(|s| s.to_string())).collect()
@@ -230,9 +236,7 @@ fn serve_end_to_end() {
     assert_eq!(v["choices"][0]["text"].as_str(), Some(&want[..want.find(&stop).unwrap()]), "stop {stop:?}");
     assert_eq!(v["choices"][0]["finish_reason"], "stop");
     let r = post(a, "/v1/completions", &json!({ "prompt": p, "max_tokens": 10, "temperature": 0, "stream": true }));
-    let ev = r.events();
-    let streamed: String = ev[..ev.len() - 1].iter().map(|e| serde_json::from_str::<Value>(e).unwrap()["choices"][0]["text"].as_str().unwrap_or("").to_string()).collect();
-    assert_eq!(streamed, want);
+    assert_eq!(r.streamed_completion(), want);
 
     // Unknown fields are ignored.
     let r = post(a, "/v1/chat/completions", &json!({ "messages": [{ "role": "user", "content": "Hi" }], "max_tokens": 2, "frobnicate": { "x": 1 }, "logit_bias": {} }));
@@ -311,9 +315,7 @@ fn serve_speculative() {
     assert_eq!(v["choices"][0]["text"].as_str(), Some(&want[..want.find(&stop).unwrap()]), "stop {stop:?}: {v}");
     assert_eq!(v["choices"][0]["finish_reason"], "stop");
     let r = post(a, "/v1/completions", &json!({ "prompt": p, "max_tokens": 16, "temperature": 0, "stream": true }));
-    let ev = r.events();
-    let streamed: String = ev[..ev.len() - 1].iter().map(|e| serde_json::from_str::<Value>(e).unwrap()["choices"][0]["text"].as_str().unwrap_or("").to_string()).collect();
-    assert_eq!(streamed, want);
+    assert_eq!(r.streamed_completion(), want);
     // The next turn (the reply and more) reuses the cache.
     let p2 = format!("{p}{want} eleven");
     let v = post(a, "/v1/completions", &json!({ "prompt": p2, "max_tokens": 8, "temperature": 0 })).json();

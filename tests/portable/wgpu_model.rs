@@ -58,9 +58,7 @@ fn compare(model: &str, n_prompts: usize, steps: usize) -> (usize, usize, f32) {
     les::quant::Simd::force(les::quant::Simd::Scalar);
     let path = model_path(model);
     let src = FileSource::open(&path).unwrap();
-    let mut cpu = Session::load(&src, ExpertMode::Resident, 256).unwrap();
-    let mut gpu = Session::load(&src, ExpertMode::Resident, 256).unwrap();
-    gpu.set_backend(BackendKind::Wgpu, &GpuOptions { exact: Some(true), ..Default::default() }).unwrap();
+    let (mut cpu, mut gpu) = cpu_and_gpu(&src, 256);
     let (mut n, mut differ, mut worst) = (0, 0, 0f32);
     for p in prompts().iter().take(n_prompts) {
         let toks = cpu.tokenize(p);
@@ -84,6 +82,15 @@ fn compare(model: &str, n_prompts: usize, steps: usize) -> (usize, usize, f32) {
     }
     eprintln!("{model}: {n} greedy steps, tokens equal; {differ} steps with logits not bit-identical, max |Δlogit| {worst:e}");
     (n, differ, worst)
+}
+
+/// Two sessions of the model in `src` with `n_ctx` positions: one on the CPU, one on the GPU's
+/// exact path.
+fn cpu_and_gpu(src: &FileSource, n_ctx: usize) -> (Session, Session) {
+    let cpu = Session::load(src, ExpertMode::Resident, n_ctx).unwrap();
+    let mut gpu = Session::load(src, ExpertMode::Resident, n_ctx).unwrap();
+    gpu.set_backend(BackendKind::Wgpu, &GpuOptions { exact: Some(true), ..Default::default() }).unwrap();
+    (cpu, gpu)
 }
 
 fn model_path(name: &str) -> std::path::PathBuf {
@@ -135,9 +142,7 @@ fn gpu_sliding_window_rings_equal_cpu() {
     les::quant::Simd::force(les::quant::Simd::Scalar);
     let n_ctx = 1024;
     let src = FileSource::open(model_path("rand-gpt-oss.gguf")).unwrap();
-    let mut cpu = Session::load(&src, ExpertMode::Resident, n_ctx).unwrap();
-    let mut gpu = Session::load(&src, ExpertMode::Resident, n_ctx).unwrap();
-    gpu.set_backend(BackendKind::Wgpu, &GpuOptions { exact: Some(true), ..Default::default() }).unwrap();
+    let (mut cpu, mut gpu) = cpu_and_gpu(&src, n_ctx);
     // f16 keys and values, 2 KV heads of 64.
     let per_cell = 2 * 2 * 64 * 2;
     assert_eq!(gpu.gpu.as_ref().unwrap().kv_bytes() as usize, (2 * n_ctx + 2 * 112) * per_cell);
@@ -177,9 +182,7 @@ fn gpu_mtp_speculative_equals_cpu_plain_greedy() {
     }
     les::quant::Simd::force(les::quant::Simd::Scalar);
     let src = FileSource::open(model_path("rand-qwen35moe-mtp.gguf")).unwrap();
-    let mut cpu = Session::load(&src, ExpertMode::Resident, 256).unwrap();
-    let mut gpu = Session::load(&src, ExpertMode::Resident, 256).unwrap();
-    gpu.set_backend(BackendKind::Wgpu, &GpuOptions { exact: Some(true), ..Default::default() }).unwrap();
+    let (mut cpu, mut gpu) = cpu_and_gpu(&src, 256);
     gpu.model.load_mtp(&src, &gpu.gguf).unwrap();
     let mut d = les::engine::mtp::MtpDraft::new(&gpu.model, 256).unwrap();
     let g = SamplerConfig::greedy();
@@ -356,9 +359,7 @@ fn gpu_recurrent_state_follows_checkpoints() {
     }
     les::quant::Simd::force(les::quant::Simd::Scalar);
     let src = FileSource::open(model_path("rand-qwen35moe.gguf")).unwrap();
-    let mut cpu = Session::load(&src, ExpertMode::Resident, 256).unwrap();
-    let mut gpu = Session::load(&src, ExpertMode::Resident, 256).unwrap();
-    gpu.set_backend(BackendKind::Wgpu, &GpuOptions { exact: Some(true), ..Default::default() }).unwrap();
+    let (mut cpu, mut gpu) = cpu_and_gpu(&src, 256);
     // Keys and values on the GPU for the one attention layer of four only (GGUF
     // `full_attention_interval` 4; 2 KV heads of 64; f16; 256 positions), not for the
     // recurrent ones.

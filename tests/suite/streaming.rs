@@ -334,20 +334,8 @@ fn dense_weights_read_from_storage_are_lossless() {
 fn ladder_reports_waits_and_artifacts() {
     let m = model("rand-qwen35moe.gguf");
     let m = m.to_str().unwrap();
-    let dir = std::env::temp_dir().join(format!("les-ladder-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let (json, bundle) = (dir.join("ladder.json"), dir.join("b.les"));
-    let les = || std::process::Command::new(env!("CARGO_BIN_EXE_les"));
-    assert!(les().args(["pack", m, bundle.to_str().unwrap()]).status().unwrap().success());
-    let n = 6;
-    let o = les()
-        .current_dir(root())
-        .args(["bench", "ladder", "-m", m, "--bundle", bundle.to_str().unwrap(), "--memory-budget", "40MiB", "-n", &n.to_string(), "--n-prompts", "2", "--stats-json", json.to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    assert!(String::from_utf8_lossy(&o.stdout).contains("TTFT p50"), "no waits table");
-    let rep: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let (rep, stdout) = ladder(m, &["-n", "6", "--n-prompts", "2"]);
+    assert!(stdout.contains("TTFT p50"), "no waits table");
     let rungs = rep["rungs"].as_array().unwrap();
     assert!(rungs.len() >= 5, "{rep}");
     for r in rungs {
@@ -365,7 +353,26 @@ fn ladder_reports_waits_and_artifacts() {
     assert!(!a["commit"].as_str().unwrap().is_empty() && a["command"].as_str().unwrap().contains("bench ladder"));
     let prompts: Vec<String> = std::fs::read_to_string(root().join("tests/fixtures/prompts.txt")).unwrap().lines().filter(|l| !l.trim().is_empty()).take(2).map(String::from).collect();
     assert_eq!(a["prompts"].as_str().unwrap(), prompts.join("\n"));
+}
+
+/// `les bench ladder` on `m` (packed into a bundle first) at 40 MiB with `args`: its stats JSON and
+/// its standard output.
+fn ladder(m: &str, args: &[&str]) -> (serde_json::Value, String) {
+    let dir = std::env::temp_dir().join(format!("les-ladder-{}-{}", std::process::id(), args.join("")));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (json, bundle) = (dir.join("ladder.json"), dir.join("b.les"));
+    let les = || std::process::Command::new(env!("CARGO_BIN_EXE_les"));
+    assert!(les().args(["pack", m, bundle.to_str().unwrap()]).status().unwrap().success());
+    let o = les()
+        .current_dir(root())
+        .args(["bench", "ladder", "-m", m, "--bundle", bundle.to_str().unwrap(), "--memory-budget", "40MiB", "--stats-json", json.to_str().unwrap()])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let rep = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     let _ = std::fs::remove_dir_all(dir);
+    (rep, String::from_utf8_lossy(&o.stdout).into_owned())
 }
 
 /// `les bench ladder --mtp` (issue 37 item 4): the + speculative rung drafts with the model's own
@@ -374,23 +381,10 @@ fn ladder_reports_waits_and_artifacts() {
 #[test]
 fn ladder_mtp_rung_drafts_with_the_models_block() {
     let m = model("rand-qwen35moe-mtp.gguf");
-    let m = m.to_str().unwrap();
-    let dir = std::env::temp_dir().join(format!("les-ladder-mtp-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let (json, bundle) = (dir.join("ladder.json"), dir.join("b.les"));
-    let les = || std::process::Command::new(env!("CARGO_BIN_EXE_les"));
-    assert!(les().args(["pack", m, bundle.to_str().unwrap()]).status().unwrap().success());
-    let o = les()
-        .current_dir(root())
-        .args(["bench", "ladder", "-m", m, "--bundle", bundle.to_str().unwrap(), "--memory-budget", "40MiB", "--mtp", "--no-resident", "-n", "4", "--n-prompts", "1", "--stats-json", json.to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let rep: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let (rep, _) = ladder(m.to_str().unwrap(), &["--mtp", "--no-resident", "-n", "4", "--n-prompts", "1"]);
     assert!(rep["spec_note"].as_str().unwrap().contains("MTP (γ 3), its weights + KV"), "{}", rep["spec_note"]);
     let spec = rep["rungs"].as_array().unwrap().iter().find(|r| r["name"] == "+ speculative").unwrap();
     assert!(spec["acceptance_rate"].is_number() && spec["experts_per_token"].as_f64().unwrap() > 0.0, "{spec}");
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// The budget lowered and raised while the model runs (issue 39 item 2), between tokens and

@@ -153,8 +153,8 @@ impl KvCache {
     }
 
     /// The position count (and, for a model with recurrent layers, the checkpoint bookkeeping)
-    /// of a sequence whose keys, values and states live on a device. `rings`: the device's
-    /// sliding-window layers as (window, cells), each a ring holding position `p` in cell
+    /// of a sequence whose keys, values and states live on a device. `rings`: the windows of the
+    /// device's sliding-window layers as (window, cells), each a ring holding position `p` in cell
     /// `p mod cells`; a rollback further back than a ring still holds clears the cache, as
     /// [`Self::truncate`] does for the host's bounded cells.
     pub fn positions_only(n_ctx: usize, recurrent: bool, rings: &[(usize, usize)], n_head_kv: usize, head_dim: usize) -> Self {
