@@ -561,6 +561,9 @@ enum BenchCmd {
         /// runs on it. Not lossless: check its quality with `les eval ppl`.
         #[arg(long)]
         mixed_bundle: Option<String>,
+        /// Each rung alone against on-demand (on-demand plus that one thing) instead of stacked.
+        #[arg(long)]
+        alone: bool,
     },
     /// Soak: many generations in one process under a budget; prints RSS and hit rate per run.
     Soak {
@@ -712,7 +715,7 @@ fn run(cli: Cli) -> Res {
             Ok(())
         }
         Cmd::Bench(BenchCmd::Soak { m, s, runs, n_predict }) => cmd_soak(&m, &s, runs, n_predict),
-        Cmd::Bench(BenchCmd::Ladder { m, s, bundle, n_predict, n_prompts, prompts, no_resident, draft_model, mtp, draft_max, mixed_bundle }) => {
+        Cmd::Bench(BenchCmd::Ladder { m, s, bundle, n_predict, n_prompts, prompts, no_resident, draft_model, mtp, draft_max, mixed_bundle, alone }) => {
             if let Some(t) = m.threads {
                 les::backend::cpu::par::init_threads(t);
             }
@@ -735,7 +738,7 @@ fn run(cli: Cli) -> Res {
                 (None, true) => Some(DraftSpec::Mtp { lookahead: les::engine::mtp::MTP_LOOKAHEAD_LAYERS }),
                 (None, false) => None,
             };
-            let spec = les::engine::ladder::SpecRung { draft, draft_max, mixed_bundle };
+            let spec = les::engine::ladder::Rungs { draft, draft_max, mixed_bundle, alone };
             let backend = |sess: &mut Session, gpu_slots: Option<usize>| m.apply_backend_with(sess, gpu_slots.filter(|&n| n > 0));
             let mut rep = les::engine::ladder::run(&m.model, &bundle, &opts, &ps, n_predict, !no_resident, &spec, &backend)?;
             println!("{}", rep.table());

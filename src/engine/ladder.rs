@@ -2,7 +2,8 @@
 //! resident → on-demand (no prefetch, LRU) → + lookahead (LRU) → + the chosen eviction policy
 //! (when not LRU) → + packed bundle → (+ mixed precision:
 //! a bundle with per-layer expert types, when given; lossy) → + speculative decoding (draft model
-//! or prompt lookup, from the last bundle with lookahead) — with per-rung
+//! or prompt lookup, from the last bundle with lookahead); or, with [`Rungs::alone`], each rung
+//! alone as on-demand plus that one thing — with per-rung
 //! tokens/s, ratio to on-demand, hit rate, recall, MB read per token and stall ms per token, plus
 //! two bounds from the recorded routing trace: pure I/O time (the bytes a Belady-optimal cache of
 //! the same size must still read, at the store's measured throughput) and the oracle
@@ -15,7 +16,8 @@ use super::stream::{open_streaming, open_streaming_from_memory, StreamOptions, S
 use super::Session;
 use crate::expert::stream::{belady_misses, Policy, StreamingExperts};
 use crate::model::ExpertMode;
-use crate::store::{ByteSource, FileSource, MemSource};
+use crate::store::dedup::DedupSource;
+use crate::store::{ByteSource, FileSource};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -136,9 +138,9 @@ pub struct Rung {
     pub latency: Option<Latency>,
 }
 
-/// The speculative rung's draft source.
+/// Which rungs run beyond the base ones, and how they stack.
 #[derive(Clone, Debug, Default)]
-pub struct SpecRung {
+pub struct Rungs {
     /// The draft (a draft model, the model's MTP block); `None`: prompt lookup.
     pub draft: Option<DraftSpec>,
     /// γ (default per draft: [`DraftSpec::default_max`]).
@@ -146,12 +148,21 @@ pub struct SpecRung {
     /// A bundle with per-layer expert types: runs as the `+ mixed precision` rung (after
     /// `+ bundle`), and the `+ speculative` rung runs on it.
     pub mixed_bundle: Option<String>,
+    /// Each rung alone: on-demand plus that one thing (lookahead; the eviction policy; the
+    /// bundle; the mixed bundle; speculative decoding on the model's file, without prefetch),
+    /// instead of each rung adding one thing to the rung before.
+    pub alone: bool,
 }
 
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct LadderReport {
     pub model: String,
     pub store: String,
+    /// `stacked` (each rung adds one thing to the one before) or `alone` (on-demand plus one thing).
+    pub stacking: String,
+    /// Bytes the in-memory copies of the files took (a device profile; [`DedupSource`] keeps
+    /// each distinct page once).
+    pub memory_copy_bytes: u64,
     pub budget: u64,
     pub slots: usize,
     pub slot_fraction: f64,
@@ -172,9 +183,11 @@ pub struct LadderReport {
 impl LadderReport {
     pub fn table(&self) -> String {
         let mut s = format!(
-            "ladder: {} | store {} | budget {:.0} MiB | {} expert slots ({:.1}% of experts)\n{:<20} {:>9} {:>9} {:>8} {:>9} {:>10} {:>10} {:>8} {:>8}\n",
+            "ladder ({}): {} | store {}{} | budget {:.0} MiB | {} expert slots ({:.1}% of experts)\n{:<20} {:>9} {:>9} {:>8} {:>9} {:>10} {:>10} {:>8} {:>8}\n",
+            self.stacking,
             self.model,
             self.store,
+            if self.memory_copy_bytes > 0 { format!(" (files copied to memory: {:.0} MiB)", self.memory_copy_bytes as f64 / 1048576.0) } else { String::new() },
             self.budget as f64 / 1048576.0,
             self.slots,
             100.0 * self.slot_fraction,
@@ -307,11 +320,12 @@ pub type Backend<'a> = dyn Fn(&mut Session, Option<usize>) -> Result<(), Box<dyn
 /// empty cache; the file evicted from the page cache) and the rungs take turns prompt by prompt
 /// (the rung that goes first rotates), so their times interleave. A device profile reads from a
 /// copy of each file in memory ([`open_streaming_from_memory`]: the profile alone sets read
-/// times); on the plain `disk` store the rungs share the page cache.
+/// times; [`DedupSource`], so that the full-size random models, which repeat their blocks, fit);
+/// on the plain `disk` store the rungs share the page cache.
 /// `backend` moves each rung's session to the compute backend (given the GPU pool's slots under
 /// the budget, `None` for the resident rung); the CPU's is a no-op.
-pub fn run(model: &str, bundle: &str, opts: &StreamOptions, prompts: &[String], n: usize, resident: bool, spec: &SpecRung, backend: &Backend<'_>) -> Result<LadderReport, Box<dyn std::error::Error>> {
-    let mut rep = LadderReport { model: model.into(), store: opts.profile.map(|p| p.name.to_string()).unwrap_or_else(|| if opts.direct { "disk (O_DIRECT)".into() } else { "disk".into() }), budget: opts.budget, ..Default::default() };
+pub fn run(model: &str, bundle: &str, opts: &StreamOptions, prompts: &[String], n: usize, resident: bool, spec: &Rungs, backend: &Backend<'_>) -> Result<LadderReport, Box<dyn std::error::Error>> {
+    let mut rep = LadderReport { model: model.into(), stacking: if spec.alone { "alone" } else { "stacked" }.into(), store: opts.profile.map(|p| p.name.to_string()).unwrap_or_else(|| if opts.direct { "disk (O_DIRECT)".into() } else { "disk".into() }), budget: opts.budget, ..Default::default() };
     let mut compute_ms_per_tok = None;
     if resident {
         let src = FileSource::open(model)?;
@@ -324,21 +338,27 @@ pub fn run(model: &str, bundle: &str, opts: &StreamOptions, prompts: &[String], 
     }
     let mut route = Vec::new();
     let mut expert_bytes_max = 0u64;
-    // (name, prefetch, file, eviction policy). Each rung adds one thing to the one before.
+    // (name, prefetch, file, eviction policy). Stacked: each rung adds one thing to the one
+    // before; alone: each adds one thing to on-demand.
     let policy = opts.cache.policy;
     let evict_name = format!("+ {} eviction", policy.name());
     let mut rungs: Vec<(String, bool, &str, Policy)> = vec![("on-demand".into(), false, model, Policy::Lru), ("+ lookahead".into(), true, model, Policy::Lru)];
+    let (pf, pol) = if spec.alone { (false, Policy::Lru) } else { (true, policy) };
     if policy != Policy::Lru {
-        rungs.push((evict_name, true, model, policy));
+        rungs.push((evict_name, pf, model, policy));
     }
-    rungs.push(("+ bundle".into(), true, bundle, policy));
+    rungs.push(("+ bundle".into(), pf, bundle, pol));
     if let Some(mb) = &spec.mixed_bundle {
-        rungs.push(("+ mixed precision".into(), true, mb, policy));
+        rungs.push(("+ mixed precision".into(), pf, mb, pol));
     }
-    let spec_bundle = spec.mixed_bundle.as_deref().unwrap_or(bundle);
-    // A device profile reads from one copy of each file in memory, shared by the rungs.
+    let spec_file = if spec.alone { model } else { spec.mixed_bundle.as_deref().unwrap_or(bundle) };
+    // A device profile reads from one copy of each file in memory, shared by the rungs, within
+    // the memory the sessions leave.
     let in_memory = opts.profile.is_some() && !opts.direct;
+    let n_sessions = rungs.len() as u64 + 1;
+    let copy_limit = crate::engine::pressure::available_memory().map_or(u64::MAX, |a| a.saturating_sub(n_sessions * opts.budget + (256 << 20)));
     let mut copies: std::collections::HashMap<String, Arc<dyn ByteSource>> = Default::default();
+    let mut copied = 0u64;
     let mut open = |path: &str, o: &StreamOptions| -> Result<Streaming, Box<dyn std::error::Error>> {
         evict(path);
         if !in_memory {
@@ -348,7 +368,11 @@ pub fn run(model: &str, bundle: &str, opts: &StreamOptions, prompts: &[String], 
             Some(m) => m.clone(),
             None => {
                 let f = FileSource::open(path)?;
-                let m: Arc<dyn ByteSource> = Arc::new(MemSource::new(f.read_vec(0, f.len() as usize)?));
+                let d = DedupSource::copy_of(&f, copy_limit.saturating_sub(copied))
+                    .map_err(|e| format!("{path}: the device profile's in-memory copy does not fit beside {n_sessions} sessions of the budget ({e}); use --direct to read the disk"))?;
+                evict(path);
+                copied += d.resident_bytes();
+                let m: Arc<dyn ByteSource> = Arc::new(d);
                 copies.insert(path.to_string(), m.clone());
                 m
             }
@@ -372,27 +396,30 @@ pub fn run(model: &str, bundle: &str, opts: &StreamOptions, prompts: &[String], 
         }
         live.push(Live { name, st, io_threads: o.cache.io_threads, draft: None, t: 0, ms: 0.0, active_ms: 0.0, loads: 0, bytes: 0, drafted: 0, accepted: 0, per_prompt: Vec::new(), waits: Waits::default() });
     }
-    // + speculative: the bundle rung's settings, decoding through speculative verification. A
+    // + speculative: the bundle rung's settings (alone: on-demand's), decoding through
+    // speculative verification. A
     // draft's weights and KV cache (a draft model's, the MTP block's) come out of the same
     // budget (fewer expert slots).
     {
         let mut o = opts.clone();
-        o.cache.prefetch = true;
+        o.cache.prefetch = !spec.alone;
+        o.cache.policy = pol;
         let ds = spec.draft.clone().unwrap_or(DraftSpec::Lookup);
-        let target: Arc<dyn ByteSource> = Arc::new(FileSource::open(spec_bundle)?);
+        let target: Arc<dyn ByteSource> = Arc::new(FileSource::open(spec_file)?);
         let extra = ds.reserve(target.clone(), o.n_ctx)?;
         o.budget = o.budget.saturating_sub(extra);
-        let mut st = open(spec_bundle, &o)?;
+        let mut st = open(spec_file, &o)?;
         let d = ds.open(target, &mut st.session)?;
         let gamma = spec.draft_max.unwrap_or(ds.default_max());
         rep.spec_note = format!("+ speculative: {} (γ {gamma})", ds.name());
         if extra > 0 {
             rep.spec_note += &format!(", its weights + KV ({:.1} MiB) taken from the budget", extra as f64 / 1048576.0);
         }
-        rep.spec_note += &format!(", {} expert slots, on {spec_bundle}", st.experts.config().slots);
+        rep.spec_note += &format!(", {} expert slots, on {spec_file}", st.experts.config().slots);
         let draft: Box<dyn Draft> = d.draft;
         live.push(Live { name: "+ speculative".into(), st, io_threads: o.cache.io_threads, draft: Some((draft, gamma)), t: 0, ms: 0.0, active_ms: 0.0, loads: 0, bytes: 0, drafted: 0, accepted: 0, per_prompt: Vec::new(), waits: Waits::default() });
     }
+    rep.memory_copy_bytes = copied;
     for l in &mut live {
         backend(&mut l.st.session, Some(l.st.plan.gpu_slots))?;
         l.st.experts.reset_stats();

@@ -8,6 +8,8 @@ use std::sync::Arc;
 #[cfg(not(target_arch = "wasm32"))]
 mod file;
 pub mod ahead;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod dedup;
 pub mod throttle;
 #[cfg(not(target_arch = "wasm32"))]
 pub use file::FileSource;

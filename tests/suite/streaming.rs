@@ -387,6 +387,27 @@ fn ladder_mtp_rung_drafts_with_the_models_block() {
     assert!(spec["acceptance_rate"].is_number() && spec["experts_per_token"].as_f64().unwrap() > 0.0, "{spec}");
 }
 
+/// `les bench ladder --alone` (issue 37 item 4): each rung is on-demand plus one thing — only
+/// `+ lookahead` prefetches, and `+ speculative` runs on the model's own file — and a device
+/// profile serves every rung from in-memory copies of the model and the bundle.
+#[test]
+fn ladder_alone_adds_one_thing_to_on_demand() {
+    let m = model("rand-qwen35moe-mtp.gguf");
+    let m = m.to_str().unwrap();
+    let (rep, stdout) = ladder(m, &["--alone", "--mtp", "--no-resident", "--store", "phone-4GBps", "-n", "4", "--n-prompts", "1"]);
+    assert_eq!(rep["stacking"], "alone");
+    assert!(stdout.starts_with("ladder (alone)"), "{stdout}");
+    let file = std::fs::metadata(m).unwrap().len();
+    let copied = rep["memory_copy_bytes"].as_u64().unwrap();
+    assert!(copied > file, "model and bundle copied: {copied} bytes for a {file}-byte model");
+    let names: Vec<&str> = rep["rungs"].as_array().unwrap().iter().map(|r| r["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["on-demand", "+ lookahead", "+ next-use eviction", "+ bundle", "+ speculative"]);
+    for r in rep["rungs"].as_array().unwrap() {
+        assert_eq!(r["prefetch_on"].is_number(), r["name"] == "+ lookahead", "{}: {}", r["name"], r["prefetch_on"]);
+    }
+    assert!(rep["spec_note"].as_str().unwrap().ends_with(&format!("on {m}")) || rep["spec_note"].as_str().unwrap().contains(&format!("on {m};")), "{}", rep["spec_note"]);
+}
+
 /// The budget lowered and raised while the model runs (issue 39 item 2), between tokens and
 /// from another thread in the middle of forwards: the logits stay the resident run's bits (the
 /// hybrid's recurrent state and the KV cache are untouched), the cache's buffers follow the
