@@ -458,7 +458,7 @@ pub extern "C" fn les_stats_json(engine: *const LesEngine) -> *mut c_char {
             last.insert("images".into(), serde_json::to_value(im).unwrap_or_default());
         }
         if let (Some(sp), Some(last)) = (&e.last_spec, v["last"].as_object_mut()) {
-            last.insert("draft".into(), serde_json::json!({ "source": sp.source, "drafted": sp.drafted, "accepted": sp.accepted, "target_forwards": sp.target_forwards }));
+            last.insert("draft".into(), sp.summary_json());
         }
         if let Some(b) = &e.budget {
             let p = b.plan();

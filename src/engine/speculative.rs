@@ -405,6 +405,11 @@ impl SpecStats {
     pub fn mb_per_token(&self) -> Option<f64> {
         self.bytes_read.map(|b| b as f64 / 1e6 / self.gen_tokens.max(1) as f64)
     }
+    /// What a reply reports of its drafts (`les serve`'s `les.draft`, the C ABI's `last.draft`):
+    /// source, tokens drafted and accepted, target forwards.
+    pub fn summary_json(&self) -> serde_json::Value {
+        serde_json::json!({ "source": self.source, "drafted": self.drafted, "accepted": self.accepted, "target_forwards": self.target_forwards })
+    }
     /// One line for the CLI.
     pub fn line(&self) -> String {
         let mut s = format!(

@@ -819,6 +819,6 @@ fn les_stats(d: &Done) -> Value {
         "tokens_per_s": if d.gen_ms > 0.0 { d.completion_tokens as f64 * 1000.0 / d.gen_ms } else { 0.0 },
         "hit_rate": d.hit_rate,
         "mb_read_per_token": d.mb_per_token,
-        "draft": d.spec.as_ref().map(|s| json!({ "source": s.source, "drafted": s.drafted, "accepted": s.accepted, "target_forwards": s.target_forwards })),
+        "draft": d.spec.as_ref().map(SpecStats::summary_json),
     })
 }
