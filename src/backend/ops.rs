@@ -106,6 +106,20 @@ impl Weights {
     pub fn set_read_ahead(&mut self, ra: ReadAhead) {
         self.ahead = Some(ra);
     }
+    /// Drop the read-ahead (its reader stops).
+    pub fn clear_read_ahead(&mut self) {
+        self.ahead = None;
+    }
+    /// Hold matrix `m`'s bytes (`data`: the whole matrix) instead of streaming it.
+    pub fn set_resident(&mut self, m: Mat, data: Vec<u8>) {
+        self.mats[m.0 as usize].data = data;
+        self.streamed[m.0 as usize] = None;
+    }
+    /// Stream matrix `m` as `s` says, freeing the bytes it held.
+    pub fn stream_instead(&mut self, m: Mat, s: StreamedMat) {
+        self.mats[m.0 as usize].data = Vec::new();
+        self.streamed[m.0 as usize] = Some(s);
+    }
     pub fn read_ahead(&self) -> Option<&ReadAhead> {
         self.ahead.as_ref()
     }

@@ -125,6 +125,9 @@ pub struct Session {
     pub gpu_opts: crate::backend::wgpu::exec::GpuOptions,
     /// The image marker tokens, looked up in the vocabulary once ([`Session::markers`]).
     markers: std::sync::OnceLock<crate::vision::layout::Markers>,
+    /// A streaming session's dense re-plans, asked for by its budget
+    /// ([`stream::BudgetControl::set`]) and applied by [`Session::apply_budget`].
+    pub(crate) dense_replan: Option<std::sync::Arc<stream::DenseReplan>>,
 }
 
 /// Current and peak resident memory of this process in bytes (Linux; `None` elsewhere).
@@ -154,7 +157,7 @@ impl Session {
         let model = Model::load_with(src, &gguf, mode, dense)?;
         let n_ctx = n_ctx.min(model.cfg.n_ctx_train.max(1));
         let kv = model.new_kv(n_ctx)?;
-        Ok(Self { model, tokenizer, kv, gguf, prefill_batch, gpu: None, reuse_prefix: false, chat_template: None, cached: Vec::new(), gpu_opts: Default::default(), markers: Default::default() })
+        Ok(Self { model, tokenizer, kv, gguf, prefill_batch, gpu: None, reuse_prefix: false, chat_template: None, cached: Vec::new(), gpu_opts: Default::default(), markers: Default::default(), dense_replan: None })
     }
 
     /// Run on `kind`: `Cpu` keeps the CPU; `Wgpu` uploads the dense weights to the GPU (an error
@@ -206,6 +209,23 @@ impl Session {
         let rings: &[(usize, usize)] = if sh.swa_layers > 0 { &[(c.n_swa, sh.swa_cells)] } else { &[] };
         self.kv = KvCache::positions_only(self.kv.n_ctx, c.ssm.is_some(), rings, c.n_head_kv, c.head_dim);
         self.gpu = Some(gpu);
+        if let Some(r) = &self.dense_replan {
+            r.on_gpu.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Apply what the memory budget changed since the last forward: the dense matrices it asked
+    /// to read from storage are freed, those it can hold again are read back (on an error, a
+    /// failed read, the weights stay as they were). Every forward calls it first; a caller that
+    /// owns the session can call it at once to free the memory now.
+    pub fn apply_budget(&mut self) -> Result<(), EngineError> {
+        let Some(d) = self.dense_replan.as_ref().and_then(|r| r.take()) else { return Ok(()) };
+        if self.gpu.is_some() {
+            return Ok(());
+        }
+        self.model.replan_dense(&d)?;
+        stream::after_dense_replan();
         Ok(())
     }
 
@@ -214,11 +234,15 @@ impl Session {
         if self.gpu.take().is_some() {
             self.kv = self.model.new_kv(self.kv.n_ctx)?;
         }
+        if let Some(r) = &self.dense_replan {
+            r.on_gpu.store(false, std::sync::atomic::Ordering::Relaxed);
+        }
         Ok(())
     }
 
     /// One forward pass on the session's backend.
     pub fn forward(&mut self, tokens: &[u32], want: Logits) -> Result<Vec<f32>, EngineError> {
+        self.apply_budget()?;
         self.cached.truncate(self.kv.len);
         let pos0 = self.kv.len;
         #[cfg(not(target_arch = "wasm32"))]
@@ -268,6 +292,7 @@ impl Session {
         if self.gpu.is_some() {
             return self.forward(tokens, want);
         }
+        self.apply_budget()?;
         self.cached.truncate(self.kv.len);
         let pos0 = self.kv.len;
         let r = self.model.forward_per_row(tokens, &mut self.kv, want);

@@ -198,6 +198,7 @@ impl Session {
 
     /// One image chunk (`rows` embeddings) at the cache's end, recorded as `ids`.
     async fn forward_embd(&mut self, embd: &[f32], rows: usize, ids: &[u32]) -> Result<(), EngineError> {
+        self.apply_budget()?;
         self.cached.truncate(self.kv.len);
         let pos0 = self.kv.len;
         let r = match &self.gpu {

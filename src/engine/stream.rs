@@ -65,11 +65,44 @@ pub enum BudgetError {
     GpuPool { gpu_slots: usize },
 }
 
+/// Shared by a streaming session and its [`BudgetControl`]: the dense weights' plan the budget
+/// asked for, taken by the session before its next forward ([`Session::apply_budget`]).
+#[derive(Default)]
+pub struct DenseReplan {
+    pending: std::sync::Mutex<Option<DenseStreaming>>,
+    /// The session runs on a GPU, which holds its own copy of the dense weights: no re-plan.
+    pub(crate) on_gpu: std::sync::atomic::AtomicBool,
+}
+
+impl DenseReplan {
+    /// The plan asked for and not taken yet.
+    pub(crate) fn take(&self) -> Option<DenseStreaming> {
+        self.pending.lock().unwrap().take()
+    }
+}
+
+/// What [`BudgetControl`] needs to re-plan the dense weights (CPU backend, native).
+struct DenseCtl {
+    /// [`streamable_dense`], in the order they are given up.
+    cands: Vec<(String, u64)>,
+    opts: DenseOptions,
+    /// Where streamed matrices are read from (and held ones read back).
+    src: Arc<dyn ByteSource>,
+    /// Every dense weight's bytes, held or not.
+    dense: u64,
+    /// The matrices streamed as last planned.
+    names: std::collections::HashSet<String>,
+    shared: Arc<DenseReplan>,
+}
+
 /// The memory budget of a running streaming session, changeable from any thread while the
 /// model runs (an app's memory warning, `les serve`'s `/les/budget`, the `--adapt-budget`
-/// watchdog, the browser page): the dense weights, KV cache and scratch stay as planned at
-/// load, and the expert cache takes what is left ([`StreamingExperts::set_slots`]). The
-/// conversation and the logits are unchanged: only which experts are resident changes.
+/// watchdog, the browser page): the KV cache and scratch stay as planned at load, and the
+/// expert cache takes what is left ([`StreamingExperts::set_slots`]). When dense streaming is
+/// allowed (native CPU), a budget below the dense weights re-plans which matrices are read from
+/// storage at each use (as at load: [`plan_dense_streaming`]) and a higher one takes them back;
+/// the session applies that before its next forward. The conversation and the logits are
+/// unchanged: only which experts and matrices are resident changes.
 #[derive(Clone)]
 pub struct BudgetControl {
     experts: Arc<StreamingExperts>,
@@ -79,6 +112,10 @@ pub struct BudgetControl {
     reserve: u64,
     /// The GPU expert pool, when the plan split the slots for one.
     gpu: Option<crate::backend::wgpu::exec::PoolHandle>,
+    /// Dense re-planning, when allowed.
+    dense: Option<Arc<std::sync::Mutex<DenseCtl>>>,
+    /// Expert slots the model needs at least (one layer's top-k + 1).
+    min_slots: usize,
 }
 
 impl BudgetControl {
@@ -87,7 +124,20 @@ impl BudgetControl {
             // The cache's own count (at most one slot per expert).
             plan.slots = experts.slots();
         }
-        Self { experts, plan: Arc::new(std::sync::Mutex::new(plan)), reserve: 0, gpu: None }
+        let min_slots = (plan.minimum.saturating_sub(plan.dense + plan.kv + plan.scratch) / plan.expert_bytes_max.max(1)) as usize;
+        Self { experts, plan: Arc::new(std::sync::Mutex::new(plan)), reserve: 0, gpu: None, dense: None, min_slots }
+    }
+
+    /// Allow re-planning the dense weights (`streamed`: the matrices streamed at load); the
+    /// minimum becomes the one with every candidate streamed.
+    fn with_dense(mut self, cands: Vec<(String, u64)>, opts: DenseOptions, src: Arc<dyn ByteSource>, dense: u64, streamed: std::collections::HashSet<String>, shared: Arc<DenseReplan>) -> Self {
+        {
+            let mut p = self.plan.lock().unwrap();
+            let least = DensePlan::first(&cands, cands.len(), &opts).resident(dense);
+            p.minimum = p.minimum.min(least + p.kv + p.scratch + self.min_slots as u64 * p.expert_bytes_max);
+        }
+        self.dense = Some(Arc::new(std::sync::Mutex::new(DenseCtl { cands, opts, src, dense, names: streamed, shared })));
+        self
     }
 
     /// The expert cache it sizes.
@@ -130,7 +180,9 @@ impl BudgetControl {
     /// model's minimum it is refused ([`BudgetError::TooSmall`]) and nothing changes. A lower
     /// budget frees expert slots at once (those in use when the forward using them is done) and
     /// returns the freed memory to the system; a higher one gives the cache more slots, up to
-    /// one per expert. Returns the new plan.
+    /// one per expert. Where dense streaming is allowed, a budget that cannot hold the dense
+    /// weights streams some of them (the session frees them before its next forward) and a
+    /// higher one holds them again. Returns the new plan.
     pub fn set(&self, budget: u64) -> Result<BudgetPlan, BudgetError> {
         let mut p = self.plan.lock().unwrap();
         let pool = match (&self.gpu, p.gpu_slots) {
@@ -138,8 +190,7 @@ impl BudgetControl {
             (Some(h), _) => Some(h),
             (None, n) => return Err(BudgetError::GpuPool { gpu_slots: n }),
         };
-        let fixed = p.dense + p.kv + p.scratch;
-        let min_slots = ((p.minimum - fixed) / p.expert_bytes_max.max(1)) as usize;
+        let min_slots = self.min_slots;
         let whole = |e: BudgetError| match e {
             BudgetError::TooSmall { minimum, dense, kv, scratch, min_slots, slot, .. } => {
                 let minimum = minimum + self.reserve;
@@ -147,7 +198,31 @@ impl BudgetControl {
             }
             e => e,
         };
-        let mut q = plan_budget(budget.saturating_sub(self.reserve), p.dense, p.kv, p.scratch, p.expert_bytes_max, p.total_expert_bytes, min_slots).map_err(whole)?;
+        let ctl = self.dense.as_ref().filter(|_| pool.is_none()).map(|c| c.lock().unwrap()).filter(|c| !c.shared.on_gpu.load(std::sync::atomic::Ordering::Relaxed));
+        let b = budget.saturating_sub(self.reserve);
+        let (mut q, replanned) = match ctl {
+            None => (plan_budget(b, p.dense, p.kv, p.scratch, p.expert_bytes_max, p.total_expert_bytes, min_slots).map_err(whole)?, false),
+            Some(mut c) => {
+                // As at load: every dense weight held when that leaves the minimum slots, else the
+                // fewest matrices streamed that leave two layers' experts (or at least the minimum).
+                let (max_e, total_e) = (p.expert_bytes_max, p.total_expert_bytes);
+                let d = match plan_budget(b, c.dense, p.kv, p.scratch, max_e, total_e, min_slots) {
+                    Ok(_) => DensePlan::default(),
+                    Err(_) => {
+                        let rooms = (2 * min_slots as u64 * max_e, min_slots as u64 * max_e);
+                        let least = DensePlan::first(&c.cands, c.cands.len(), &c.opts);
+                        plan_dense_streaming(&c.cands, b, c.dense, p.kv, p.scratch, rooms, &c.opts).unwrap_or(least)
+                    }
+                };
+                let mut q = plan_budget(b, d.resident(c.dense), p.kv, p.scratch, max_e, total_e, min_slots).map_err(whole)?;
+                (q.minimum, q.dense_streamed, q.dense_window) = (p.minimum, d.streamed, d.held());
+                if d.names != c.names {
+                    *c.shared.pending.lock().unwrap() = Some(DenseStreaming { names: d.names.clone(), src: c.src.clone(), window: d.window as usize, piece: d.piece as usize });
+                    c.names = d.names;
+                }
+                (q, true)
+            }
+        };
         let before = self.experts.slots() + pool.map_or(0, |h| h.slots());
         match pool {
             // Split as at load: a small CPU staging cache in front of the GPU pool.
@@ -159,13 +234,22 @@ impl BudgetControl {
             }
             None => q.slots = self.experts.set_slots(q.slots),
         }
-        (q.dense_streamed, q.dense_window) = (p.dense_streamed, p.dense_window);
+        if !replanned {
+            (q.dense_streamed, q.dense_window) = (p.dense_streamed, p.dense_window);
+        }
         if q.slots < before {
             release_freed_memory();
         }
         *p = q.clone();
         Ok(q)
     }
+}
+
+/// After the dense weights were re-planned: large blocks freed from now on leave the process,
+/// and the freed matrices' memory goes back to the system.
+pub(crate) fn after_dense_replan() {
+    return_large_frees_to_the_os();
+    release_freed_memory();
 }
 
 /// Hand the memory of freed expert buffers back to the system: glibc keeps freed blocks below
@@ -606,8 +690,15 @@ pub fn open_streaming_sources(raw: Arc<dyn ByteSource>, expert_src: Arc<dyn Byte
         })
         .collect::<Result<Vec<_>, _>>()?;
     let experts = Arc::new(StreamingExperts::new(store, routers, c.n_expert, c.n_expert_used, cfg).with_ffn_norms(norms).with_router_biases(router_b));
-    let session = Session::load_streaming_dense(&*dense_src, ExpertMode::External(experts.clone()), n_ctx, PREFILL_BATCH, dense_streaming.as_ref())?;
-    let budget = BudgetControl::new(experts.clone(), plan.clone());
+    let mut session = Session::load_streaming_dense(&*dense_src, ExpertMode::External(experts.clone()), n_ctx, PREFILL_BATCH, dense_streaming.as_ref())?;
+    let mut budget = BudgetControl::new(experts.clone(), plan.clone());
+    if opts.dense.stream && !opts.gpu_pool && opts.slots.is_none() {
+        // The budget may re-plan the dense weights while the session runs.
+        let shared = Arc::new(DenseReplan::default());
+        let streamed = dense_streaming.map(|d| d.names).unwrap_or_default();
+        budget = budget.with_dense(streamable_dense(&g, &c), opts.dense, dense_stream_src, fp.dense, streamed, shared.clone());
+        session.dense_replan = Some(shared);
+    }
     Ok(Streaming { session, experts, plan, store_kind, budget })
 }
 

@@ -109,6 +109,41 @@ pub struct DenseStreaming {
 /// A byte range of the model file: (offset, length).
 type Piece = (u64, usize);
 
+/// A matrix loaded whole from one tensor ([`Loader::mat`]): what dense streaming may read from
+/// storage, now or after a re-plan ([`Model::replan_dense`]).
+#[derive(Clone, Debug)]
+struct WholeMat {
+    m: Mat,
+    name: String,
+    offset: u64,
+    /// Where its pieces go in the read-ahead cycle (the forward's use order); `None` for an
+    /// untied `token_embd`, only ever looked up row by row.
+    rank: Option<usize>,
+}
+
+/// The pieces of a `rows` × `rb`-byte matrix at `offset`, at most `piece` bytes each (a multiple
+/// of 8 rows: the batched kernels' row groups, 4 and Q4_K's 8, fall as in the whole matrix, so
+/// every output keeps its bits). Returns rows per piece and the pieces.
+fn pieces_of(offset: u64, rows: usize, rb: usize, piece: usize) -> (usize, Vec<Piece>) {
+    let rows_per = (piece / rb.max(1)).clamp(1, rows.max(1));
+    let rows_per = if rows_per >= 8 { rows_per - rows_per % 8 } else { rows_per.min(rows.min(8)) };
+    (rows_per, (0..rows).step_by(rows_per).map(|r0| (offset + (r0 * rb) as u64, rb * rows_per.min(rows - r0))).collect())
+}
+
+/// Number the streamed matrices' pieces in `cycle` (rank, matrix, pieces) in the forward's use
+/// order (stable: load order within a layer is use order) and return the whole cycle.
+fn number_cycle(w: &mut Weights, mut cycle: Vec<(usize, Mat, Vec<Piece>)>) -> Result<Vec<Piece>, ModelError> {
+    cycle.sort_by_key(|c| c.0);
+    let mut pieces = Vec::new();
+    for (_, m, p) in &cycle {
+        let mut sm = w.streamed(*m).ok_or_else(|| ModelError::Internal("streamed matrix without its entry".into()))?;
+        sm.first = pieces.len();
+        pieces.extend_from_slice(p);
+        w.set_streamed(*m, sm);
+    }
+    Ok(pieces)
+}
+
 /// Reads a GGUF's tensors into a [`Weights`] table, checking shapes (llama.cpp's `create_tensor`).
 pub struct Loader<'a> {
     src: &'a dyn ByteSource,
@@ -117,11 +152,13 @@ pub struct Loader<'a> {
     stream: Option<&'a DenseStreaming>,
     /// Streamed matrices in load order: (position in the forward's use order, matrix, pieces).
     cycle: Vec<(usize, Mat, Vec<Piece>)>,
+    /// Every matrix loaded whole, streamed or not.
+    whole: Vec<WholeMat>,
 }
 
 impl<'a> Loader<'a> {
     pub fn new(src: &'a dyn ByteSource, g: &'a GgufFile) -> Self {
-        Self { src, g, w: Weights::default(), stream: None, cycle: Vec::new() }
+        Self { src, g, w: Weights::default(), stream: None, cycle: Vec::new(), whole: Vec::new() }
     }
 
     /// Stream the matrices `s` names (see [`DenseStreaming`]).
@@ -140,19 +177,19 @@ impl<'a> Loader<'a> {
         if rb == 0 || (rb * rows) as u64 != t.size {
             return Err(ModelError::Shape { name: name.into(), got: t.dims.clone(), want: shape.iter().map(|&x| x as u64).collect() });
         }
-        // Pieces of a multiple of 8 rows: the batched kernels' row groups (4, and Q4_K's 8) fall
-        // as in the whole matrix, so every output keeps its bits.
-        let rows_per = (s.piece / rb).clamp(1, rows.max(1));
-        let rows_per = if rows_per >= 8 { rows_per - rows_per % 8 } else { rows_per.min(rows.min(8)) };
-        let pieces: Vec<(u64, usize)> = (0..rows).step_by(rows_per).map(|r0| (t.offset + (r0 * rb) as u64, rb * rows_per.min(rows - r0))).collect();
+        let (rows_per, pieces) = pieces_of(t.offset, rows, rb, s.piece);
         // `first` is numbered by `finish`, once the cycle's order is known.
         let m = self.w.add_streamed(t.ty, cols, rows, ops::StreamedMat { first: 0, n: pieces.len(), rows_per, offset: t.offset });
-        let untied_embd = name == "token_embd.weight" && self.has("output.weight");
-        if !untied_embd {
-            let rank = config::tensor_block(name).unwrap_or(usize::MAX);
+        if let Some(rank) = self.cycle_rank(name) {
             self.cycle.push((rank, m, pieces));
         }
         Ok(m)
+    }
+
+    /// A matrix's place in the read-ahead cycle (`None`: an untied `token_embd`, read by rows).
+    fn cycle_rank(&self, name: &str) -> Option<usize> {
+        let untied_embd = name == "token_embd.weight" && self.has("output.weight");
+        (!untied_embd).then(|| config::tensor_block(name).unwrap_or(usize::MAX))
     }
 
     /// The loaded weights, with the streamed matrices' read-ahead set up.
@@ -161,14 +198,7 @@ impl<'a> Loader<'a> {
         if !self.w.has_streamed() {
             return Ok(self.w);
         }
-        self.cycle.sort_by_key(|c| c.0); // stable: load order within a layer is use order
-        let mut pieces = Vec::new();
-        for (_, m, p) in &self.cycle {
-            let mut sm = self.w.streamed(*m).ok_or_else(|| ModelError::Internal("streamed matrix without its entry".into()))?;
-            sm.first = pieces.len();
-            pieces.extend_from_slice(p);
-            self.w.set_streamed(*m, sm);
-        }
+        let pieces = number_cycle(&mut self.w, std::mem::take(&mut self.cycle))?;
         let ra = crate::store::ahead::ReadAhead::new(s.src.clone(), pieces, s.window, cfg!(not(target_arch = "wasm32")))?;
         self.w.set_read_ahead(ra);
         Ok(self.w)
@@ -200,11 +230,16 @@ impl<'a> Loader<'a> {
 
     /// A matrix of `shape` = [cols, rows] (GGUF dimension order).
     pub fn mat(&mut self, name: &str, shape: [usize; 2]) -> Result<Mat, ModelError> {
-        if let Some(s) = self.stream.filter(|s| s.names.contains(name)) {
-            return self.streamed_mat(s, name, shape);
-        }
-        let w = self.weight(name, &shape)?;
-        Ok(self.w.add_mat(w))
+        let m = match self.stream.filter(|s| s.names.contains(name)) {
+            Some(s) => self.streamed_mat(s, name, shape)?,
+            None => {
+                let w = self.weight(name, &shape)?;
+                self.w.add_mat(w)
+            }
+        };
+        let offset = self.g.req_tensor(name)?.offset;
+        self.whole.push(WholeMat { m, name: name.into(), offset, rank: self.cycle_rank(name) });
+        Ok(m)
     }
 
     /// A tensor of `shape` (GGUF order, ≥ 2 dims) as a matrix: one row per index of the last
@@ -297,6 +332,8 @@ pub struct Model {
     hidden: std::sync::Mutex<Option<Vec<f32>>>,
     /// The multi-token-prediction block, once [`Model::load_mtp`] loaded it.
     pub mtp: Option<qwen35moe::Mtp>,
+    /// The trunk's matrices loaded whole (what [`Model::replan_dense`] may stream or take back).
+    whole: Vec<WholeMat>,
 }
 
 /// How expert weights are provided when loading.
@@ -345,9 +382,58 @@ impl Model {
             (true, ExpertMode::Resident) => Some(Arc::new(ResidentExperts::load(src, &expert_tensors, cfg.n_expert)?)),
             (true, ExpertMode::External(s)) => Some(s),
         };
+        let whole = std::mem::take(&mut ld.whole);
         let weights = ld.finish()?;
         let dense_bytes = g.tensors.iter().filter(|t| !t.name.contains("_exps.weight") && !cfg.is_nextn_tensor(&t.name)).map(|t| t.size as usize).sum::<usize>().saturating_sub(weights.streamed_bytes() as usize);
-        Ok(Self { cfg, weights, tok_embd, output_norm, output, layers, experts, expert_tensors, dense_bytes, capture: None, hidden: Default::default(), mtp: None })
+        Ok(Self { cfg, weights, tok_embd, output_norm, output, layers, experts, expert_tensors, dense_bytes, capture: None, hidden: Default::default(), mtp: None, whole })
+    }
+
+    /// Change which matrices are read from storage at each use while the model runs (a memory
+    /// budget lowered below the dense weights, or raised again): the matrices `dense` names are
+    /// streamed from `dense.src` (their bytes freed), the others held (read back from
+    /// `dense.src`, which must hold the same bytes as the file loaded). The results keep their
+    /// bits either way (pieces of whole row groups). On an error (a failed read) nothing
+    /// changes. CPU backend only: a GPU holds its own copy of the weights. Returns the dense
+    /// bytes now held.
+    pub fn replan_dense(&mut self, dense: &DenseStreaming) -> Result<usize, ModelError> {
+        let want = |w: &WholeMat| dense.names.contains(&w.name);
+        // Read what becomes resident first: a failed read leaves everything as it was.
+        let mut reads = Vec::new();
+        for w in self.whole.iter().filter(|w| !want(w) && self.weights.streamed(w.m).is_some()) {
+            let m = self.weights.mat(w.m);
+            let len = m.ty.row_bytes(m.cols as u64).unwrap_or(0) as usize * m.rows;
+            reads.push((w.m, dense.src.read_vec(w.offset, len)?));
+        }
+        // The new cycle, numbered on a copy of the streamed entries.
+        let (mut streamed, mut table, mut cycle) = (Vec::new(), Weights::default(), Vec::new());
+        for w in self.whole.iter().filter(|w| want(w)) {
+            let m = self.weights.mat(w.m);
+            let rb = m.ty.row_bytes(m.cols as u64).unwrap_or(0) as usize;
+            let (rows_per, pieces) = pieces_of(w.offset, m.rows, rb, dense.piece);
+            let id = table.add_streamed(m.ty, m.cols, m.rows, ops::StreamedMat { first: 0, n: pieces.len(), rows_per, offset: w.offset });
+            streamed.push((w.m, id));
+            if let Some(rank) = w.rank {
+                cycle.push((rank, id, pieces));
+            }
+        }
+        let pieces = number_cycle(&mut table, cycle)?;
+        let ra = if streamed.is_empty() { None } else { Some(crate::store::ahead::ReadAhead::new(dense.src.clone(), pieces, dense.window, cfg!(not(target_arch = "wasm32")))?) };
+        // Commit (nothing below fails): the old read-ahead stops, streamed bytes are freed.
+        let total = self.dense_bytes + self.weights.streamed_bytes() as usize;
+        self.weights.clear_read_ahead();
+        for (m, data) in reads {
+            self.weights.set_resident(m, data);
+        }
+        for (m, id) in streamed {
+            if let Some(s) = table.streamed(id) {
+                self.weights.stream_instead(m, s);
+            }
+        }
+        if let Some(ra) = ra {
+            self.weights.set_read_ahead(ra);
+        }
+        self.dense_bytes = total.saturating_sub(self.weights.streamed_bytes() as usize);
+        Ok(self.dense_bytes)
     }
 
     /// The per-sequence cache: keys and values of the attention layers, recurrent states of the

@@ -267,27 +267,32 @@ fn budget_below_minimum_is_refused_with_the_minimum() {
     assert!(e.to_string().contains("minimum"), "{e}");
 }
 
+/// Streaming options at `budget` with dense matrices read in small pieces (8 KiB, a 32 KiB
+/// read-ahead window) when the budget cannot hold them.
+fn small_dense_pieces(budget: u64) -> StreamOptions {
+    StreamOptions {
+        budget,
+        n_ctx: 256,
+        direct: false,
+        profile: None,
+        cache: StreamConfig { prefetch: true, io_threads: 2, ..Default::default() },
+        slots: None,
+        gpu_pool: false,
+        dense: les::engine::stream::DenseOptions { stream: true, piece: 8 << 10, window: 32 << 10 },
+    }
+}
+
 /// Below the dense weights the plan reads matrices from storage at each use (an untied
 /// `token_embd` row by row, then the largest: the output matrix, attention, dense FFNs) through
 /// the read-ahead, in small pieces here; logits equal the resident run's bits, from the GGUF and
 /// the bundle. At the minimum the refusal names, the model runs; the GPU backend refuses it.
 #[test]
 fn dense_weights_read_from_storage_are_lossless() {
-    use les::engine::stream::{BudgetError, DenseOptions, OpenError};
+    use les::engine::stream::{BudgetError, OpenError};
     for (file, bundle) in [("rand-gpt-oss.gguf", true), ("rand-qwen35moe.gguf", false), ("rand-qwen2moe.gguf", false)] {
         let path = model(file);
         let (seqs, want) = reference(&path, &["The capital of France is", "def fibonacci(n):"], 6);
-        let dense = DenseOptions { stream: true, piece: 8 << 10, window: 32 << 10 };
-        let opts = |budget: u64| StreamOptions {
-            budget,
-            n_ctx: 256,
-            direct: false,
-            profile: None,
-            cache: StreamConfig { prefetch: true, io_threads: 2, ..Default::default() },
-            slots: None,
-            gpu_pool: false,
-            dense,
-        };
+        let opts = small_dense_pieces;
         let stores = [Some(path.clone()), bundle.then(|| pack_as(&path, "-dense"))];
         for store in stores.iter().flatten() {
             let resident_min = open_streaming(store.to_str().unwrap(), &opts(u64::MAX / 2)).unwrap().plan.minimum;
@@ -406,6 +411,65 @@ fn ladder_alone_adds_one_thing_to_on_demand() {
         assert_eq!(r["prefetch_on"].is_number(), r["name"] == "+ lookahead", "{}: {}", r["name"], r["prefetch_on"]);
     }
     assert!(rep["spec_note"].as_str().unwrap().ends_with(&format!("on {m}")) || rep["spec_note"].as_str().unwrap().contains(&format!("on {m};")), "{}", rep["spec_note"]);
+}
+
+/// A budget below the dense weights while the model runs (issue 39 item 2): the budget re-plans
+/// which dense matrices are read from storage (as at load), the session frees them before its
+/// next forward, a higher budget holds them again, and only a budget below the minimum with
+/// every candidate streamed is refused. The logits stay the resident run's bits throughout, in
+/// the same conversation (KV cache, recurrent state kept).
+#[test]
+fn dense_weights_replanned_while_running_are_lossless() {
+    use les::engine::stream::BudgetError;
+    for file in ["rand-qwen35moe.gguf", "rand-gpt-oss.gguf"] {
+        let path = model(file);
+        let (seqs, want) = reference(&path, &["The capital of France is"], 18);
+        let (p, cont) = &seqs[0];
+        let opts = small_dense_pieces;
+        let resident_min = open_streaming(path.to_str().unwrap(), &opts(u64::MAX / 2)).unwrap().plan.minimum;
+        let full = resident_min + resident_min / 4;
+        let mut st = open_streaming(path.to_str().unwrap(), &opts(full)).unwrap();
+        assert_eq!(st.plan.dense_streamed, 0, "{file}: {full} bytes hold the dense weights");
+        let least = st.budget.minimum();
+        assert!(least < resident_min, "{file}: streaming lowers the minimum ({least} vs {resident_min})");
+        let held0 = st.session.model.dense_bytes as u64;
+        let s = &mut st.session;
+        s.kv.clear();
+        let mut got = vec![s.prefill(p).unwrap()];
+        let mut streamed_least = 0;
+        for (i, &t) in cont.iter().enumerate() {
+            let change = match i {
+                4 => Some(least),
+                8 => Some(resident_min - 1),
+                12 => Some(full),
+                _ => None,
+            };
+            if let Some(b) = change {
+                let plan = st.budget.set(b).unwrap();
+                assert!(plan.dense + plan.kv + plan.scratch + plan.slots as u64 * plan.expert_bytes_max <= b, "{file}: {plan:?}");
+                match i {
+                    4 => {
+                        assert!(plan.dense_streamed > 0, "{file}: {plan:?}");
+                        streamed_least = plan.dense_streamed;
+                        match st.budget.set(least - 1) {
+                            Err(BudgetError::TooSmall { minimum, .. }) => assert_eq!(minimum, least),
+                            r => panic!("{file}: below the least minimum must be refused: {:?}", r.map(|p| p.slots)),
+                        }
+                    }
+                    8 => assert!(plan.dense_streamed > 0 && plan.dense_streamed < streamed_least, "{file}: {plan:?} (at the least: {streamed_least})"),
+                    _ => assert_eq!(plan.dense_streamed, 0, "{file}: {plan:?}"),
+                }
+                // The session applies the plan before its next forward.
+                s.apply_budget().unwrap();
+                assert_eq!(s.model.weights.streamed_bytes(), plan.dense_streamed, "{file}, token {i}");
+                assert_eq!(s.model.dense_bytes as u64, held0 - plan.dense_streamed, "{file}, token {i}");
+            }
+            got.push(s.forward(&[t], Logits::Last).unwrap());
+        }
+        assert!(got == want[0], "{file}: logits changed with the dense weights re-planned");
+        let ra = s.model.weights.read_ahead();
+        assert!(ra.is_none(), "{file}: every matrix held again, no read-ahead left");
+    }
 }
 
 /// The budget lowered and raised while the model runs (issue 39 item 2), between tokens and
