@@ -461,8 +461,7 @@ pub extern "C" fn les_stats_json(engine: *const LesEngine) -> *mut c_char {
             last.insert("draft".into(), sp.summary_json());
         }
         if let Some(b) = &e.budget {
-            let p = b.plan();
-            v["budget"] = serde_json::json!({ "budget": b.budget(), "minimum": b.minimum(), "expert_slots": p.slots, "expert_bytes_held": b.experts().held_bytes() });
+            v["budget"] = b.summary_json();
             let s = b.experts().stats();
             v["experts"] = serde_json::json!({
                 "hit_rate": s.hit_rate(),

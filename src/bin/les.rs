@@ -14,6 +14,11 @@ use les::engine::chat::Message;
 use les::engine::sampling::SamplerConfig;
 use les::engine::draft::DraftSpec;
 use les::engine::speculative::{self, Draft, SpecOptions};
+
+/// An allocation the heap refuses gives back an emergency reserve and lowers the budget instead
+/// of aborting ([`les::engine::reserve`]).
+#[global_allocator]
+static ALLOC: les::engine::reserve::Reserve<std::alloc::System> = les::engine::reserve::Reserve(std::alloc::System);
 use les::engine::stream::BudgetControl;
 use les::engine::{memory_usage, Session};
 use les::gguf::GgufFile;

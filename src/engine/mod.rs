@@ -16,6 +16,7 @@ pub mod multimodal;
 pub mod plan;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod pressure;
+pub mod reserve;
 pub mod stream;
 
 use crate::gguf::{GgufError, GgufFile};
@@ -128,6 +129,9 @@ pub struct Session {
     /// A streaming session's dense re-plans, asked for by its budget
     /// ([`stream::BudgetControl::set`]) and applied by [`Session::apply_budget`].
     pub(crate) dense_replan: Option<std::sync::Arc<stream::DenseReplan>>,
+    /// A streaming session's budget, lowered when the allocator gave back its reserve
+    /// ([`reserve`]).
+    pub(crate) budget_ctl: Option<stream::BudgetControl>,
 }
 
 /// Current and peak resident memory of this process in bytes (Linux; `None` elsewhere).
@@ -157,7 +161,7 @@ impl Session {
         let model = Model::load_with(src, &gguf, mode, dense)?;
         let n_ctx = n_ctx.min(model.cfg.n_ctx_train.max(1));
         let kv = model.new_kv(n_ctx)?;
-        Ok(Self { model, tokenizer, kv, gguf, prefill_batch, gpu: None, reuse_prefix: false, chat_template: None, cached: Vec::new(), gpu_opts: Default::default(), markers: Default::default(), dense_replan: None })
+        Ok(Self { model, tokenizer, kv, gguf, prefill_batch, gpu: None, reuse_prefix: false, chat_template: None, cached: Vec::new(), gpu_opts: Default::default(), markers: Default::default(), dense_replan: None, budget_ctl: None })
     }
 
     /// Run on `kind`: `Cpu` keeps the CPU; `Wgpu` uploads the dense weights to the GPU (an error
@@ -215,11 +219,20 @@ impl Session {
         Ok(())
     }
 
-    /// Apply what the memory budget changed since the last forward: the dense matrices it asked
-    /// to read from storage are freed, those it can hold again are read back (on an error, a
+    /// Apply what the memory budget changed since the last forward: after the allocator gave
+    /// back its reserve (an allocation the heap refused, [`reserve`]), lower the budget by an
+    /// eighth (not below the minimum) and take a new reserve; then free the dense matrices the
+    /// budget asked to read from storage, or read back those it can hold again (on an error, a
     /// failed read, the weights stay as they were). Every forward calls it first; a caller that
     /// owns the session can call it at once to free the memory now.
     pub fn apply_budget(&mut self) -> Result<(), EngineError> {
+        if reserve::take_releases() > 0 {
+            if let Some(b) = &self.budget_ctl {
+                let now = b.budget();
+                let _ = b.set(now.saturating_sub(now / 8).max(b.minimum()));
+                reserve::set_reserve(reserve::reserve_for(b.budget()));
+            }
+        }
         let Some(d) = self.dense_replan.as_ref().and_then(|r| r.take()) else { return Ok(()) };
         if self.gpu.is_some() {
             return Ok(());

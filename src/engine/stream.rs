@@ -176,6 +176,23 @@ impl BudgetControl {
         self.plan.lock().unwrap().minimum + self.reserve
     }
 
+    /// The budget as a host reads it (the C ABI's `les_stats_json`, the browser's
+    /// `engine.memoryBudget()`): `budget`, `minimum`, `expert_slots`, `expert_bytes_held`,
+    /// `dense_streamed` (bytes read from storage at each use), and the allocator's emergency
+    /// reserve (`reserve_bytes`, `reserve_releases`: allocations the heap refused).
+    pub fn summary_json(&self) -> serde_json::Value {
+        let p = self.plan();
+        serde_json::json!({
+            "budget": self.budget(),
+            "minimum": self.minimum(),
+            "expert_slots": p.slots,
+            "expert_bytes_held": self.experts.held_bytes(),
+            "dense_streamed": p.dense_streamed,
+            "reserve_bytes": super::reserve::reserve_bytes(),
+            "reserve_releases": super::reserve::releases(),
+        })
+    }
+
     /// Change the budget to `budget` bytes (the whole budget, as `--memory-budget`): below the
     /// model's minimum it is refused ([`BudgetError::TooSmall`]) and nothing changes. A lower
     /// budget frees expert slots at once (those in use when the forward using them is done) and
@@ -699,6 +716,8 @@ pub fn open_streaming_sources(raw: Arc<dyn ByteSource>, expert_src: Arc<dyn Byte
         budget = budget.with_dense(streamable_dense(&g, &c), opts.dense, dense_stream_src, fp.dense, streamed, shared.clone());
         session.dense_replan = Some(shared);
     }
+    session.budget_ctl = Some(budget.clone());
+    super::reserve::set_reserve(super::reserve::reserve_for(opts.budget));
     Ok(Streaming { session, experts, plan, store_kind, budget })
 }
 

@@ -23,6 +23,11 @@ use crate::vision::Mmproj;
 use std::cell::RefCell;
 use std::rc::Rc;
 use std::sync::Arc;
+
+/// The allocator gives back an emergency reserve when the wasm heap cannot grow, so a forward
+/// goes on and the session lowers its budget ([`crate::engine::reserve`]).
+#[global_allocator]
+static ALLOC: crate::engine::reserve::Reserve<std::alloc::System> = crate::engine::reserve::Reserve(std::alloc::System);
 use wasm_bindgen::prelude::*;
 
 #[wasm_bindgen(start)]
@@ -503,8 +508,8 @@ impl Engine {
         }
     }
 
-    /// The memory budget as JSON (bytes): `budget`, `minimum`, `expert_slots`,
-    /// `expert_bytes_held`; `null` for a model held whole (no budget).
+    /// The memory budget as JSON ([`crate::engine::stream::BudgetControl::summary_json`]);
+    /// `null` for a model held whole (no budget).
     #[wasm_bindgen(js_name = memoryBudget)]
     pub fn memory_budget(&self) -> String {
         match &*self.budget.borrow() {
@@ -657,7 +662,7 @@ async fn begin_images(g: &mut Inner, prompt: &str, images: &js_sys::Array, optio
 }
 
 fn budget_json(b: &crate::engine::stream::BudgetControl) -> String {
-    serde_json::json!({ "budget": b.budget(), "minimum": b.minimum(), "expert_slots": b.plan().slots, "expert_bytes_held": b.experts().held_bytes() }).to_string()
+    b.summary_json().to_string()
 }
 
 fn stats_json(g: &Inner) -> String {

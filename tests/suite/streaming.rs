@@ -644,13 +644,23 @@ mod limited_alloc {
     pub static MAX_LIVE: AtomicUsize = AtomicUsize::new(usize::MAX);
     pub static LIVE: AtomicUsize = AtomicUsize::new(0);
     pub static REFUSED: AtomicUsize = AtomicUsize::new(0);
+    /// A heap limit: bytes live at most (all sizes).
+    pub static CAP_BYTES: AtomicUsize = AtomicUsize::new(usize::MAX);
+    pub static LIVE_BYTES: AtomicUsize = AtomicUsize::new(0);
     pub struct Limited;
     // SAFETY: forwards to the system allocator; only refuses some requests (returns null).
     unsafe impl GlobalAlloc for Limited {
         unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+            let live = LIVE_BYTES.fetch_add(l.size(), Relaxed);
+            if live + l.size() > CAP_BYTES.load(Relaxed) {
+                LIVE_BYTES.fetch_sub(l.size(), Relaxed);
+                REFUSED.fetch_add(1, Relaxed);
+                return std::ptr::null_mut();
+            }
             if l.size() != 0 && l.size() == FAIL_SIZE.load(Relaxed) {
                 if LIVE.fetch_add(1, Relaxed) >= MAX_LIVE.load(Relaxed) {
                     LIVE.fetch_sub(1, Relaxed);
+                    LIVE_BYTES.fetch_sub(l.size(), Relaxed);
                     REFUSED.fetch_add(1, Relaxed);
                     return std::ptr::null_mut();
                 }
@@ -658,14 +668,63 @@ mod limited_alloc {
             unsafe { System.alloc(l) }
         }
         unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
+            LIVE_BYTES.fetch_sub(l.size(), Relaxed);
             if l.size() != 0 && l.size() == FAIL_SIZE.load(Relaxed) {
                 let _ = LIVE.fetch_update(Relaxed, Relaxed, |v| v.checked_sub(1));
             }
             unsafe { System.dealloc(p, l) }
         }
     }
+    /// Wrapped as the wasm build and `les` wrap theirs: a refused allocation gives back the
+    /// reserve and is tried again.
     #[global_allocator]
-    static ALLOC: Limited = Limited;
+    static ALLOC: les::engine::reserve::Reserve<Limited> = les::engine::reserve::Reserve(Limited);
+}
+
+/// An allocation the heap refuses in the middle of a forward (issue 39 item 2: activations at a
+/// heap's limit, which would abort): the allocator gives back its reserve and the forward goes
+/// on; before the next forward the session lowers its budget by an eighth and takes a new
+/// reserve. The logits stay the resident run's bits.
+#[test]
+fn a_refused_allocation_lowers_the_budget_instead_of_aborting() {
+    use les::engine::reserve;
+    use limited_alloc::*;
+    use std::sync::atomic::Ordering::Relaxed;
+    if std::env::var_os("LES_TEST_OOM").is_none() {
+        rerun_with_env(module_path!(), "a_refused_allocation_lowers_the_budget_instead_of_aborting", &[("LES_TEST_OOM", "1")]);
+        return;
+    }
+    let path = model("rand-qwen3moe.gguf");
+    let (seqs, want) = reference(&path, &["The capital of France is"], 12);
+    let (p, cont) = &seqs[0];
+    let opts = |budget: u64| StreamOptions { budget, n_ctx: 256, direct: false, profile: None, cache: StreamConfig { prefetch: true, ..Default::default() }, slots: None, gpu_pool: false, dense: Default::default() };
+    let probe = open_streaming(path.to_str().unwrap(), &opts(u64::MAX / 2)).unwrap();
+    let budget = probe.budget.minimum() + 48 * probe.plan.expert_bytes_max;
+    drop(probe);
+    let mut st = open_streaming(path.to_str().unwrap(), &opts(budget)).unwrap();
+    let held = reserve::reserve_bytes();
+    assert!(held >= 1 << 20, "a session under a budget holds a reserve");
+    let releases0 = reserve::releases();
+    let s = &mut st.session;
+    s.kv.clear();
+    let mut got = vec![s.prefill(p).unwrap()];
+    for (i, &t) in cont.iter().enumerate() {
+        match i {
+            // The heap's limit: what is live now plus 64 KiB.
+            3 => CAP_BYTES.store(LIVE_BYTES.load(Relaxed) + (64 << 10), Relaxed),
+            9 => CAP_BYTES.store(usize::MAX, Relaxed),
+            _ => {}
+        }
+        got.push(s.forward(&[t], Logits::Last).unwrap());
+    }
+    let released = reserve::releases() - releases0;
+    eprintln!("refused {} allocations, {released} reserve releases, budget {budget} -> {}", REFUSED.load(Relaxed), st.budget.budget());
+    assert!(released > 0, "the reserve was given back");
+    assert!(st.budget.budget() < budget, "the budget was lowered");
+    assert!(got == want[0], "logits changed after a refused allocation");
+    // A new reserve is taken once memory is back.
+    s.forward(&[cont[0]], Logits::Last).unwrap();
+    assert!(reserve::reserve_bytes() > 0);
 }
 
 /// Expert buffers that cannot be allocated (issue 39 item 2: failed allocations shrink, never

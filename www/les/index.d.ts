@@ -8,6 +8,13 @@ export interface MemoryBudget {
   expert_slots: number;
   /** Bytes the expert cache's buffers hold now. */
   expert_bytes_held: number;
+  /** Dense bytes read from storage at each use (0 in the browser: dense weights stay held). */
+  dense_streamed: number;
+  /** The allocator's emergency reserve (1/32 of the budget, 1-16 MiB): an allocation the wasm
+   * heap refuses frees it and goes on, and the engine then lowers its budget by an eighth and
+   * takes a new one. `reserve_releases` counts such refusals. */
+  reserve_bytes: number;
+  reserve_releases: number;
 }
 
 /** `engine.plan()`'s forecast (bytes, tokens/s), as `les plan --json`. */
