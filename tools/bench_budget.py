@@ -3,7 +3,9 @@
 memory before a shrink, at the model's minimum, and after growing back, in rounds (full → minimum
 → full, repeated), each phase a few greedy requests with prompts never sent before (no prefix
 reuse). The budget changes through `POST /les/budget`; RSS is the server's `VmRSS`
-(/proc/PID/status) after each request, `expert_bytes_held` what the cache's buffers hold.
+(/proc/PID/status) after each request, `expert_bytes_held` what the cache's buffers hold,
+`dense_streamed` the dense bytes read from storage at each use (the minimum streams every
+candidate matrix: the session frees them before its next forward).
 
     tools/bench_budget.py [--model models/smolmoe-32x2.gguf] [--budget 400MiB] [--rounds 3]
                           [--requests 3] [-n 48] [--threads 2] [--store disk|phone-4GBps|...]
@@ -76,13 +78,13 @@ def main():
                     st = http(addr, "GET", "/les/budget")
                     rows.append({"round": rnd, "phase": name, "budget_mib": budget / 1048576, "slots": b["expert_slots"], "set_ms": set_ms, "rss_after_set_mib": rss_after_set,
                                  "tokens_per_s": r["les"]["tokens_per_s"], "rss_mib": rss_mib(srv.pid), "held_mib": st["expert_bytes_held"] / 1048576,
-                                 "hit_rate": r["les"].get("hit_rate")})
+                                 "hit_rate": r["les"].get("hit_rate"), "dense_streamed_mib": st.get("dense_streamed", 0) / 1048576})
     finally:
         srv.terminate()
         srv.wait()
     print(json.dumps(rows), file=sys.stderr)
-    print(f"| phase | budget MiB | expert slots | decode tok/s (median) | vs full, same round | RSS MiB after the change | RSS MiB after requests (max) | cache buffers MiB | change ms |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print(f"| phase | budget MiB | expert slots | dense streamed MiB | decode tok/s (median) | vs full, same round | RSS MiB after the change | RSS MiB after requests (max) | cache buffers MiB | change ms |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for name, _ in phases:
         rs = [r for r in rows if r["phase"] == name]
         ratios = []
@@ -90,7 +92,7 @@ def main():
             full = statistics.median(r["tokens_per_s"] for r in rows if r["round"] == rnd and r["phase"] == "full")
             mine = statistics.median(r["tokens_per_s"] for r in rs if r["round"] == rnd)
             ratios.append(mine / full)
-        print(f"| {name} | {rs[0]['budget_mib']:.1f} | {rs[0]['slots']} | {statistics.median(r['tokens_per_s'] for r in rs):.1f} | {min(ratios):.2f}-{max(ratios):.2f} | "
+        print(f"| {name} | {rs[0]['budget_mib']:.1f} | {rs[0]['slots']} | {max(r['dense_streamed_mib'] for r in rs):.1f} | {statistics.median(r['tokens_per_s'] for r in rs):.1f} | {min(ratios):.2f}-{max(ratios):.2f} | "
               f"{statistics.median(r['rss_after_set_mib'] for r in rs):.1f} | {max(r['rss_mib'] for r in rs):.1f} | {max(r['held_mib'] for r in rs):.1f} | {statistics.median(r['set_ms'] for r in rs):.1f} |")
 
 

@@ -15,10 +15,12 @@
 //! a test binary wraps its own limited allocator with it.
 
 use std::alloc::{GlobalAlloc, Layout};
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering::{Acquire, Relaxed, Release}};
 
+/// The reserve block; its first word holds its length.
 static RESERVE: AtomicPtr<u8> = AtomicPtr::new(std::ptr::null_mut());
-static RESERVE_LEN: AtomicUsize = AtomicUsize::new(0);
+/// Its length, for statistics.
+static HELD: AtomicUsize = AtomicUsize::new(0);
 /// Releases not yet handled by a session, and all releases so far.
 static PENDING: AtomicUsize = AtomicUsize::new(0);
 static RELEASES: AtomicUsize = AtomicUsize::new(0);
@@ -27,6 +29,26 @@ static INSTALLED: AtomicBool = AtomicBool::new(false);
 
 /// Alignment of the reserve block.
 const ALIGN: usize = 64;
+
+/// Tests: refuse the n-th allocation of at least `REFUSE_MIN` bytes from now on, once (a heap
+/// that cannot grow for a moment). 0: off.
+static REFUSE_AT: AtomicUsize = AtomicUsize::new(0);
+static REFUSE_MIN: AtomicUsize = AtomicUsize::new(0);
+
+/// Tests (the browser's `debugRefuseAlloc`): refuse the `n`-th allocation of at least `min_bytes`
+/// from now on, once, as a heap at its limit would (0: never).
+pub fn debug_refuse_once(n: usize, min_bytes: usize) {
+    REFUSE_MIN.store(min_bytes, Relaxed);
+    REFUSE_AT.store(n, Relaxed);
+}
+
+/// Whether the test refusal takes this allocation.
+fn refused(size: usize) -> bool {
+    if REFUSE_AT.load(Relaxed) == 0 || size < REFUSE_MIN.load(Relaxed) {
+        return false;
+    }
+    REFUSE_AT.fetch_update(Relaxed, Relaxed, |n| n.checked_sub(1)) == Ok(1)
+}
 
 /// A global allocator that gives back the reserve when `A` refuses an allocation, then retries.
 pub struct Reserve<A>(pub A);
@@ -39,14 +61,18 @@ impl<A: GlobalAlloc> Reserve<A> {
     }
     /// Free the reserve (through `A`, which allocated it); false when there was none.
     fn release(&self) -> bool {
-        let p = RESERVE.swap(std::ptr::null_mut(), Relaxed);
+        let p = RESERVE.swap(std::ptr::null_mut(), Acquire);
         if p.is_null() {
             return false;
         }
-        let len = RESERVE_LEN.swap(0, Relaxed);
         // SAFETY: `p` was allocated by `set_reserve` through the global allocator (this one, so
-        // through `A`) with this layout, and the swap above hands it to one caller only.
-        unsafe { self.0.dealloc(p, Layout::from_size_align_unchecked(len, ALIGN)) };
+        // through `A`) with its length in its first word and this layout, and the swap above
+        // hands it to one caller only.
+        HELD.store(0, Relaxed);
+        unsafe {
+            let len = (p as *const usize).read();
+            self.0.dealloc(p, Layout::from_size_align_unchecked(len, ALIGN));
+        }
         PENDING.fetch_add(1, Relaxed);
         RELEASES.fetch_add(1, Relaxed);
         true
@@ -58,14 +84,14 @@ impl<A: GlobalAlloc> Reserve<A> {
 unsafe impl<A: GlobalAlloc> GlobalAlloc for Reserve<A> {
     unsafe fn alloc(&self, l: Layout) -> *mut u8 {
         self.noted();
-        let p = unsafe { self.0.alloc(l) };
+        let p = if refused(l.size()) { std::ptr::null_mut() } else { unsafe { self.0.alloc(l) } };
         if p.is_null() && self.release() {
             return unsafe { self.0.alloc(l) };
         }
         p
     }
     unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
-        let p = unsafe { self.0.alloc_zeroed(l) };
+        let p = if refused(l.size()) { std::ptr::null_mut() } else { unsafe { self.0.alloc_zeroed(l) } };
         if p.is_null() && self.release() {
             return unsafe { self.0.alloc_zeroed(l) };
         }
@@ -75,7 +101,7 @@ unsafe impl<A: GlobalAlloc> GlobalAlloc for Reserve<A> {
         unsafe { self.0.dealloc(p, l) }
     }
     unsafe fn realloc(&self, p: *mut u8, l: Layout, new_size: usize) -> *mut u8 {
-        let q = unsafe { self.0.realloc(p, l, new_size) };
+        let q = if refused(new_size) { std::ptr::null_mut() } else { unsafe { self.0.realloc(p, l, new_size) } };
         if q.is_null() && self.release() {
             return unsafe { self.0.realloc(p, l, new_size) };
         }
@@ -92,24 +118,28 @@ pub fn set_reserve(bytes: usize) -> bool {
     if !RESERVE.load(Relaxed).is_null() {
         return true;
     }
-    let Ok(l) = Layout::from_size_align(bytes, ALIGN) else { return false };
-    // SAFETY: a non-zero size; freed by `Reserve::release` with the same layout.
+    let Ok(l) = Layout::from_size_align(bytes.max(ALIGN), ALIGN) else { return false };
+    // SAFETY: a non-zero size; freed by `Reserve::release` with the same layout, whose size the
+    // block's first word holds (aligned to 64, at least 64 bytes).
     let p = unsafe { std::alloc::alloc(l) };
     if p.is_null() {
         return false;
     }
-    RESERVE_LEN.store(bytes, Relaxed);
-    if RESERVE.compare_exchange(std::ptr::null_mut(), p, Relaxed, Relaxed).is_err() {
+    // SAFETY: the block is at least 64 bytes, aligned to 64: room for its length.
+    unsafe { (p as *mut usize).write(l.size()) };
+    if RESERVE.compare_exchange(std::ptr::null_mut(), p, Release, Relaxed).is_err() {
         // Another thread set one meanwhile.
         // SAFETY: allocated just above with `l`.
         unsafe { std::alloc::dealloc(p, l) };
+    } else {
+        HELD.store(l.size(), Relaxed);
     }
     true
 }
 
 /// Bytes held as the reserve now.
 pub fn reserve_bytes() -> usize {
-    if RESERVE.load(Relaxed).is_null() { 0 } else { RESERVE_LEN.load(Relaxed) }
+    HELD.load(Relaxed)
 }
 
 /// Releases since the last call (the caller adapts its budget to them).

@@ -661,6 +661,14 @@ async fn begin_images(g: &mut Inner, prompt: &str, images: &js_sys::Array, optio
     Ok(run.tokens.len() as u32)
 }
 
+/// Tests: refuse the `n`-th allocation of at least 64 KiB from now on, once, as a heap that
+/// cannot grow would ([`crate::engine::reserve`]: the reserve is given back, the forward goes on
+/// and the engine lowers its budget).
+#[wasm_bindgen(js_name = debugRefuseAlloc)]
+pub fn debug_refuse_alloc(n: u32) {
+    crate::engine::reserve::debug_refuse_once(n as usize, 64 << 10);
+}
+
 fn budget_json(b: &crate::engine::stream::BudgetControl) -> String {
     b.summary_json().to_string()
 }

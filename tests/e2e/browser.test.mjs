@@ -296,6 +296,24 @@ test('JS API: abort stops a generation; chat streaming and non-streaming agree; 
     assert.deepEqual([high.budget, high.expert_slots], [mem.b0.budget, mem.b0.expert_slots]);
     assert.match(mem.refused, /minimum/);
     assert.deepEqual(mem.after.budget, mem.b0.budget);
+    // An allocation the wasm heap refuses (issue 39 item 2): the allocator gives back its reserve,
+    // the generation goes on with the same tokens and logits, and the engine lowers its budget by
+    // an eighth and takes a new reserve.
+    const oom = await page.evaluate(async () => {
+      const e = window.les.engine;
+      const before = await e.memoryBudget();
+      await e.resetChat();
+      await e._rpc.call('debugRefuseAlloc', { n: 3 });
+      for await (const _ of e.generate('The capital of France is', { max_tokens: 10, temperature: 0, ignore_eos: true }));
+      const r = { before, fnv: e.lastResult.stats.logits_fnv, tokens: e.lastResult.tokens, after: await e.memoryBudget() };
+      await e.setMemoryBudget(before.budget / 1048576);
+      return r;
+    });
+    assert.deepEqual(oom.tokens, mem.plain.tokens);
+    assert.equal(oom.fnv, mem.plain.fnv, 'logits changed after a refused allocation');
+    assert.ok(oom.before.reserve_bytes > 0, JSON.stringify(oom));
+    assert.equal(oom.after.reserve_releases, oom.before.reserve_releases + 1, JSON.stringify(oom));
+    assert.ok(oom.after.budget < oom.before.budget && oom.after.reserve_bytes > 0, JSON.stringify(oom));
     // engine.plan() (issue 39 item 1): the forecast at the budget now fits with the engine's
     // slots and gives speeds from the last generation; below the minimum it does not fit.
     const fc = await page.evaluate(async (below) => {

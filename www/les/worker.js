@@ -275,6 +275,12 @@ const ops = {
     m.debugPanicOnAWorker();
     return true;
   },
+  // Tests: the n-th allocation of at least 64 KiB from now on is refused, once, as a heap that
+  // cannot grow would: the allocator gives back its reserve, the engine lowers its budget.
+  debugRefuseAlloc: async ({ n }) => {
+    (await ready).debugRefuseAlloc(n);
+    return true;
+  },
   listModels: async () => listModels(),
   deleteModel: async ({ url }) => deleteModel(url),
   storageUsage: async () => storageUsage(),

@@ -405,7 +405,8 @@ fn image_error(e: les::engine::EngineError) -> ApiError {
     }
 }
 
-/// `GET /les/budget`: the plan now (bytes): `budget`, `minimum`, `expert_slots`, and what the
+/// `GET /les/budget`: the plan now (bytes): `BudgetControl::summary_json` (`budget`, `minimum`,
+/// `expert_slots`, `expert_bytes_held`, `dense_streamed`, the allocator's reserve) and what the
 /// budget holds (`dense`, `kv`, `scratch`, `expert_slot_bytes`).
 async fn get_budget(State(app): State<Arc<App>>) -> Response {
     match &app.budget {
@@ -420,7 +421,11 @@ fn no_budget() -> ApiError {
 
 fn budget_json(b: &les::engine::stream::BudgetControl) -> Value {
     let p = b.plan();
-    json!({ "budget": b.budget(), "minimum": b.minimum(), "expert_slots": p.slots, "expert_slot_bytes": p.expert_bytes_max, "dense": p.dense, "kv": p.kv, "scratch": p.scratch, "expert_bytes_held": b.experts().held_bytes() })
+    let mut v = b.summary_json();
+    for (k, x) in [("expert_slot_bytes", p.expert_bytes_max), ("dense", p.dense), ("kv", p.kv), ("scratch", p.scratch)] {
+        v[k] = json!(x);
+    }
+    v
 }
 
 #[derive(Deserialize)]
