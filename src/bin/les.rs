@@ -566,6 +566,10 @@ enum BenchCmd {
         /// runs on it. Not lossless: check its quality with `les eval ppl`.
         #[arg(long)]
         mixed_bundle: Option<String>,
+        /// The model packed with `les pack --order coactivation`: adds the + co-activation order
+        /// rung after + bundle (the same bundle with its experts in another order on storage).
+        #[arg(long)]
+        coactivation_bundle: Option<String>,
         /// Each rung alone against on-demand (on-demand plus that one thing) instead of stacked.
         #[arg(long)]
         alone: bool,
@@ -720,7 +724,7 @@ fn run(cli: Cli) -> Res {
             Ok(())
         }
         Cmd::Bench(BenchCmd::Soak { m, s, runs, n_predict }) => cmd_soak(&m, &s, runs, n_predict),
-        Cmd::Bench(BenchCmd::Ladder { m, s, bundle, n_predict, n_prompts, prompts, no_resident, draft_model, mtp, draft_max, mixed_bundle, alone }) => {
+        Cmd::Bench(BenchCmd::Ladder { m, s, bundle, n_predict, n_prompts, prompts, no_resident, draft_model, mtp, draft_max, mixed_bundle, coactivation_bundle, alone }) => {
             if let Some(t) = m.threads {
                 les::backend::cpu::par::init_threads(t);
             }
@@ -743,7 +747,7 @@ fn run(cli: Cli) -> Res {
                 (None, true) => Some(DraftSpec::Mtp { lookahead: les::engine::mtp::MTP_LOOKAHEAD_LAYERS }),
                 (None, false) => None,
             };
-            let spec = les::engine::ladder::Rungs { draft, draft_max, mixed_bundle, alone };
+            let spec = les::engine::ladder::Rungs { draft, draft_max, mixed_bundle, coactivation_bundle, alone };
             let backend = |sess: &mut Session, gpu_slots: Option<usize>| m.apply_backend_with(sess, gpu_slots.filter(|&n| n > 0));
             let mut rep = les::engine::ladder::run(&m.model, &bundle, &opts, &ps, n_predict, !no_resident, &spec, &backend)?;
             println!("{}", rep.table());

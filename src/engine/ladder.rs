@@ -136,6 +136,10 @@ pub struct Rung {
     pub prompt_ratio_median: Option<f64>,
     /// Time to first token and the inter-token latency distribution.
     pub latency: Option<Latency>,
+    /// Storage reads per output token, the prompts' included (a read may bring several
+    /// neighbouring experts), and the share of expert loads that came in such merged reads.
+    pub reads_per_token: Option<f64>,
+    pub merged_share: Option<f64>,
 }
 
 /// Which rungs run beyond the base ones, and how they stack.
@@ -148,6 +152,10 @@ pub struct Rungs {
     /// A bundle with per-layer expert types: runs as the `+ mixed precision` rung (after
     /// `+ bundle`), and the `+ speculative` rung runs on it.
     pub mixed_bundle: Option<String>,
+    /// The model packed with its experts ordered by co-activation (`les pack --order
+    /// coactivation`): runs as the `+ co-activation order` rung, after `+ bundle` (issue 39
+    /// item 3's layout A/B, interleaved with the index-order bundle).
+    pub coactivation_bundle: Option<String>,
     /// Each rung alone: on-demand plus that one thing (lookahead; the eviction policy; the
     /// bundle; the mixed bundle; speculative decoding on the model's file, without prefetch),
     /// instead of each rung adding one thing to the rung before.
@@ -224,6 +232,10 @@ impl LadderReport {
             let acc = r.acceptance_rate.map(|a| format!("{:.1}", 100.0 * a)).unwrap_or_else(|| "-".into());
             s += &format!("{:<20} {:>8} {:>14.1} {:>12.2}\n", r.name, acc, r.experts_per_token.unwrap_or(0.0), r.mb_per_accepted_token.unwrap_or(0.0));
         }
+        s += "storage reads per output token (prompts included) and expert loads in merged reads:\n";
+        for r in self.rungs.iter().filter(|r| r.reads_per_token.is_some()) {
+            s += &format!("{:<20} {:>9.1} {:>8.1}%\n", r.name, r.reads_per_token.unwrap_or(0.0), 100.0 * r.merged_share.unwrap_or(0.0));
+        }
         s += &format!("waits (ms): time to first token (median over prompts), then between tokens\n{:<20} {:>9} {:>9} {:>9} {:>9} {:>9}\n", "rung", "TTFT p50", "p50", "p95", "p99", "longest");
         for r in &self.rungs {
             if let Some(l) = &r.latency {
@@ -266,6 +278,8 @@ fn streamed_rung(name: &str, t: usize, ms: f64, s: &crate::expert::stream::Strea
         refine_recall: s.refine_recall(),
         prefetch_on: s.prefetch_on_share(),
         governor: s.governor.clone(),
+        reads_per_token: Some(s.reads as f64 / t.max(1) as f64),
+        merged_share: Some(s.merged_loads as f64 / (s.demand_loads + s.prefetch_loads).max(1) as f64),
         ..Default::default()
     }
 }
@@ -348,6 +362,9 @@ pub fn run(model: &str, bundle: &str, opts: &StreamOptions, prompts: &[String], 
         rungs.push((evict_name, pf, model, policy));
     }
     rungs.push(("+ bundle".into(), pf, bundle, pol));
+    if let Some(cb) = &spec.coactivation_bundle {
+        rungs.push(("+ co-activation order".into(), pf, cb, pol));
+    }
     if let Some(mb) = &spec.mixed_bundle {
         rungs.push(("+ mixed precision".into(), pf, mb, pol));
     }

@@ -394,19 +394,24 @@ fn ladder_mtp_rung_drafts_with_the_models_block() {
 
 /// `les bench ladder --alone` (issue 37 item 4): each rung is on-demand plus one thing — only
 /// `+ lookahead` prefetches, and `+ speculative` runs on the model's own file — and a device
-/// profile serves every rung from in-memory copies of the model and the bundle.
+/// profile serves every rung from in-memory copies of the model and the bundle. A second
+/// layout (`--coactivation-bundle`, here the GGUF itself) runs as its own rung after the bundle,
+/// with its reads per token.
 #[test]
 fn ladder_alone_adds_one_thing_to_on_demand() {
     let m = model("rand-qwen35moe-mtp.gguf");
     let m = m.to_str().unwrap();
-    let (rep, stdout) = ladder(m, &["--alone", "--mtp", "--no-resident", "--store", "phone-4GBps", "-n", "4", "--n-prompts", "1"]);
+    let (rep, stdout) = ladder(m, &["--alone", "--mtp", "--no-resident", "--store", "phone-4GBps", "--coactivation-bundle", m, "-n", "4", "--n-prompts", "1"]);
     assert_eq!(rep["stacking"], "alone");
     assert!(stdout.starts_with("ladder (alone)"), "{stdout}");
     let file = std::fs::metadata(m).unwrap().len();
     let copied = rep["memory_copy_bytes"].as_u64().unwrap();
     assert!(copied > file, "model and bundle copied: {copied} bytes for a {file}-byte model");
     let names: Vec<&str> = rep["rungs"].as_array().unwrap().iter().map(|r| r["name"].as_str().unwrap()).collect();
-    assert_eq!(names, ["on-demand", "+ lookahead", "+ next-use eviction", "+ bundle", "+ speculative"]);
+    assert_eq!(names, ["on-demand", "+ lookahead", "+ next-use eviction", "+ bundle", "+ co-activation order", "+ speculative"]);
+    for r in rep["rungs"].as_array().unwrap() {
+        assert!(r["reads_per_token"].as_f64().unwrap() > 0.0 && r["merged_share"].is_number(), "{r}");
+    }
     for r in rep["rungs"].as_array().unwrap() {
         assert_eq!(r["prefetch_on"].is_number(), r["name"] == "+ lookahead", "{}: {}", r["name"], r["prefetch_on"]);
     }
