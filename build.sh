@@ -145,6 +145,10 @@ case "$cmd" in
     stage "apple: check ios + macos" cargo check --lib --no-default-features --target aarch64-apple-ios --target aarch64-apple-darwin
     stage "cargo: build tests, les, examples" cargo test --profile ci --no-run
     stage "cargo: run tests" bash -c 'set -o pipefail; cargo test --profile ci 2>&1 | python3 tools/stage_times.py pipe "$0"' "$STAGE_LOG"
+    # Timing tests, each alone (no other test on the cores): `les plan`'s decode forecast within
+    # ±25% of the measured run on a modelled phone (issue 39 item 1). A shared machine's slow
+    # spell can fall on the measured run: a failure is measured once more.
+    stage "cargo: timing tests alone" bash -c 't="cargo test --profile ci --test suite -- --ignored --exact plan::decode_forecast_is_near_the_measured_speed"; $t || $t'
     # Browser: the wasm engine (also the wasm32 build check), the .les bundles the page loads,
     # then Chromium end to end.
     stage "browser: chromium + playwright" need_browser

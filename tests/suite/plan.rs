@@ -67,8 +67,9 @@ fn replayed_trace_gives_the_measured_hit_rate() {
 /// On a modelled phone (reads sleep the device's time), the forecast decode speed is within
 /// ±25% of what the same streamed session measures with prefetching off (the forecast is
 /// on-demand's). Timing: run alone (other tests on the same cores slow the measured run, not
-/// the forecast's probe taken at another moment): `cargo test --profile ci --test suite --
-/// --ignored plan::`; `tools/bench_plan.py` compares more models and stores.
+/// the forecast's probe taken at another moment): `./build.sh test` runs it in a stage of its
+/// own (`cargo test --profile ci --test suite -- --ignored --exact plan::…`);
+/// `tools/bench_plan.py` compares more models and stores.
 #[test]
 #[ignore = "timing: run alone"]
 fn decode_forecast_is_near_the_measured_speed() {
