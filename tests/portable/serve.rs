@@ -363,10 +363,13 @@ fn serve_memory_budget() {
 
     let prompts = ["The capital of France is", "def fibonacci(n):", "Once upon a time"];
     assert_eq!(complete(prompts[0]), greedy(prompts[0], 12));
-    // Down to the minimum: one layer's top-k + 1 slots, their buffers only.
+    // Down to the minimum: one layer's top-k + 1 slots, their buffers only, and the dense
+    // matrices that can be read from storage at each use, streamed.
     let v = post(a, "/les/budget", &json!({ "memory_budget": min })).json();
     assert_eq!((v["budget"].as_u64(), v["minimum"].as_u64()), (Some(min), Some(min)), "{v}");
-    let n_min = (min - fixed) / slot;
+    let held = v["dense"].as_u64().unwrap() + v["kv"].as_u64().unwrap() + v["scratch"].as_u64().unwrap();
+    assert!(min < fixed && v["dense_streamed"].as_u64().unwrap() > 0, "{v}");
+    let n_min = (min - held) / slot;
     assert_eq!(v["expert_slots"].as_u64(), Some(n_min), "{v}");
     assert!(v["expert_bytes_held"].as_u64().unwrap() <= n_min * slot, "{v}");
     assert_eq!(complete(prompts[1]), greedy(prompts[1], 12));
