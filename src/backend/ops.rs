@@ -51,7 +51,7 @@ pub enum OpError {
 }
 
 /// A matrix in the model's [`Weights`] table.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Mat(u32);
 
 /// An f32 vector (norm weight, bias) in the model's [`Weights`] table.

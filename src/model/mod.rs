@@ -130,18 +130,21 @@ fn pieces_of(offset: u64, rows: usize, rb: usize, piece: usize) -> (usize, Vec<P
     (rows_per, (0..rows).step_by(rows_per).map(|r0| (offset + (r0 * rb) as u64, rb * rows_per.min(rows - r0))).collect())
 }
 
-/// Number the streamed matrices' pieces in `cycle` (rank, matrix, pieces) in the forward's use
-/// order (stable: load order within a layer is use order) and return the whole cycle.
-fn number_cycle(w: &mut Weights, mut cycle: Vec<(usize, Mat, Vec<Piece>)>) -> Result<Vec<Piece>, ModelError> {
+/// Order the streamed matrices' pieces in `cycle` (rank, matrix, pieces) as the forward uses
+/// them (stable: load order within a layer is use order): each matrix's first piece in the
+/// cycle, and the whole cycle.
+fn number_cycle(mut cycle: Vec<(usize, Mat, Vec<Piece>)>) -> (Vec<(Mat, usize)>, Vec<Piece>) {
     cycle.sort_by_key(|c| c.0);
     let mut pieces = Vec::new();
-    for (_, m, p) in &cycle {
-        let mut sm = w.streamed(*m).ok_or_else(|| ModelError::Internal("streamed matrix without its entry".into()))?;
-        sm.first = pieces.len();
-        pieces.extend_from_slice(p);
-        w.set_streamed(*m, sm);
-    }
-    Ok(pieces)
+    let firsts = cycle
+        .into_iter()
+        .map(|(_, m, p)| {
+            let first = pieces.len();
+            pieces.extend(p);
+            (m, first)
+        })
+        .collect();
+    (firsts, pieces)
 }
 
 /// Reads a GGUF's tensors into a [`Weights`] table, checking shapes (llama.cpp's `create_tensor`).
@@ -198,7 +201,11 @@ impl<'a> Loader<'a> {
         if !self.w.has_streamed() {
             return Ok(self.w);
         }
-        let pieces = number_cycle(&mut self.w, std::mem::take(&mut self.cycle))?;
+        let (firsts, pieces) = number_cycle(std::mem::take(&mut self.cycle));
+        for (m, first) in firsts {
+            let sm = self.w.streamed(m).ok_or_else(|| ModelError::Internal("streamed matrix without its entry".into()))?;
+            self.w.set_streamed(m, ops::StreamedMat { first, ..sm });
+        }
         let ra = crate::store::ahead::ReadAhead::new(s.src.clone(), pieces, s.window, cfg!(not(target_arch = "wasm32")))?;
         self.w.set_read_ahead(ra);
         Ok(self.w)
@@ -404,19 +411,23 @@ impl Model {
             let len = m.ty.row_bytes(m.cols as u64).unwrap_or(0) as usize * m.rows;
             reads.push((w.m, dense.src.read_vec(w.offset, len)?));
         }
-        // The new cycle, numbered on a copy of the streamed entries.
-        let (mut streamed, mut table, mut cycle) = (Vec::new(), Weights::default(), Vec::new());
+        // The new streamed entries and their cycle.
+        let (mut streamed, mut cycle) = (std::collections::HashMap::new(), Vec::new());
         for w in self.whole.iter().filter(|w| want(w)) {
             let m = self.weights.mat(w.m);
             let rb = m.ty.row_bytes(m.cols as u64).unwrap_or(0) as usize;
             let (rows_per, pieces) = pieces_of(w.offset, m.rows, rb, dense.piece);
-            let id = table.add_streamed(m.ty, m.cols, m.rows, ops::StreamedMat { first: 0, n: pieces.len(), rows_per, offset: w.offset });
-            streamed.push((w.m, id));
+            streamed.insert(w.m, ops::StreamedMat { first: 0, n: pieces.len(), rows_per, offset: w.offset });
             if let Some(rank) = w.rank {
-                cycle.push((rank, id, pieces));
+                cycle.push((rank, w.m, pieces));
             }
         }
-        let pieces = number_cycle(&mut table, cycle)?;
+        let (firsts, pieces) = number_cycle(cycle);
+        for (m, first) in firsts {
+            if let Some(sm) = streamed.get_mut(&m) {
+                sm.first = first;
+            }
+        }
         let ra = if streamed.is_empty() { None } else { Some(crate::store::ahead::ReadAhead::new(dense.src.clone(), pieces, dense.window, cfg!(not(target_arch = "wasm32")))?) };
         // Commit (nothing below fails): the old read-ahead stops, streamed bytes are freed.
         let total = self.dense_bytes + self.weights.streamed_bytes() as usize;
@@ -424,10 +435,8 @@ impl Model {
         for (m, data) in reads {
             self.weights.set_resident(m, data);
         }
-        for (m, id) in streamed {
-            if let Some(s) = table.streamed(id) {
-                self.weights.stream_instead(m, s);
-            }
+        for (m, s) in streamed {
+            self.weights.stream_instead(m, s);
         }
         if let Some(ra) = ra {
             self.weights.set_read_ahead(ra);
