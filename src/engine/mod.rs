@@ -126,11 +126,9 @@ pub struct Session {
     pub gpu_opts: crate::backend::wgpu::exec::GpuOptions,
     /// The image marker tokens, looked up in the vocabulary once ([`Session::markers`]).
     markers: std::sync::OnceLock<crate::vision::layout::Markers>,
-    /// A streaming session's dense re-plans, asked for by its budget
-    /// ([`stream::BudgetControl::set`]) and applied by [`Session::apply_budget`].
-    pub(crate) dense_replan: Option<std::sync::Arc<stream::DenseReplan>>,
-    /// A streaming session's budget, lowered when the allocator gave back its reserve
-    /// ([`reserve`]).
+    /// A streaming session's budget: its dense re-plans ([`stream::BudgetControl::set`]) are
+    /// applied by [`Session::apply_budget`], which also lowers it when the allocator gave back
+    /// its reserve ([`reserve`]).
     pub(crate) budget_ctl: Option<stream::BudgetControl>,
 }
 
@@ -161,7 +159,7 @@ impl Session {
         let model = Model::load_with(src, &gguf, mode, dense)?;
         let n_ctx = n_ctx.min(model.cfg.n_ctx_train.max(1));
         let kv = model.new_kv(n_ctx)?;
-        Ok(Self { model, tokenizer, kv, gguf, prefill_batch, gpu: None, reuse_prefix: false, chat_template: None, cached: Vec::new(), gpu_opts: Default::default(), markers: Default::default(), dense_replan: None, budget_ctl: None })
+        Ok(Self { model, tokenizer, kv, gguf, prefill_batch, gpu: None, reuse_prefix: false, chat_template: None, cached: Vec::new(), gpu_opts: Default::default(), markers: Default::default(), budget_ctl: None })
     }
 
     /// Run on `kind`: `Cpu` keeps the CPU; `Wgpu` uploads the dense weights to the GPU (an error
@@ -213,10 +211,16 @@ impl Session {
         let rings: &[(usize, usize)] = if sh.swa_layers > 0 { &[(c.n_swa, sh.swa_cells)] } else { &[] };
         self.kv = KvCache::positions_only(self.kv.n_ctx, c.ssm.is_some(), rings, c.n_head_kv, c.head_dim);
         self.gpu = Some(gpu);
-        if let Some(r) = &self.dense_replan {
-            r.on_gpu.store(true, std::sync::atomic::Ordering::Relaxed);
-        }
+        self.set_on_gpu(true);
         Ok(())
+    }
+
+    /// Tell the budget whether the session runs on a GPU (which holds its own copy of the dense
+    /// weights: no dense re-plans then).
+    fn set_on_gpu(&self, on: bool) {
+        if let Some(r) = self.budget_ctl.as_ref().and_then(|b| b.dense_replan()) {
+            r.on_gpu.store(on, std::sync::atomic::Ordering::Relaxed);
+        }
     }
 
     /// Apply what the memory budget changed since the last forward: after the allocator gave
@@ -233,7 +237,7 @@ impl Session {
                 reserve::set_reserve(reserve::reserve_for(b.budget()));
             }
         }
-        let Some(d) = self.dense_replan.as_ref().and_then(|r| r.take()) else { return Ok(()) };
+        let Some(d) = self.budget_ctl.as_ref().and_then(|b| b.dense_replan()).and_then(|r| r.take()) else { return Ok(()) };
         if self.gpu.is_some() {
             return Ok(());
         }
@@ -247,9 +251,7 @@ impl Session {
         if self.gpu.take().is_some() {
             self.kv = self.model.new_kv(self.kv.n_ctx)?;
         }
-        if let Some(r) = &self.dense_replan {
-            r.on_gpu.store(false, std::sync::atomic::Ordering::Relaxed);
-        }
+        self.set_on_gpu(false);
         Ok(())
     }
 

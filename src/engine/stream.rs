@@ -92,7 +92,6 @@ struct DenseCtl {
     dense: u64,
     /// The matrices streamed as last planned.
     names: std::collections::HashSet<String>,
-    shared: Arc<DenseReplan>,
 }
 
 /// The memory budget of a running streaming session, changeable from any thread while the
@@ -112,8 +111,9 @@ pub struct BudgetControl {
     reserve: u64,
     /// The GPU expert pool, when the plan split the slots for one.
     gpu: Option<crate::backend::wgpu::exec::PoolHandle>,
-    /// Dense re-planning, when allowed.
+    /// Dense re-planning, when allowed: what plans it, and the plan handed to the session.
     dense: Option<Arc<std::sync::Mutex<DenseCtl>>>,
+    replan: Option<Arc<DenseReplan>>,
     /// Expert slots the model needs at least (one layer's top-k + 1).
     min_slots: usize,
 }
@@ -125,19 +125,24 @@ impl BudgetControl {
             plan.slots = experts.slots();
         }
         let min_slots = (plan.minimum.saturating_sub(plan.dense + plan.kv + plan.scratch) / plan.expert_bytes_max.max(1)) as usize;
-        Self { experts, plan: Arc::new(std::sync::Mutex::new(plan)), reserve: 0, gpu: None, dense: None, min_slots }
+        Self { experts, plan: Arc::new(std::sync::Mutex::new(plan)), reserve: 0, gpu: None, dense: None, replan: None, min_slots }
     }
 
-    /// Allow re-planning the dense weights (`streamed`: the matrices streamed at load); the
-    /// minimum becomes the one with every candidate streamed.
-    fn with_dense(mut self, cands: Vec<(String, u64)>, opts: DenseOptions, src: Arc<dyn ByteSource>, dense: u64, streamed: std::collections::HashSet<String>, shared: Arc<DenseReplan>) -> Self {
+    /// Allow re-planning the dense weights (`streamed`: the matrices streamed at load);
+    /// `minimum` is the one with every candidate streamed ([`Footprint::minimum`]).
+    fn with_dense(mut self, cands: Vec<(String, u64)>, opts: DenseOptions, src: Arc<dyn ByteSource>, dense: u64, streamed: std::collections::HashSet<String>, minimum: u64) -> Self {
         {
             let mut p = self.plan.lock().unwrap();
-            let least = DensePlan::first(&cands, cands.len(), &opts).resident(dense);
-            p.minimum = p.minimum.min(least + p.kv + p.scratch + self.min_slots as u64 * p.expert_bytes_max);
+            p.minimum = p.minimum.min(minimum);
         }
-        self.dense = Some(Arc::new(std::sync::Mutex::new(DenseCtl { cands, opts, src, dense, names: streamed, shared })));
+        self.dense = Some(Arc::new(std::sync::Mutex::new(DenseCtl { cands, opts, src, dense, names: streamed })));
+        self.replan = Some(Arc::default());
         self
+    }
+
+    /// The dense re-plans this budget hands its session ([`Session::apply_budget`]).
+    pub(crate) fn dense_replan(&self) -> Option<&Arc<DenseReplan>> {
+        self.replan.as_ref()
     }
 
     /// The expert cache it sizes.
@@ -215,7 +220,8 @@ impl BudgetControl {
             }
             e => e,
         };
-        let ctl = self.dense.as_ref().filter(|_| pool.is_none()).map(|c| c.lock().unwrap()).filter(|c| !c.shared.on_gpu.load(std::sync::atomic::Ordering::Relaxed));
+        let on_gpu = self.replan.as_ref().is_some_and(|r| r.on_gpu.load(std::sync::atomic::Ordering::Relaxed));
+        let ctl = self.dense.as_ref().filter(|_| pool.is_none() && !on_gpu).map(|c| c.lock().unwrap());
         let b = budget.saturating_sub(self.reserve);
         let (mut q, replanned) = match ctl {
             None => (plan_budget(b, p.dense, p.kv, p.scratch, p.expert_bytes_max, p.total_expert_bytes, min_slots).map_err(whole)?, false),
@@ -233,8 +239,8 @@ impl BudgetControl {
                 };
                 let mut q = plan_budget(b, d.resident(c.dense), p.kv, p.scratch, max_e, total_e, min_slots).map_err(whole)?;
                 (q.minimum, q.dense_streamed, q.dense_window) = (p.minimum, d.streamed, d.held());
-                if d.names != c.names {
-                    *c.shared.pending.lock().unwrap() = Some(DenseStreaming { names: d.names.clone(), src: c.src.clone(), window: d.window as usize, piece: d.piece as usize });
+                if let Some(r) = self.replan.as_ref().filter(|_| d.names != c.names) {
+                    *r.pending.lock().unwrap() = Some(DenseStreaming { names: d.names.clone(), src: c.src.clone(), window: d.window as usize, piece: d.piece as usize });
                     c.names = d.names;
                 }
                 (q, true)
@@ -711,10 +717,8 @@ pub fn open_streaming_sources(raw: Arc<dyn ByteSource>, expert_src: Arc<dyn Byte
     let mut budget = BudgetControl::new(experts.clone(), plan.clone());
     if opts.dense.stream && !opts.gpu_pool && opts.slots.is_none() {
         // The budget may re-plan the dense weights while the session runs.
-        let shared = Arc::new(DenseReplan::default());
         let streamed = dense_streaming.map(|d| d.names).unwrap_or_default();
-        budget = budget.with_dense(streamable_dense(&g, &c), opts.dense, dense_stream_src, fp.dense, streamed, shared.clone());
-        session.dense_replan = Some(shared);
+        budget = budget.with_dense(streamable_dense(&g, &c), opts.dense, dense_stream_src, fp.dense, streamed, fp.minimum(&g, &c, opts));
     }
     session.budget_ctl = Some(budget.clone());
     super::reserve::set_reserve(super::reserve::reserve_for(opts.budget));
