@@ -680,6 +680,16 @@ mod limited_alloc {
             unsafe { System.dealloc(p, l) }
         }
     }
+    /// The limited allocator serves the whole test binary, so a test that limits it runs in a
+    /// process of its own: false in the parent, which re-runs `test` in a child (and checks it
+    /// passed); true in the child.
+    pub fn in_own_process(test: &str) -> bool {
+        if std::env::var_os("LES_TEST_OOM").is_some() {
+            return true;
+        }
+        crate::common::rerun_with_env(module_path!().trim_end_matches("::limited_alloc"), test, &[("LES_TEST_OOM", "1")]);
+        false
+    }
     /// Wrapped as the wasm build and `les` wrap theirs: a refused allocation gives back the
     /// reserve and is tried again.
     #[global_allocator]
@@ -695,8 +705,7 @@ fn a_refused_allocation_lowers_the_budget_instead_of_aborting() {
     use les::engine::reserve;
     use limited_alloc::*;
     use std::sync::atomic::Ordering::Relaxed;
-    if std::env::var_os("LES_TEST_OOM").is_none() {
-        rerun_with_env(module_path!(), "a_refused_allocation_lowers_the_budget_instead_of_aborting", &[("LES_TEST_OOM", "1")]);
+    if !in_own_process("a_refused_allocation_lowers_the_budget_instead_of_aborting") {
         return;
     }
     let path = model("rand-qwen3moe.gguf");
@@ -739,8 +748,7 @@ fn a_refused_allocation_lowers_the_budget_instead_of_aborting() {
 fn out_of_memory_shrinks_the_cache_instead_of_aborting() {
     use limited_alloc::*;
     use std::sync::atomic::Ordering::Relaxed;
-    if std::env::var_os("LES_TEST_OOM").is_none() {
-        rerun_with_env(module_path!(), "out_of_memory_shrinks_the_cache_instead_of_aborting", &[("LES_TEST_OOM", "1")]);
+    if !in_own_process("out_of_memory_shrinks_the_cache_instead_of_aborting") {
         return;
     }
     let path = model("rand-qwen3moe.gguf");
@@ -781,8 +789,7 @@ fn out_of_memory_shrinks_the_cache_instead_of_aborting() {
 fn out_of_memory_at_load_is_an_error() {
     use limited_alloc::*;
     use std::sync::atomic::Ordering::Relaxed;
-    if std::env::var_os("LES_TEST_OOM").is_none() {
-        rerun_with_env(module_path!(), "out_of_memory_at_load_is_an_error", &[("LES_TEST_OOM", "1")]);
+    if !in_own_process("out_of_memory_at_load_is_an_error") {
         return;
     }
     let src = FileSource::open(model("rand-qwen3moe.gguf")).unwrap();
