@@ -550,17 +550,10 @@ enum BenchCmd {
         /// Skip the resident rung (models larger than RAM).
         #[arg(long)]
         no_resident: bool,
-        /// Draft model for the + speculative rung (default: prompt lookup).
-        #[arg(long, conflicts_with = "mtp")]
-        draft_model: Option<String>,
-        /// The + speculative rung drafts with the model's own MTP block (`nextn_predict_layers`;
-        /// its weights and experts held in memory, out of the budget).
-        #[arg(long)]
-        mtp: bool,
-        /// γ of the + speculative rung (default 4 with --draft-model, 16 with prompt lookup, 3
-        /// with --mtp).
-        #[arg(long)]
-        draft_max: Option<usize>,
+        /// The + speculative rung's draft, as `les run` takes it (default: prompt lookup); its
+        /// weights and cache come out of the budget.
+        #[command(flatten)]
+        spec: SpecArgs,
         /// A bundle with per-layer expert types (`les pack --mixed-precision` or
         /// `--expert-types`): adds the + mixed precision rung, and the + speculative rung then
         /// runs on it. Not lossless: check its quality with `les eval ppl`.
@@ -724,7 +717,7 @@ fn run(cli: Cli) -> Res {
             Ok(())
         }
         Cmd::Bench(BenchCmd::Soak { m, s, runs, n_predict }) => cmd_soak(&m, &s, runs, n_predict),
-        Cmd::Bench(BenchCmd::Ladder { m, s, bundle, n_predict, n_prompts, prompts, no_resident, draft_model, mtp, draft_max, mixed_bundle, coactivation_bundle, alone }) => {
+        Cmd::Bench(BenchCmd::Ladder { m, s, bundle, n_predict, n_prompts, prompts, no_resident, spec, mixed_bundle, coactivation_bundle, alone }) => {
             if let Some(t) = m.threads {
                 les::backend::cpu::par::init_threads(t);
             }
@@ -742,12 +735,7 @@ fn run(cli: Cli) -> Res {
                     b
                 }
             };
-            let draft = match (draft_model, mtp) {
-                (Some(p), _) => Some(DraftSpec::model_file(&p).map_err(|e| format!("--draft-model {p}: {e}"))?),
-                (None, true) => Some(DraftSpec::Mtp { lookahead: les::engine::mtp::MTP_LOOKAHEAD_LAYERS }),
-                (None, false) => None,
-            };
-            let spec = les::engine::ladder::Rungs { draft, draft_max, mixed_bundle, coactivation_bundle, alone };
+            let spec = les::engine::ladder::Rungs { draft: spec.spec()?, draft_max: spec.draft_max, mixed_bundle, coactivation_bundle, alone };
             let backend = |sess: &mut Session, gpu_slots: Option<usize>| m.apply_backend_with(sess, gpu_slots.filter(|&n| n > 0));
             let mut rep = les::engine::ladder::run(&m.model, &bundle, &opts, &ps, n_predict, !no_resident, &spec, &backend)?;
             println!("{}", rep.table());
