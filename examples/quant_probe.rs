@@ -2,10 +2,21 @@
 //! `TY` and dot it with each row of `w` (raw weight bytes). Prints the dots' bits and the
 //! activation bytes' FNV hash, to compare with the wasm build's `debugMatvec` on the same files.
 //! Usage: cargo run --release --example quant_probe -- TY W_FILE X_FILE
+//!        cargo run --release --example quant_probe -- f32ops X_FILE
+//! (`f32ops`: the bits of `backend::cpu::ops::numerics_probe(x)`, one per line, for the wasm
+//! build's `debugF32Ops`.)
 use les::quant::{self, GgmlType};
 
 fn main() {
     let a: Vec<String> = std::env::args().collect();
+    if a[1] == "f32ops" {
+        let xb = std::fs::read(&a[2]).unwrap();
+        let x: Vec<f32> = xb.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+        for v in les::backend::cpu::ops::numerics_probe(&x) {
+            println!("{:08x}", v.to_bits());
+        }
+        return;
+    }
     let t = GgmlType::from_u32(a[1].parse().unwrap()).unwrap();
     let w = std::fs::read(&a[2]).unwrap();
     let xb = std::fs::read(&a[3]).unwrap();

@@ -152,6 +152,23 @@ pub fn debug_f16_round(x: &[f32]) -> Vec<u16> {
     out
 }
 
+/// Whether this browser's `f32x4.relaxed_madd` rounds once (a fused multiply-add), so the
+/// relaxed build's f32 lanes use it (`backend::cpu::lanes`); false in the SIMD128 builds.
+#[wasm_bindgen(js_name = wasmFusedMadd)]
+pub fn wasm_fused_madd() -> bool {
+    #[cfg(target_feature = "simd128")]
+    return crate::backend::cpu::lanes::relaxed_madd_is_fused();
+    #[cfg(not(target_feature = "simd128"))]
+    false
+}
+
+/// Debug: the f32 loops that run four lanes at a time on wasm, on the values `x`
+/// (`backend::cpu::ops::numerics_probe`; numerics checks them against a native run).
+#[wasm_bindgen(js_name = debugF32Ops)]
+pub fn debug_f32_ops(x: &[f32]) -> Vec<f32> {
+    crate::backend::cpu::ops::numerics_probe(x)
+}
+
 /// Debug: `x` quantized to the activation type of ggml type `ty`, then dotted with each row of
 /// `w` (cross-platform numerics checks against a native run). Returns [dots..., act bytes as f32].
 #[wasm_bindgen(js_name = debugMatvec)]

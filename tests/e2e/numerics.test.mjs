@@ -48,9 +48,9 @@ async function wasmBuild(build) {
   const pkg = path.join(path.dirname(PKG), build);
   need(path.join(pkg, 'les_bg.wasm'), 'run `./build.sh web`');
   if (build === 'pkg') {
-    const { default: init, debugMatvec, wasmSimd } = await import(path.join(pkg, 'les.js'));
+    const { default: init, debugMatvec, debugF32Ops, wasmSimd } = await import(path.join(pkg, 'les.js'));
     await init({ module_or_path: fs.readFileSync(path.join(pkg, 'les_bg.wasm')) });
-    return { simd: wasmSimd(), matvec: async (id, w, x) => Array.from(debugMatvec(id, w, x)), close: async () => {} };
+    return { simd: wasmSimd(), matvec: async (id, w, x) => Array.from(debugMatvec(id, w, x)), f32ops: async (x) => Array.from(debugF32Ops(x)), close: async () => {} };
   }
   const srv = await startServer();
   const ctx = await launch();
@@ -65,6 +65,7 @@ async function wasmBuild(build) {
   return {
     simd,
     matvec: (id, w, x) => page.evaluate(({ id, w, x }) => Array.from(globalThis.lesBuild.debugMatvec(id, new Uint8Array(w), new Float32Array(x))), { id, w: Array.from(w), x: Array.from(x) }),
+    f32ops: (x) => page.evaluate((x) => Array.from(globalThis.lesBuild.debugF32Ops(new Float32Array(x))), Array.from(x)),
     close: async () => { await ctx.close(); srv.server.close(); },
   };
 }
@@ -76,6 +77,43 @@ for (const [build, simd] of [['pkg', 'simd128'], ['pkg-relaxed', 'relaxed-simd']
     assert.equal(wasm.simd, simd);
     await compare(wasm.matvec);
   } finally {
+    await wasm.close();
+  }
+});
+
+// The f32 loops that run four lanes at a time on wasm (`backend::cpu::lanes`: the FMA, by
+// `f32x4.relaxed_madd` where Chromium fuses it, else in f64 with musl's halfway test; SwiGLU's
+// exponential; glibc's `expf` with an unfused cubic; an attention head) = the native portable
+// code (`quant_probe f32ops`, LES_NO_SIMD=1) bit for bit, on random values over a wide range and
+// FMAs whose f64 sum lands on an f32 midpoint (double rounding) or in the f32 subnormals.
+for (const build of ['pkg', 'pkg-relaxed']) test(`wasm f32 lanes (${build}) are bit-identical to the native portable code`, async () => {
+  need(PROBE, 'run `cargo build --release --example quant_probe`');
+  const n = 4003; // a third of the input: not a multiple of four (a scalar tail)
+  const r = prng(99);
+  const x = new Float32Array(3 * n + 1);
+  for (let i = 0; i < x.length; i++) x[i] = (r() - 0.5) * Math.exp(10 * (r() - 0.5)) * (i % 61 === 0 ? 400 : 1);
+  const triple = (i, a, b, c) => { x[i] = a; x[n + i] = b; x[2 * n + i] = c; };
+  const t = 1 + 2 ** -12; // t·t = 1 + 2^-11 + 2^-24: the midpoint between two f32 near 1
+  for (const [i, c] of [[0, 2 ** -70], [1, -(2 ** -70)], [2, -(1 + 2 ** -11)], [3, 0], [5, 2 ** -90]]) triple(i, t, t, c);
+  triple(6, 2 ** -70, 2 ** -70, 2 ** -149); // products and sums in the f32 subnormals
+  triple(7, 2 ** -70, -(2 ** -65), 2 ** -130);
+  triple(9, 3 * 2 ** -75, 2 ** -60, -(2 ** -126));
+  const wasm = await wasmBuild(build);
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'les-numerics-'));
+  try {
+    fs.writeFileSync(path.join(dir, 'x.bin'), new Uint8Array(x.buffer));
+    const native = execFileSync(PROBE, ['f32ops', path.join(dir, 'x.bin')], { env: { ...process.env, LES_NO_SIMD: '1' } }).toString().trim().split('\n');
+    const y = await wasm.f32ops(x);
+    const got = Array.from(new Uint32Array(new Float32Array(y).buffer), (b) => b.toString(16).padStart(8, '0'));
+    assert.equal(got.length, native.length, 'output lengths');
+    const parts = [['fma', 0, n], ['swiglu', n, 2 * n], ['expf', 2 * n, 2 * n + x.length], ['attention', 2 * n + x.length, got.length]];
+    for (const [what, a, b] of parts) {
+      const bad = [];
+      for (let i = a; i < b && bad.length < 5; i++) if (got[i] !== native[i]) bad.push(`${what}[${i - a}]: wasm ${got[i]}, native ${native[i]}`);
+      assert.deepEqual(bad, [], `${build}: ${what} differs`);
+    }
+  } finally {
+    fs.rmSync(dir, { recursive: true, force: true });
     await wasm.close();
   }
 });

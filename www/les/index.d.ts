@@ -228,6 +228,9 @@ export interface ThreadInfo {
   n: number;
   why: string;
   simd: 'relaxed-simd' | 'simd128' | null;
+  /** Whether `f32x4.relaxed_madd` is a fused multiply-add here (then the relaxed build's f32
+   * lanes use it; the bits are the same either way). */
+  fusedMadd: boolean;
 }
 
 export interface GenerateResult {

@@ -45,7 +45,7 @@ async function loadWasm(cpu, nThreads, relaxedSimd = true) {
     : !isolated ? 'the page is not cross-origin isolated (COOP/COEP): no shared memory for threads'
     : want > 1 ? `cross-origin isolated: a pool of ${n} web workers (the threads option, else half of navigator.hardwareConcurrency, at most 4, at least 2 where there are 2)`
     : nThreads ? 'one thread requested' : `navigator.hardwareConcurrency is ${navigator.hardwareConcurrency}`;
-  threads = { n, why, simd: m.wasmSimd() };
+  threads = { n, why, simd: m.wasmSimd(), fusedMadd: m.wasmFusedMadd() };
   return m;
 }
 let engine = null;

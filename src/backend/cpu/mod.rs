@@ -8,6 +8,8 @@ pub mod delta;
 pub mod exec;
 pub mod flash;
 pub mod kv;
+#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+pub mod lanes;
 pub mod matmul;
 pub mod ops;
 pub mod par;

@@ -153,6 +153,14 @@ pub fn silu(x: f32) -> f32 {
 /// SwiGLU (ggml `swiglu_split`): out = silu(gate) * up ([`silu`]'s bits; its exponential
 /// without a branch, so the loop vectorises).
 pub fn swiglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    return super::lanes::swiglu(gate, up, out);
+    #[allow(unreachable_code)]
+    swiglu_scalar(gate, up, out)
+}
+
+/// [`swiglu`] one element at a time (the tail of the wasm lanes).
+pub(crate) fn swiglu_scalar(gate: &[f32], up: &[f32], out: &mut [f32]) {
     for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
         *o = g / (1.0 + ggml_expf_nb(-g)) * u;
     }
@@ -243,33 +251,34 @@ fn dot_f16_portable(a: &[f16], b: &[f16], bf: Option<&[f32]>) -> f32 {
     #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
     // SAFETY: SIMD128 is compiled in; `np <= n` values are read from each row (and from `bf`,
     // checked to hold them).
-    let acc = unsafe { dot_f16_lanes_wasm(a, b, bf.filter(|f| f.len() >= np), np) };
+    let s = unsafe { dot_f16_lanes_wasm(a, b, bf.filter(|f| f.len() >= np), np) };
     #[cfg(not(all(target_arch = "wasm32", target_feature = "simd128")))]
-    let _ = bf;
-    #[cfg(not(all(target_arch = "wasm32", target_feature = "simd128")))]
-    let mut acc = [[0f32; 16]; 4];
-    #[cfg(not(all(target_arch = "wasm32", target_feature = "simd128")))]
-    for i in (0..np).step_by(64) {
-        for (j, accj) in acc.iter_mut().enumerate() {
-            for (l, al) in accj.iter_mut().enumerate() {
-                let k = i + j * 16 + l;
-                *al = (a[k].to_f32()).mul_add(b[k].to_f32(), *al);
+    let s = {
+        let _ = bf;
+        let mut acc = [[0f32; 16]; 4];
+        for i in (0..np).step_by(64) {
+            for (j, accj) in acc.iter_mut().enumerate() {
+                for (l, al) in accj.iter_mut().enumerate() {
+                    let k = i + j * 16 + l;
+                    *al = (a[k].to_f32()).mul_add(b[k].to_f32(), *al);
+                }
             }
         }
-    }
-    let mut v = [0f32; 16];
-    for l in 0..16 {
-        v[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
-    }
-    let mut t3 = [0f32; 8];
-    for i in 0..8 {
-        t3[i] = v[i + 8] + v[i];
-    }
-    let mut t6 = [0f32; 4];
-    for i in 0..4 {
-        t6[i] = t3[i + 4] + t3[i];
-    }
-    let mut s = ((t6[0] + t6[2]) + (t6[1] + t6[3])) as f64;
+        let mut v = [0f32; 16];
+        for l in 0..16 {
+            v[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
+        }
+        let mut t3 = [0f32; 8];
+        for i in 0..8 {
+            t3[i] = v[i + 8] + v[i];
+        }
+        let mut t6 = [0f32; 4];
+        for i in 0..4 {
+            t6[i] = t3[i + 4] + t3[i];
+        }
+        (t6[0] + t6[2]) + (t6[1] + t6[3])
+    };
+    let mut s = s as f64;
     for k in np..n {
         s += (a[k].to_f32() * b[k].to_f32()) as f64;
     }
@@ -337,12 +346,13 @@ unsafe fn f16_lanes_x86<const MAD: bool>(acc: &mut [f16], v: &[f16], s: f32) {
 }
 
 /// [`dot_f16`]'s four 16-lane accumulators over the first `np` (a multiple of 64) halves, four
-/// lanes at a time on wasm SIMD128. The FMA of the portable order is a multiply then an add
+/// lanes at a time on wasm SIMD128, reduced in the portable order (lanes `l`, `l + 4`, `l + 8`,
+/// `l + 12` of an accumulator are lane `l` of its four vectors). The FMA of the portable order is a multiply then an add
 /// here, with the same bits: the product of two halves (11 significant bits each, exponents
 /// within 2^±48) is exact in f32, so `fma(a, b, c)` rounds once, as `a · b + c` does.
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
 #[target_feature(enable = "simd128")]
-unsafe fn dot_f16_lanes_wasm(a: &[f16], b: &[f16], bf: Option<&[f32]>, np: usize) -> [[f32; 16]; 4] {
+unsafe fn dot_f16_lanes_wasm(a: &[f16], b: &[f16], bf: Option<&[f32]>, np: usize) -> f32 {
     use core::arch::wasm32::*;
     let halves = |p: *const f16| {
         let h = v128_load(p as *const v128);
@@ -367,47 +377,31 @@ unsafe fn dot_f16_lanes_wasm(a: &[f16], b: &[f16], bf: Option<&[f32]>, np: usize
         }
         i += 64;
     }
-    let mut out = [[0f32; 16]; 4];
-    for j in 0..4 {
-        for q in 0..4 {
-            let v = acc[4 * j + q];
-            out[j][4 * q..4 * q + 4].copy_from_slice(&[f32x4_extract_lane::<0>(v), f32x4_extract_lane::<1>(v), f32x4_extract_lane::<2>(v), f32x4_extract_lane::<3>(v)]);
-        }
-    }
-    out
+    // v[l] = (acc0[l] + acc2[l]) + (acc1[l] + acc3[l]); t3[i] = v[i + 8] + v[i];
+    // t6[i] = t3[i + 4] + t3[i]; then (t6[0] + t6[2]) + (t6[1] + t6[3]).
+    let v = |q: usize| f32x4_add(f32x4_add(acc[q], acc[8 + q]), f32x4_add(acc[4 + q], acc[12 + q]));
+    let t6 = f32x4_add(f32x4_add(v(3), v(1)), f32x4_add(v(2), v(0)));
+    let h = f32x4_add(t6, i32x4_shuffle::<2, 3, 2, 3>(t6, t6));
+    f32x4_extract_lane::<0>(h) + f32x4_extract_lane::<1>(h)
 }
 
 /// [`scale_f16`] (`MAD = false`) and [`mad_f16`] (`MAD = true`) four lanes at a time on wasm
 /// SIMD128, the same bits. The scale is an f32 multiply rounded to f32 then to f16. The mad is
-/// an FMA (wasm has no deterministic one): `v · s` is exact in f64 (11 + 24 bits), the sum
-/// with `acc` rounded to f64 then to f32 is the FMA's single rounding except where the f64 sum
-/// sits exactly halfway between two f32 (low 29 bits `0x1000_0000`: musl's `fmaf` test), and
-/// those four lanes are recomputed by `f32::mul_add`.
+/// an FMA (wasm has no deterministic one): [`super::lanes::fma4`].
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
 #[target_feature(enable = "simd128")]
 unsafe fn f16_lanes_wasm<const MAD: bool>(acc: &mut [f16], v: &[f16], s: f32) {
     use core::arch::wasm32::*;
     let n = if MAD { acc.len().min(v.len()) } else { acc.len() };
     let load4 = |p: *const f16| crate::quant::f16x4_to_f32_finite(u32x4_extend_low_u16x8(v128_load64_zero(p as *const u64)));
-    let (sv, sd) = (f32x4_splat(s), f64x2_splat(s as f64));
-    let half = (i64x2_splat(0x1fff_ffff), i64x2_splat(0x1000_0000));
+    let sv = f32x4_splat(s);
+    let fused = MAD && super::lanes::relaxed_madd_is_fused();
     let mut i = 0;
     while i + 4 <= n {
         let pa = acc.as_mut_ptr().add(i);
         let a = load4(pa);
         let r = if MAD {
-            let x = load4(v.as_ptr().add(i));
-            let lo = f64x2_add(f64x2_mul(f64x2_promote_low_f32x4(x), sd), f64x2_promote_low_f32x4(a));
-            let hi = f64x2_add(f64x2_mul(f64x2_promote_low_f32x4(i32x4_shuffle::<2, 3, 2, 3>(x, x)), sd), f64x2_promote_low_f32x4(i32x4_shuffle::<2, 3, 2, 3>(a, a)));
-            let tie = v128_or(i64x2_eq(v128_and(lo, half.0), half.1), i64x2_eq(v128_and(hi, half.0), half.1));
-            if v128_any_true(tie) {
-                for j in i..i + 4 {
-                    *acc.get_unchecked_mut(j) = f16::from_f32(v.get_unchecked(j).to_f32().mul_add(s, acc.get_unchecked(j).to_f32()));
-                }
-                i += 4;
-                continue;
-            }
-            i32x4_shuffle::<0, 1, 4, 5>(f32x4_demote_f64x2_zero(lo), f32x4_demote_f64x2_zero(hi))
+            super::lanes::fma4(load4(v.as_ptr().add(i)), sv, a, fused)
         } else {
             f32x4_mul(a, sv)
         };
@@ -831,4 +825,44 @@ pub fn gelu_erf(x: &mut [f32]) {
     for v in x {
         *v = 0.5 * *v * (1.0 + super::cmath::erff(*v * SQRT_2_INV));
     }
+}
+
+/// Numerics checks across builds (`tests/e2e/numerics.test.mjs`: the wasm builds' `debugF32Ops`
+/// against `examples/quant_probe f32ops` natively with the portable kernels): the f32 loops
+/// whose wasm versions run four lanes at a time. `x` is cut in thirds `a`, `b`, `c`; returns
+/// `fma(a, b, c)` (four lanes at a time on wasm: [`super::lanes::fma4`]), [`swiglu`]`(a, b)`,
+/// [`super::cmath::expf`] of every `x`, and one attention head ([`attend_head`], head size 64:
+/// the query is `x`'s first 64 values, keys and values its following rows rounded to f16).
+#[doc(hidden)]
+pub fn numerics_probe(x: &[f32]) -> Vec<f32> {
+    let n = x.len() / 3;
+    let (a, b, c) = (&x[..n], &x[n..2 * n], &x[2 * n..3 * n]);
+    let mut out = Vec::with_capacity(3 * n + x.len() + 64);
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    {
+        use core::arch::wasm32::*;
+        let fused = super::lanes::relaxed_madd_is_fused();
+        let v = |s: &[f32], i: usize| f32x4(s[i], s[i + 1], s[i + 2], s[i + 3]);
+        for i in (0..n & !3).step_by(4) {
+            let r = super::lanes::fma4(v(a, i), v(b, i), v(c, i), fused);
+            out.extend([f32x4_extract_lane::<0>(r), f32x4_extract_lane::<1>(r), f32x4_extract_lane::<2>(r), f32x4_extract_lane::<3>(r)]);
+        }
+    }
+    for i in out.len()..n {
+        out.push(a[i].mul_add(b[i], c[i]));
+    }
+    let mut h = vec![0f32; n];
+    swiglu(a, b, &mut h);
+    out.extend(h);
+    out.extend(x.iter().map(|&v| super::cmath::expf(v)));
+    const HD: usize = 64;
+    if x.len() >= 3 * HD {
+        let rows: Vec<f16> = x[HD..].iter().map(|&v| f16::from_f32(v)).collect();
+        let n_kv = rows.len() / (2 * HD);
+        let (k, v) = rows[..2 * n_kv * HD].split_at(n_kv * HD);
+        let mut o = vec![0f32; HD];
+        attend_head(&x[..HD], k, v, HD, n_kv, 0.125, &mut o, &mut Vec::new(), &mut Vec::new());
+        out.extend(o);
+    }
+    out
 }
