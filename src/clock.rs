@@ -1,6 +1,8 @@
 //! Time for measurements, usable from every layer (backends, experts, engine).
 
-/// Milliseconds from an arbitrary origin (monotonic natively; `Date.now()` on wasm32).
+/// Milliseconds from an arbitrary origin (monotonic natively; on wasm32 `performance.now()`,
+/// in windows and workers: 5 µs steps on cross-origin isolated pages, 100 µs otherwise, where
+/// `Date.now()` counts whole milliseconds).
 pub fn now_ms() -> f64 {
     #[cfg(not(target_arch = "wasm32"))]
     {
@@ -11,6 +13,13 @@ pub fn now_ms() -> f64 {
     }
     #[cfg(target_arch = "wasm32")]
     {
-        js_sys::Date::now()
+        performance_now()
     }
+}
+
+#[cfg(target_arch = "wasm32")]
+#[wasm_bindgen::prelude::wasm_bindgen]
+extern "C" {
+    #[wasm_bindgen(js_namespace = performance, js_name = now)]
+    fn performance_now() -> f64;
 }

@@ -88,6 +88,29 @@ pub fn cpu_threads() -> u32 {
     crate::backend::cpu::par::n_threads() as u32
 }
 
+/// Measure matrix-vector products on 1 to all of the pool's threads
+/// (`backend::cpu::matmul::time_threads`: 5 rounds of 32 products, interleaved, the best round) and run the CPU kernels on the
+/// fewest threads within 5% of the fastest from now on. Returns `{"times_ms": [per count],
+/// "threads": chosen}` as JSON; the threaded build only (else one thread, nothing measured).
+#[wasm_bindgen(js_name = tuneThreads)]
+pub fn tune_threads() -> String {
+    use crate::backend::cpu::{matmul, par};
+    if par::pool_threads() < 2 {
+        return serde_json::json!({ "times_ms": [], "threads": 1 }).to_string();
+    }
+    let times = matmul::time_threads(5, 32, crate::clock::now_ms);
+    let n = matmul::pick_threads(&times);
+    par::use_threads(n);
+    serde_json::json!({ "times_ms": times, "threads": n }).to_string()
+}
+
+/// Run the CPU kernels on `n` of the pool's threads (1 to the pool's size) from now on.
+#[wasm_bindgen(js_name = setCpuThreads)]
+pub fn set_cpu_threads(n: u32) -> u32 {
+    crate::backend::cpu::par::use_threads(n as usize);
+    crate::backend::cpu::par::n_threads() as u32
+}
+
 /// Per-op wall time of the CPU forward (`src/backend/profile.rs`, as `les bench pp-tg
 /// --profile`): `on` starts recording (clearing the table) or stops it. Benchmarks only.
 #[wasm_bindgen(js_name = profileOps)]

@@ -546,6 +546,17 @@ test('wasm threads: a pool of web workers on isolated pages, same logits as one 
     assert.deepEqual(one.last.tokens, want);
     assert.deepEqual(two.last.tokens, want);
     assert.equal(two.last.stats.logits_fnv, one.last.stats.logits_fnv, 'logits differ between 1 and 2 threads');
+    // No `threads`: measured at load (a pool of up to 8, at most the cores, timed on 1, 2, …).
+    const auto = await runDemo(page, base, q);
+    assert.equal(auto.error, null, JSON.stringify(auto.error));
+    const hw = await page.evaluate(() => navigator.hardwareConcurrency);
+    assert.equal(auto.last.threads.measuredMs.length, Math.min(hw, 8), JSON.stringify(auto.last.threads));
+    assert.ok(auto.last.threads.measuredMs.every((t) => t > 0), JSON.stringify(auto.last.threads));
+    assert.ok(auto.last.threads.n >= 1 && auto.last.threads.n <= Math.min(hw, 8));
+    assert.equal(auto.last.stats.cpu_threads, auto.last.threads.n);
+    assert.match(auto.last.threads.why, /measured at load/);
+    assert.equal(two.last.threads.measuredMs, null, 'measured although threads were given');
+    assert.equal(auto.last.stats.logits_fnv, one.last.stats.logits_fnv, 'logits differ with the measured thread count');
     // Chromium has relaxed SIMD: the default is the relaxed build; `relaxedSimd: false` the other.
     assert.equal(one.last.threads.simd, 'relaxed-simd');
     assert.equal(two.last.threads.simd, 'relaxed-simd');

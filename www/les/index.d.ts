@@ -102,8 +102,9 @@ export interface CreateEngineOptions {
   expertSlots?: number;
   /**
    * CPU path on a cross-origin isolated page: threads for the CPU kernels (the threaded build,
-   * `pkg-mt/`; default half of navigator.hardwareConcurrency, at most 4, at least 2 where there
-   * are 2). 1, or a page without isolation,
+   * `pkg-mt/`). Default: measured at load: a pool of up to 8 web workers (at most
+   * navigator.hardwareConcurrency) times matrix-vector products on 1, 2, … threads and keeps the
+   * fewest within 5% of the fastest (`threads.measuredMs`). 1, or a page without isolation,
    * or the WebGPU path: the plain build, one thread. Results are the same bits either way.
    */
   threads?: number;
@@ -228,6 +229,9 @@ export interface ThreadInfo {
   n: number;
   why: string;
   simd: 'relaxed-simd' | 'simd128' | null;
+  /** The load-time measurement behind the default: ms per 1536 × 576 Q4_0 matrix-vector
+   * product on 1, 2, … threads (the best of 5 interleaved rounds of 32); null when `threads` was given. */
+  measuredMs: number[] | null;
   /** Whether `f32x4.relaxed_madd` is a fused multiply-add here (then the relaxed build's f32
    * lanes use it; the bits are the same either way). */
   fusedMadd: boolean;

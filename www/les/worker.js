@@ -26,26 +26,31 @@ function hasRelaxedSimd() {
 // quantized dots compute the same bits with fewer instructions.
 async function loadWasm(cpu, nThreads, relaxedSimd = true) {
   const isolated = !!self.crossOriginIsolated && typeof SharedArrayBuffer === 'function';
-  // Default: half the cores, at most 4 (onnxruntime-web's and wllama's rule), but at least 2 where
-  // there are 2: measured on 2 cores (BENCHMARKS.md, "Browser: threads"), a second compute thread
-  // decodes 1.3-1.6x faster than one, resident and streamed, the I/O worker beside them.
+  // Default: measured at load. A pool of up to 8 workers starts (at most the cores), then
+  // matrix-vector products run on 1, 2, … of them, interleaved (`tuneThreads`), and the kernels
+  // keep the fewest threads within 5% of the fastest: a phone's slow cores or a busy machine
+  // decide for themselves. The `threads` option skips the measurement.
   const hw = navigator.hardwareConcurrency || 1;
-  const want = cpu && isolated ? (nThreads ?? Math.max(Math.min(2, hw), Math.min(4, Math.floor(hw / 2)))) : 1;
+  const want = cpu && isolated ? (nThreads ?? Math.min(hw, 8)) : 1;
   const relaxed = relaxedSimd !== false && hasRelaxedSimd();
   const dir = `./pkg${want > 1 ? '-mt' : ''}${relaxed ? '-relaxed' : ''}/`;
   const m = await import(new URL(`${dir}les.js`, import.meta.url));
   const exports = await m.default({ module_or_path: new URL(`${dir}les_bg.wasm`, import.meta.url) });
   wasmMemory = exports.memory; // shared in the threaded build: the I/O worker reads into it
+  let measured = null;
   if (want > 1) {
     await m.initThreadPool(want);
     m.threadPoolReady();
+    if (nThreads == null) measured = JSON.parse(m.tuneThreads());
   }
   const n = m.cpuThreads();
+  const ms = measured && measured.times_ms.map((t, i) => `${i + 1}: ${t.toFixed(3)}`).join(', ');
   const why = !cpu ? 'WebGPU: the CPU kernels run on the engine\'s thread'
     : !isolated ? 'the page is not cross-origin isolated (COOP/COEP): no shared memory for threads'
-    : want > 1 ? `cross-origin isolated: a pool of ${n} web workers (the threads option, else half of navigator.hardwareConcurrency, at most 4, at least 2 where there are 2)`
+    : measured ? `measured at load: ms per 1536x576 matrix-vector product on 1..${want} threads (${ms}); the fewest within 5% of the fastest`
+    : want > 1 ? `cross-origin isolated: a pool of ${n} web workers (the threads option)`
     : nThreads ? 'one thread requested' : `navigator.hardwareConcurrency is ${navigator.hardwareConcurrency}`;
-  threads = { n, why, simd: m.wasmSimd(), fusedMadd: m.wasmFusedMadd() };
+  threads = { n, why, simd: m.wasmSimd(), fusedMadd: m.wasmFusedMadd(), measuredMs: measured?.times_ms ?? null };
   return m;
 }
 let engine = null;

@@ -236,3 +236,74 @@ fn blocks(rows: usize, n_tok: usize, rows_chunk: usize, tokens: usize, yp: &par:
         }
     });
 }
+
+/// How fast matrix-vector products run on each thread count from 1 to [`par::pool_threads`]:
+/// ms per product of a 1536 × 576 Q4_0 matrix (SmolLM2-135M's FFN shape, 0.5 MB: a decode
+/// step's typical section), each count's `reps` products timed together, counts interleaved
+/// over `rounds` rounds after a warm-up on all threads (workers woken, caches warm); the best
+/// round per count (the least disturbed by other work). Leaves the pool on all its threads. The
+/// browser picks its default thread count from this at load ([`pick_threads`]).
+pub fn time_threads(rounds: usize, reps: usize, now_ms: impl Fn() -> f64) -> Vec<f64> {
+    const ROWS: usize = 1536;
+    const COLS: usize = 576;
+    let ty = GgmlType::Q4_0;
+    let row_b = ty.row_bytes(COLS as u64).unwrap_or(0) as usize;
+    let block = ty.type_size();
+    // Quants from a fixed pattern; every block's scale a normal half (1/64).
+    let mut data: Vec<u8> = (0..ROWS * row_b).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
+    for b in data.chunks_mut(block) {
+        b[..2].copy_from_slice(&half::f16::from_f32(1.0 / 64.0).to_le_bytes());
+    }
+    let x: Vec<f32> = (0..COLS).map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0).collect();
+    let w = WeightRef { ty, cols: COLS, rows: ROWS, data: &data };
+    let mut y = vec![0f32; ROWS];
+    let n = par::pool_threads();
+    let mut times = vec![f64::INFINITY; n];
+    for _ in 0..reps.max(1) {
+        matmul(w, &mut Acts::new(&x, COLS), &mut y);
+    }
+    for round in 0..rounds.max(1) {
+        for i in 0..n {
+            // Rotate the order each round, so no count always runs first (warm-up) or last.
+            let k = (i + round) % n;
+            par::use_threads(k + 1);
+            let t0 = now_ms();
+            for _ in 0..reps.max(1) {
+                matmul(w, &mut Acts::new(&x, COLS), &mut y);
+            }
+            times[k] = times[k].min((now_ms() - t0) / reps.max(1) as f64);
+        }
+    }
+    par::use_threads(n);
+    times
+}
+
+/// The thread count to use from [`time_threads`]' times (index `k` = `k + 1` threads): the
+/// fewest threads within 5% of the fastest (another thread that buys less costs the device's
+/// power and the page's other work a core).
+pub fn pick_threads(times: &[f64]) -> usize {
+    let best = times.iter().copied().fold(f64::INFINITY, f64::min);
+    times.iter().position(|&t| t <= best * 1.05).map_or(1, |k| k + 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn picks_the_fewest_threads_within_five_percent_of_the_fastest() {
+        assert_eq!(pick_threads(&[10.0, 6.0, 5.8, 7.0]), 2); // 6.0 <= 5.8 × 1.05
+        assert_eq!(pick_threads(&[10.0, 6.2, 5.8]), 3);
+        assert_eq!(pick_threads(&[4.0, 6.0]), 1);
+        assert_eq!(pick_threads(&[]), 1);
+    }
+
+    /// Every thread count of the pool is timed, and the pool is left on all its threads.
+    #[test]
+    fn times_every_thread_count_and_leaves_the_pool_whole() {
+        let t = time_threads(1, 1, crate::clock::now_ms);
+        assert_eq!(t.len(), par::pool_threads());
+        assert!(t.iter().all(|&ms| ms > 0.0 && ms.is_finite()), "{t:?}");
+        assert_eq!(par::n_threads(), par::pool_threads());
+    }
+}

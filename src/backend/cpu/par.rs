@@ -101,6 +101,11 @@ mod pool {
         sleepers: AtomicUsize,
         sleep: Mutex<()>,
         wake: Condvar,
+        /// Threads that take part in sections (the caller and workers `1..use_threads`), at most
+        /// `workers + 1`: the browser measures at load how many pay ([`set_use_threads`]).
+        use_threads: AtomicUsize,
+        /// Workers at or above `use_threads` wait here (not woken by every section).
+        parked: Condvar,
     }
 
     // SAFETY: the raw pointers are only dereferenced while the section that owns them is open.
@@ -118,12 +123,31 @@ mod pool {
                 sleepers: AtomicUsize::new(0),
                 sleep: Mutex::new(()),
                 wake: Condvar::new(),
+                use_threads: AtomicUsize::new(workers + 1),
+                parked: Condvar::new(),
             }
+        }
+
+        /// Threads sections run on now.
+        pub fn threads(&self) -> usize {
+            self.use_threads.load(SeqCst).clamp(1, self.workers + 1)
+        }
+
+        /// Run sections on `n` threads from now on (the caller and `n - 1` workers; at least 1,
+        /// at most all); the others wait until a later call wants them.
+        pub fn set_threads(&self, n: usize) {
+            self.use_threads.store(n.clamp(1, self.workers + 1), SeqCst);
+            let _g = self.sleep.lock().unwrap_or_else(|e| e.into_inner());
+            self.parked.notify_all();
         }
 
         /// Run `f(i)` for `i < n` on the caller and the workers; false if the pool was busy
         /// (nothing ran).
         pub fn run(&self, n: usize, f: &(dyn Fn(usize) + Sync)) -> bool {
+            let threads = self.threads();
+            if threads < 2 {
+                return false;
+            }
             // A poisoned lock only means an earlier section's chunk panicked (re-raised below after
             // the section closed): the pool is fine.
             let section = match self.busy.try_lock() {
@@ -134,7 +158,7 @@ mod pool {
             check_trapped();
             // SAFETY: only the lifetime is erased; the pointer is not used after this call returns.
             let f: *const (dyn Fn(usize) + Sync) = unsafe { std::mem::transmute(f) };
-            let job = Job::new(f, n, self.workers + 1);
+            let job = Job::new(f, n, threads);
             self.job.store(&job as *const Job as *mut Job, SeqCst);
             self.epoch.fetch_add(1, SeqCst); // open
             if self.sleepers.load(SeqCst) > 0 {
@@ -164,8 +188,14 @@ mod pool {
         pub fn worker(&self, k: usize) {
             let mut seen = 0usize;
             loop {
+                if k >= self.threads() {
+                    self.park(k);
+                }
                 let e = self.wait_open(seen);
                 seen = e;
+                if k >= self.threads() {
+                    continue;
+                }
                 self.active.fetch_add(1, SeqCst);
                 // Joined only if the section is still the open one (else its job may be gone).
                 if self.epoch.load(SeqCst) == e {
@@ -177,6 +207,14 @@ mod pool {
                     }
                 }
                 self.active.fetch_sub(1, SeqCst);
+            }
+        }
+
+        /// Wait until sections want worker `k` again.
+        fn park(&self, k: usize) {
+            let mut g = self.sleep.lock().unwrap_or_else(|e| e.into_inner());
+            while k >= self.threads() {
+                g = self.parked.wait(g).unwrap_or_else(|e| e.into_inner());
             }
         }
 
@@ -286,6 +324,44 @@ mod pool {
             pool
         });
     }
+
+    #[cfg(all(test, not(target_arch = "wasm32")))]
+    mod tests {
+        use super::*;
+        use std::collections::HashSet;
+
+        /// Threads that ran chunks of one section of 48 chunks (2 ms each), by name.
+        fn names(pool: &Pool) -> (bool, HashSet<String>) {
+            let seen = Mutex::new(HashSet::new());
+            let ran = pool.run(48, &|_| {
+                seen.lock().unwrap().insert(std::thread::current().name().unwrap_or("caller").to_string());
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            });
+            (ran, seen.into_inner().unwrap())
+        }
+
+        /// `set_threads(n)`: workers `n..` take no chunk (parked, not polling) until a later
+        /// call wants them again; one thread runs the section on the caller alone.
+        #[test]
+        fn workers_beyond_the_thread_count_take_no_chunks_until_wanted() {
+            let pool: &'static Pool = Box::leak(Box::new(Pool::new(2)));
+            for k in 1..=2 {
+                std::thread::Builder::new().name(format!("w{k}")).spawn(move || pool.worker(k)).unwrap();
+            }
+            pool.set_threads(2);
+            assert_eq!(pool.threads(), 2);
+            for _ in 0..5 {
+                let (ran, seen) = names(pool);
+                assert!(ran);
+                assert!(!seen.contains("w2"), "{seen:?}");
+            }
+            pool.set_threads(1);
+            assert!(!names(pool).0, "one thread: the caller runs the section alone");
+            pool.set_threads(9);
+            assert_eq!(pool.threads(), 3);
+            assert!((0..50).any(|_| names(pool).1.contains("w2")), "worker 2 never came back");
+        }
+    }
 }
 
 /// The browser's threaded build: JS has started rayon's web workers (`initThreadPool`); start
@@ -387,9 +463,29 @@ impl<T> SharedMut<T> {
 pub fn n_threads() -> usize {
     #[cfg(any(not(target_arch = "wasm32"), target_feature = "atomics"))]
     if let Some(p) = pool::get() {
+        return p.threads();
+    }
+    1
+}
+
+/// The threads a pool was started with (the caller included): the most [`use_threads`] can ask.
+pub fn pool_threads() -> usize {
+    #[cfg(any(not(target_arch = "wasm32"), target_feature = "atomics"))]
+    if let Some(p) = pool::get() {
         return p.workers + 1;
     }
     1
+}
+
+/// Run parallel ops on `n` of the pool's threads from now on (clamped to 1..=[`pool_threads`]);
+/// results never depend on it. The others wait without polling.
+pub fn use_threads(n: usize) {
+    #[cfg(any(not(target_arch = "wasm32"), target_feature = "atomics"))]
+    if let Some(p) = pool::get() {
+        p.set_threads(n);
+    }
+    #[cfg(all(target_arch = "wasm32", not(target_feature = "atomics")))]
+    let _ = n;
 }
 
 /// Set the thread count (natively; call once before any work). The browser's threaded build
