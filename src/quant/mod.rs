@@ -24,7 +24,7 @@ mod wasm;
 /// Four-lane f16 <-> f32 conversions (exact / round to nearest even) for the CPU backend's f16
 /// vector loops on wasm.
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-pub(crate) use wasm::{f16x4_to_f32, f16x4_to_f32_finite, f32x4_to_f16_normal};
+pub(crate) use wasm::f16x8_to_f32;
 #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
 mod x86;
 #[cfg(target_arch = "aarch64")]

@@ -123,7 +123,7 @@ unsafe fn nibbles(p: *const u8) -> (v128, v128) {
 /// Four IEEE halves (the low 16 bits of each u32 lane) -> f32, exactly (see `super::f16_to_f32`).
 #[inline]
 #[target_feature(enable = "simd128")]
-pub(crate) unsafe fn f16x4_to_f32(h: v128) -> v128 {
+unsafe fn f16x4_to_f32(h: v128) -> v128 {
     let sign = i32x4_shl(v128_and(h, u32x4_splat(0x8000)), 16);
     let em = v128_and(h, u32x4_splat(0x7fff));
     let normal = f32x4_mul(i32x4_shl(em, 13), f32x4_splat(f32::from_bits(0x7780_0000)));
@@ -175,45 +175,6 @@ unsafe fn dot_bf16(n: usize, w: &[u8], a: &[u8]) -> f32 {
         let h = load(p);
         (i32x4_shl(u32x4_extend_low_u16x8(h), 16), i32x4_shl(u32x4_extend_high_u16x8(h), 16))
     }, |p| f32::from_bits((u16::from_le_bytes([*p, *p.add(1)]) as u32) << 16))
-}
-
-/// Four f32 -> IEEE halves (in the low 16 bits of each u32 lane, the high bits zero), rounded
-/// to nearest even as `half::f16::from_f32` (ggml's `GGML_FP32_TO_FP16`): overflow to infinity,
-/// subnormal halves by adding a magic constant (the f32 addition rounds them to nearest even), a
-/// NaN keeps its top mantissa bits and is quieted. F. Giesen's `float_to_half_fast3_rtne`, branch-free.
-#[inline]
-#[target_feature(enable = "simd128")]
-pub(crate) unsafe fn f32x4_to_f16(f: v128) -> v128 {
-    let sign = u32x4_shr(v128_and(f, u32x4_splat(0x8000_0000)), 16);
-    let a = v128_and(f, u32x4_splat(0x7fff_ffff));
-    // |f| >= 65536 (as bits): infinity, or NaN with its mantissa's top 10 bits and the quiet bit.
-    let big = u32x4_ge(a, u32x4_splat((127 + 16) << 23));
-    let nan = u32x4_gt(a, u32x4_splat(0x7f80_0000));
-    let inf_nan = v128_or(u32x4_splat(0x7c00), v128_and(nan, v128_or(u32x4_splat(0x0200), u32x4_shr(v128_and(a, u32x4_splat(0x007f_ffff)), 13))));
-    // Subnormal or zero halves: |f| + 2^-1 · 2^-13 · 2 aligns the 10 mantissa bits at the bottom.
-    let magic = u32x4_splat(((127 - 15) + (23 - 10) + 1) << 23);
-    let sub = i32x4_sub(f32x4_add(a, magic), magic);
-    // Normal halves: rebias the exponent, round to nearest even by adding 0xfff + the kept lsb.
-    let odd = v128_and(u32x4_shr(a, 13), u32x4_splat(1));
-    let norm = u32x4_shr(i32x4_add(i32x4_add(a, u32x4_splat(((15 - 127) << 23) as u32 + 0xfff)), odd), 13);
-    let finite = v128_bitselect(sub, norm, u32x4_lt(a, u32x4_splat(113 << 23)));
-    v128_or(sign, v128_bitselect(inf_nan, finite, big))
-}
-
-/// [`f32x4_to_f16`] (the same bits), shorter where every lane rounds to a normal half
-/// (2^-14 <= |f| < 65520 - the last ulp's half): then only the rebias-and-round branch.
-#[inline]
-#[target_feature(enable = "simd128")]
-pub(crate) unsafe fn f32x4_to_f16_normal(f: v128) -> v128 {
-    let a = v128_and(f, u32x4_splat(0x7fff_ffff));
-    // 113 << 23 = 2^-14; 0x477f_f000 = 65520.
-    let normal = v128_and(u32x4_ge(a, u32x4_splat(113 << 23)), u32x4_lt(a, u32x4_splat(0x477f_f000)));
-    if !i32x4_all_true(normal) {
-        return f32x4_to_f16(f);
-    }
-    let sign = u32x4_shr(v128_and(f, u32x4_splat(0x8000_0000)), 16);
-    let odd = v128_and(u32x4_shr(a, 13), u32x4_splat(1));
-    v128_or(sign, u32x4_shr(i32x4_add(i32x4_add(a, u32x4_splat(((15 - 127) << 23) as u32 + 0xfff)), odd), 13))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -311,21 +272,42 @@ unsafe fn f16s_x4(p: [*const u8; 4], at: usize) -> v128 {
 unsafe fn f16_pairs_x4(p: [*const u8; 4], at: usize) -> (v128, v128) {
     let w = |i: usize| u32::from_le_bytes([*p[i].add(at), *p[i].add(at + 1), *p[i].add(at + 2), *p[i].add(at + 3)]);
     let v = u32x4(w(0), w(1), w(2), w(3));
-    (f16x4_to_f32_finite(v128_and(v, u32x4_splat(0xffff))), f16x4_to_f32_finite(u32x4_shr(v, 16)))
+    (f16x4_to_f32_finite(v), f16_top_to_f32(v, || u32x4_shr(v, 16)))
 }
 
 /// [`f16x4_to_f32`] (the same bits), shorter where no lane is an infinity or NaN (scales are
-/// finite): the sign, and the magnitude as f32 bits rescaled by 2^112 (exact for normal and
-/// subnormal halves).
+/// finite): the half moved to the top of the lane and shifted back 3 places arithmetically puts
+/// its sign at bit 31 and its exponent and mantissa at bits 27..13 (the mask clears the sign's
+/// copies), an f32 2^112 below the half's value (exact for normal and subnormal halves), so one
+/// multiply rescales it. An infinity or NaN comes out at 65536 or more: then `f16x4_to_f32`.
 #[inline]
 #[target_feature(enable = "simd128")]
-pub(crate) unsafe fn f16x4_to_f32_finite(h: v128) -> v128 {
-    let em = v128_and(h, u32x4_splat(0x7fff));
-    if v128_any_true(u32x4_ge(em, u32x4_splat(0x7c00))) {
-        return f16x4_to_f32(h);
+unsafe fn f16x4_to_f32_finite(h: v128) -> v128 {
+    f16_top_to_f32(i32x4_shl(h, 16), || h)
+}
+
+/// Eight halves (a v128 of them) as two f32x4, the first four and the last four (the bits of
+/// [`f16x4_to_f32`]): interleaving them with zeros puts each at the top of its lane.
+#[inline]
+#[target_feature(enable = "simd128")]
+pub(crate) unsafe fn f16x8_to_f32(h: v128) -> (v128, v128) {
+    let z = i16x8_splat(0);
+    (
+        f16_top_to_f32(i16x8_shuffle::<0, 8, 1, 9, 2, 10, 3, 11>(z, h), || u32x4_extend_low_u16x8(h)),
+        f16_top_to_f32(i16x8_shuffle::<4, 12, 5, 13, 6, 14, 7, 15>(z, h), || u32x4_extend_high_u16x8(h)),
+    )
+}
+
+/// [`f16x4_to_f32_finite`] of halves held in the top 16 bits of each lane (`top`; the low bits
+/// are ignored); `h()`: the same halves in the low 16 bits, for the slow path only.
+#[inline(always)]
+unsafe fn f16_top_to_f32(top: v128, h: impl Fn() -> v128) -> v128 {
+    let bits = v128_and(i32x4_shr(top, 3), u32x4_splat(0x8fff_e000));
+    let f = f32x4_mul(bits, f32x4_splat(f32::from_bits(0x7780_0000)));
+    if v128_any_true(f32x4_ge(f32x4_abs(f), f32x4_splat(65536.0))) {
+        return f16x4_to_f32(h());
     }
-    let sign = i32x4_shl(v128_and(h, u32x4_splat(0x8000)), 16);
-    v128_or(sign, f32x4_mul(i32x4_shl(em, 13), f32x4_splat(f32::from_bits(0x7780_0000))))
+    f
 }
 
 /// The integer sums of four weight blocks (`qx(k)`, as `quants` says) with one activation

@@ -158,8 +158,9 @@ pub fn take_debug_dump() -> String {
 }
 
 /// Debug: `x` rounded to IEEE halves four lanes at a time, as the CPU backend's f16 vector loops
-/// do (`quant::f32x4_to_f16_normal`, which falls back to `f32x4_to_f16` for lanes outside the normal range; numerics checks against the browser's `Float16Array`). A tail of
-/// fewer than four values goes through `half`.
+/// do (`backend::cpu::lanes::round_half`, which rounds normal halves in place and the rest
+/// through `half`; numerics checks against the browser's `Float16Array`). A tail of fewer than
+/// four values goes through `half`.
 #[cfg(target_feature = "simd128")]
 #[wasm_bindgen(js_name = debugF16Round)]
 pub fn debug_f16_round(x: &[f32]) -> Vec<u16> {
@@ -167,11 +168,30 @@ pub fn debug_f16_round(x: &[f32]) -> Vec<u16> {
     let mut out = Vec::with_capacity(x.len());
     let mut chunks = x.chunks_exact(4);
     for c in &mut chunks {
-        // SAFETY: SIMD128 is compiled in (`.cargo/config.toml`).
-        let h = unsafe { crate::quant::f32x4_to_f16_normal(f32x4(c[0], c[1], c[2], c[3])) };
-        out.extend([u32x4_extract_lane::<0>(h), u32x4_extract_lane::<1>(h), u32x4_extract_lane::<2>(h), u32x4_extract_lane::<3>(h)].map(|v| v as u16));
+        let h = crate::backend::cpu::lanes::round_half(f32x4(c[0], c[1], c[2], c[3]));
+        out.extend([f32x4_extract_lane::<0>(h), f32x4_extract_lane::<1>(h), f32x4_extract_lane::<2>(h), f32x4_extract_lane::<3>(h)].map(|v| half::f16::from_f32(v).to_bits()));
     }
     out.extend(chunks.remainder().iter().map(|&v| half::f16::from_f32(v).to_bits()));
+    out
+}
+
+/// Debug: IEEE halves (bits) widened to f32 eight at a time, as the CPU backend's f16 loops and
+/// block scales do (`quant::f16x8_to_f32`; numerics checks every half against `Float16Array`).
+/// A tail of fewer than eight goes through `half`.
+#[cfg(target_feature = "simd128")]
+#[wasm_bindgen(js_name = debugF16Widen)]
+pub fn debug_f16_widen(h: &[u16]) -> Vec<f32> {
+    use core::arch::wasm32::*;
+    let mut out = Vec::with_capacity(h.len());
+    let mut chunks = h.chunks_exact(8);
+    for c in &mut chunks {
+        // SAFETY: SIMD128 is compiled in; the load reads the chunk's 16 bytes.
+        let (a, b) = unsafe { crate::quant::f16x8_to_f32(v128_load(c.as_ptr() as *const v128)) };
+        for v in [a, b] {
+            out.extend([f32x4_extract_lane::<0>(v), f32x4_extract_lane::<1>(v), f32x4_extract_lane::<2>(v), f32x4_extract_lane::<3>(v)]);
+        }
+    }
+    out.extend(chunks.remainder().iter().map(|&b| half::f16::from_bits(b).to_f32()));
     out
 }
 

@@ -119,10 +119,12 @@ for (const build of ['pkg', 'pkg-relaxed']) test(`wasm f32 lanes (${build}) are 
 });
 
 // The f32 -> f16 rounding of the CPU backend's f16 vector loops on wasm (attention's V
-// accumulator, `quant::f32x4_to_f16`) = the browser's own Float16Array (IEEE round to nearest
+// accumulator, `backend::cpu::lanes::round_half`) = the browser's own Float16Array (IEEE round to nearest
 // even) on every half, every midpoint between neighbours (ties) and the f32 values beside them,
-// the overflow and underflow edges and random bit patterns; NaNs stay NaNs of the same sign.
-test('wasm f32 -> f16 vector rounding equals Float16Array (Chromium)', async () => {
+// the overflow and underflow edges and random bit patterns; NaNs stay NaNs of the same sign. And
+// the other way (`quant::f16x8_to_f32`: attention's keys and values, block scales): every half
+// widened to f32 = Float16Array's value (NaNs: NaN of the same sign).
+test('wasm f32 <-> f16 vector conversions equal Float16Array (Chromium)', async () => {
   const srv = await startServer();
   const ctx = await launch();
   try {
@@ -154,6 +156,17 @@ test('wasm f32 -> f16 vector rounding equals Float16Array (Chromium)', async () 
           const isNan = (bits[i] & 0x7fffffff) > 0x7f800000;
           const ok = isNan ? (got[i] & 0x7c00) === 0x7c00 && (got[i] & 0x3ff) !== 0 && (got[i] >> 15) === bits[i] >>> 31 : got[i] === want[i];
           if (!ok) out.push(`f32 ${bits[i].toString(16)}: got ${got[i].toString(16)}, Float16Array ${want[i].toString(16)}`);
+        }
+        // Widening: every half (in chunks of eight, then a tail of three through `half`).
+        const all = new Uint16Array(0x10003);
+        for (let i = 0; i < all.length; i++) all[i] = i & 0xffff;
+        const wide = m.debugF16Widen(all);
+        const ref = new Float16Array(all.buffer);
+        for (let i = 0; i < all.length && out.length < 5; i++) {
+          f[0] = ref[i];
+          const want = u[0], got = new Uint32Array(new Float32Array([wide[i]]).buffer)[0];
+          const nan = Number.isNaN(ref[i]);
+          if (nan ? !Number.isNaN(wide[i]) || (got >>> 31) !== (all[i] >> 15) : got !== want) out.push(`half ${all[i].toString(16)}: got f32 ${got.toString(16)}, Float16Array ${want.toString(16)}`);
         }
         return { n: x.length, out };
       }, build);

@@ -115,3 +115,60 @@ pub fn swiglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
     }
     super::ops::swiglu_scalar(&gate[i..n], &up[i..n], &mut out[i..n]);
 }
+
+/// `x` rounded to the nearest half (ties to even) and widened back, in each lane:
+/// `f16::from_f32(x).to_f32()`. Where every lane rounds to a normal half (2⁻¹⁴ <= |x| < 65520)
+/// the 13 low mantissa bits are rounded off in place; otherwise lane by lane through `half`.
+#[inline(always)]
+pub fn round_half(x: v128) -> v128 {
+    let a = v128_and(x, u32x4_splat(0x7fff_ffff));
+    let normal = v128_and(u32x4_ge(a, u32x4_splat(113 << 23)), u32x4_lt(a, u32x4_splat(0x477f_f000)));
+    if !i32x4_all_true(normal) {
+        let h = |v: f32| half::f16::from_f32(v).to_f32();
+        return f32x4(h(f32x4_extract_lane::<0>(x)), h(f32x4_extract_lane::<1>(x)), h(f32x4_extract_lane::<2>(x)), h(f32x4_extract_lane::<3>(x)));
+    }
+    let odd = v128_and(u32x4_shr(x, 13), u32x4_splat(1));
+    v128_and(i32x4_add(i32x4_add(x, u32x4_splat(0xfff)), odd), u32x4_splat(!0x1fff))
+}
+
+/// Four halves at `p` as f32 (exact).
+#[inline(always)]
+unsafe fn load_halves(p: *const half::f16) -> v128 {
+    crate::quant::f16x8_to_f32(v128_load64_zero(p as *const u64)).0
+}
+
+/// ggml's `ggml_vec_mad_f16` on an accumulator of halves held as f32 (`acc[i]` always a half's
+/// value): `acc[i] = half(fma(v[i], s, acc[i]))`, the bits of the f16 accumulator's
+/// `f16::from_f32(v.to_f32().mul_add(s, acc.to_f32()))`.
+pub fn mad_halves(acc: &mut [f32], v: &[half::f16], s: f32, fused: bool) {
+    let n = acc.len().min(v.len());
+    let sv = f32x4_splat(s);
+    let mut i = 0;
+    while i + 4 <= n {
+        // SAFETY: `i + 4 <= n` elements of both slices.
+        unsafe {
+            let pa = acc.as_mut_ptr().add(i) as *mut v128;
+            v128_store(pa, round_half(fma4(load_halves(v.as_ptr().add(i)), sv, v128_load(pa), fused)));
+        }
+        i += 4;
+    }
+    for j in i..n {
+        acc[j] = half::f16::from_f32(v[j].to_f32().mul_add(s, acc[j])).to_f32();
+    }
+}
+
+/// ggml's `ggml_vec_scale_f16` on an accumulator of halves held as f32: `acc[i] = half(acc[i] · s)`.
+pub fn scale_halves(acc: &mut [f32], s: f32) {
+    let sv = f32x4_splat(s);
+    let mut chunks = acc.chunks_exact_mut(4);
+    for c in &mut chunks {
+        // SAFETY: four elements.
+        unsafe {
+            let p = c.as_mut_ptr() as *mut v128;
+            v128_store(p, round_half(f32x4_mul(v128_load(p), sv)));
+        }
+    }
+    for a in chunks.into_remainder() {
+        *a = half::f16::from_f32(*a * s).to_f32();
+    }
+}

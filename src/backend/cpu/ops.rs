@@ -287,16 +287,13 @@ fn dot_f16_portable(a: &[f16], b: &[f16], bf: Option<&[f32]>) -> f32 {
 
 /// `acc[i] = f16(f32(acc[i]) · s)` (ggml `ggml_vec_scale_f16`), element by element; 8 lanes at a
 /// time with F16C at the AVX2 kernel level (the same bits).
+#[cfg(not(all(target_arch = "wasm32", target_feature = "simd128")))]
 fn scale_f16(acc: &mut [f16], s: f32) {
     #[cfg(target_arch = "x86_64")]
     if crate::quant::Simd::best() == crate::quant::Simd::Avx2 {
         // SAFETY: the Avx2 level implies AVX2, FMA and F16C.
         return unsafe { f16_lanes_x86::<false>(acc, &[], s) };
     }
-    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-    // SAFETY: SIMD128 is compiled in.
-    return unsafe { f16_lanes_wasm::<false>(acc, &[], s) };
-    #[allow(unreachable_code)]
     for a in acc.iter_mut() {
         *a = f16::from_f32(a.to_f32() * s);
     }
@@ -304,19 +301,29 @@ fn scale_f16(acc: &mut [f16], s: f32) {
 
 /// `acc[i] = f16(fma(f32(v[i]), s, f32(acc[i])))` (ggml `ggml_vec_mad_f16` on x86: an f32 FMA
 /// rounded back to f16), element by element; 8 lanes at a time at the AVX2 kernel level.
+#[cfg(not(all(target_arch = "wasm32", target_feature = "simd128")))]
 fn mad_f16(acc: &mut [f16], v: &[f16], s: f32) {
     #[cfg(target_arch = "x86_64")]
     if crate::quant::Simd::best() == crate::quant::Simd::Avx2 {
         // SAFETY: the Avx2 level implies AVX2, FMA and F16C.
         return unsafe { f16_lanes_x86::<true>(acc, v, s) };
     }
-    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-    // SAFETY: SIMD128 is compiled in.
-    return unsafe { f16_lanes_wasm::<true>(acc, v, s) };
-    #[allow(unreachable_code)]
     for (a, &vv) in acc.iter_mut().zip(v) {
         *a = f16::from_f32(vv.to_f32().mul_add(s, a.to_f32()));
     }
+}
+
+/// [`scale_f16`] on wasm, whose accumulator holds its halves as f32 ([`attend_head_ext`]):
+/// [`super::lanes::scale_halves`].
+#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+fn scale_f16(acc: &mut [f32], s: f32) {
+    super::lanes::scale_halves(acc, s)
+}
+
+/// [`mad_f16`] on wasm, whose accumulator holds its halves as f32: [`super::lanes::mad_halves`].
+#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+fn mad_f16(acc: &mut [f32], v: &[f16], s: f32) {
+    super::lanes::mad_halves(acc, v, s, super::lanes::relaxed_madd_is_fused())
 }
 
 /// [`scale_f16`] (`MAD = false`) and [`mad_f16`] (`MAD = true`) in 8-lane F16C steps.
@@ -354,10 +361,7 @@ unsafe fn f16_lanes_x86<const MAD: bool>(acc: &mut [f16], v: &[f16], s: f32) {
 #[target_feature(enable = "simd128")]
 unsafe fn dot_f16_lanes_wasm(a: &[f16], b: &[f16], bf: Option<&[f32]>, np: usize) -> f32 {
     use core::arch::wasm32::*;
-    let halves = |p: *const f16| {
-        let h = v128_load(p as *const v128);
-        (crate::quant::f16x4_to_f32(u32x4_extend_low_u16x8(h)), crate::quant::f16x4_to_f32(u32x4_extend_high_u16x8(h)))
-    };
+    let halves = |p: *const f16| crate::quant::f16x8_to_f32(v128_load(p as *const v128));
     let mut acc = [f32x4_splat(0.0); 16]; // accumulator j's lanes 4q..4q+4 at 4j + q
     let (pa, pb) = (a.as_ptr(), b.as_ptr());
     let mut i = 0;
@@ -383,36 +387,6 @@ unsafe fn dot_f16_lanes_wasm(a: &[f16], b: &[f16], bf: Option<&[f32]>, np: usize
     let t6 = f32x4_add(f32x4_add(v(3), v(1)), f32x4_add(v(2), v(0)));
     let h = f32x4_add(t6, i32x4_shuffle::<2, 3, 2, 3>(t6, t6));
     f32x4_extract_lane::<0>(h) + f32x4_extract_lane::<1>(h)
-}
-
-/// [`scale_f16`] (`MAD = false`) and [`mad_f16`] (`MAD = true`) four lanes at a time on wasm
-/// SIMD128, the same bits. The scale is an f32 multiply rounded to f32 then to f16. The mad is
-/// an FMA (wasm has no deterministic one): [`super::lanes::fma4`].
-#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-#[target_feature(enable = "simd128")]
-unsafe fn f16_lanes_wasm<const MAD: bool>(acc: &mut [f16], v: &[f16], s: f32) {
-    use core::arch::wasm32::*;
-    let n = if MAD { acc.len().min(v.len()) } else { acc.len() };
-    let load4 = |p: *const f16| crate::quant::f16x4_to_f32_finite(u32x4_extend_low_u16x8(v128_load64_zero(p as *const u64)));
-    let sv = f32x4_splat(s);
-    let fused = MAD && super::lanes::relaxed_madd_is_fused();
-    let mut i = 0;
-    while i + 4 <= n {
-        let pa = acc.as_mut_ptr().add(i);
-        let a = load4(pa);
-        let r = if MAD {
-            super::lanes::fma4(load4(v.as_ptr().add(i)), sv, a, fused)
-        } else {
-            f32x4_mul(a, sv)
-        };
-        let h = crate::quant::f32x4_to_f16_normal(r);
-        v128_store64_lane::<0>(u16x8_narrow_i32x4(h, h), pa as *mut u64);
-        i += 4;
-    }
-    for j in i..n {
-        let a = acc[j].to_f32();
-        acc[j] = f16::from_f32(if MAD { v[j].to_f32().mul_add(s, a) } else { a * s });
-    }
 }
 
 /// [`dot_f16`] for many rows of one length, its kernel looked up once.
@@ -470,8 +444,20 @@ pub fn attend_head(q: &[f32], k_rows: &[f16], v_rows: &[f16], head_dim: usize, n
 pub fn attend_head_ext(q: &[f32], k_rows: &[f16], v_rows: &[f16], head_dim: usize, kv: std::ops::Range<usize>, sink: Option<f32>, scale: f32, out: &mut [f32], qh: &mut Vec<f16>, acc: &mut Vec<f16>) {
     qh.clear();
     qh.extend(q.iter().map(|&v| f16::from_f32(v)));
-    acc.clear();
-    acc.resize(head_dim, f16::ZERO);
+    // The accumulator's halves: as halves natively, as f32 values on wasm (each step rounds them
+    // to halves: the same values, without converting them in and out at every position).
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    let mut halves = vec![0f32; head_dim];
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    let acc = {
+        let _ = acc;
+        &mut halves
+    };
+    #[cfg(not(all(target_arch = "wasm32", target_feature = "simd128")))]
+    {
+        acc.clear();
+        acc.resize(head_dim, f16::ZERO);
+    }
     let mut s_sum = 0f32;
     let mut m = f32::NEG_INFINITY;
     let dot = DotF16::new(head_dim);
@@ -506,7 +492,7 @@ pub fn attend_head_ext(q: &[f32], k_rows: &[f16], v_rows: &[f16], head_dim: usiz
     }
     let inv = if s_sum == 0.0 { 0.0 } else { 1.0 / s_sum };
     for (o, a) in out.iter_mut().zip(acc.iter()) {
-        let a = a.to_f32();
+        let a = f32::from(*a);
         *o = match acc_scale {
             Some(ms) => (a * ms) * inv,
             None => a * inv,
