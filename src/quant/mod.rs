@@ -899,9 +899,15 @@ pub fn matvec_with(simd: Simd, ty: GgmlType, n: usize, w: &[u8], act: &[u8], y: 
     }
     #[allow(unused_mut)]
     let (mut y, mut w) = (y, w);
-    // wasm SIMD128: four rows per call (each output its single dot's bits), the rest below.
+    // wasm SIMD128: four rows at a time (each output its single dot's bits), the rest below.
     #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-    if let Some(k4) = kernel_x4(simd, ty) {
+    if let Some(kv) = wasm::matvec_kernel(ty).filter(|_| simd == Simd::Simd128) {
+        let quads = y.len() / 4;
+        let (y4, y_rest) = core::mem::take(&mut y).split_at_mut(quads * 4);
+        // SAFETY: sizes checked above (every row and the activation); SIMD128 is compiled in.
+        unsafe { kv(n, &w[..quads * 4 * rb], rb, act, y4) };
+        (y, w) = (y_rest, &w[quads * 4 * rb..]);
+    } else if let Some(k4) = kernel_x4(simd, ty) {
         let quads = y.len() / 4;
         let (y4, y_rest) = core::mem::take(&mut y).split_at_mut(quads * 4);
         for (yq, wq) in y4.chunks_exact_mut(4).zip(w.chunks_exact(4 * rb)) {

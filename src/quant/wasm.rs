@@ -54,18 +54,37 @@ pub(super) fn kernel(ty: GgmlType) -> Option<DotFn> {
 pub(super) type X4Fn = unsafe fn(usize, [&[u8]; 4], [&[u8]; 4]) -> [f32; 4];
 
 /// The four-lane kernels for weight type `ty`: (four weight rows × one activation row, one
-/// weight row × four activation rows), where there are. Other pairs are not supported.
+/// weight row × four activation rows), where there are (the 32-element block types' matrix-vector
+/// products are [`matvec_kernel`]). Other pairs are not supported.
 pub(super) fn kernel_x4(ty: GgmlType) -> (Option<X4Fn>, Option<X4Fn>) {
     use GgmlType::*;
     match ty {
-        Q4_0 => (Some(q4_0_rows4), Some(q4_0_toks4)),
-        Q4_1 => (Some(q4_1_rows4), Some(q4_1_toks4)),
-        Q5_0 => (Some(q5_0_rows4), Some(q5_0_toks4)),
-        Q8_0 => (Some(q8_0_rows4), Some(q8_0_toks4)),
+        Q4_0 => (None, Some(q4_0_toks4)),
+        Q4_1 => (None, Some(q4_1_toks4)),
+        Q5_0 => (None, Some(q5_0_toks4)),
+        Q8_0 => (None, Some(q8_0_toks4)),
         Q4K => (Some(q4_k_rows4), None),
         Q6K => (Some(q6_k_rows4), None),
         _ => (None, None),
     }
+}
+
+/// A matrix-vector product over whole groups of four rows: `(n, weight rows, bytes per row,
+/// activation, outputs)`, `outputs.len()` a multiple of 4 and the rows holding that many; each
+/// output its single dot's bits. Same safety contract as [`DotFn`] for every row.
+pub(super) type MatvecFn = unsafe fn(usize, &[u8], usize, &[u8], &mut [f32]);
+
+/// The matrix-vector kernel of the 32-element block types, whose activation is prepared once for
+/// all rows ([`rows_prepared`]).
+pub(super) fn matvec_kernel(ty: GgmlType) -> Option<MatvecFn> {
+    use GgmlType::*;
+    Some(match ty {
+        Q4_0 => q4_0_matvec,
+        Q4_1 => q4_1_matvec,
+        Q5_0 => q5_0_matvec,
+        Q8_0 => q8_0_matvec,
+        _ => return None,
+    })
 }
 
 #[inline]
@@ -310,57 +329,123 @@ unsafe fn f16_top_to_f32(top: v128, h: impl Fn() -> v128) -> v128 {
     f
 }
 
-/// The integer sums of four weight blocks (`qx(k)`, as `quants` says) with one activation
-/// block (`a0`, `a1`), one lane per weight block, exact. Relaxed SIMD: one `relaxed_dot` per 16
-/// products, with unsigned quants the offset's `off · Σa` computed once, with signed ones (Q8_0)
-/// the activation's signs moved onto the weights (below). Otherwise the
-/// activation is widened to i16 once and each weight block takes `i32x4.dot_i16x8_s` (x86
-/// `pmaddwd`: fewer instructions than `extmul` once the activation's widening is shared).
+/// One activation block of a matrix-vector product, prepared once for all the matrix's rows:
+/// what the integer sums need of it (`v`), the constant they add (`corr`, in every lane) and its
+/// scales as f32 (`ys`: `d` and, for Q8_1, `s`).
+/// - Relaxed SIMD, unsigned quants: `v = [a0, a1, _, _]` for one `relaxed_dot` per 16 products;
+///   `corr = −off · Σa` (the quants' offset).
+/// - Relaxed SIMD, signed quants (Q8_0): the activation's magnitudes |a| (<= 127: LES's Q8
+///   quantizer rounds within ±127, see `legacy::q8_block`) go in the 7-bit operand and each
+///   weight byte, complemented where a < 0, in the other: for a < 0,
+///   (!w)·|a| = (−w − 1)·|a| = w·a − |a|, so Σ w·a = Σ (w ^ sign(a))·|a| + Σ_{a<0} |a|:
+///   `v = [|a0|, |a1|, sign(a0), sign(a1)]`, `corr = Σ_{a<0} |a|`. Exact for every weight byte
+///   (!w never overflows), two instructions per 16 products.
+/// - SIMD128: `v` = the activation widened to i16 (four vectors), each weight block then taking
+///   `i32x4.dot_i16x8_s` (x86 `pmaddwd`); `corr = 0`.
+#[derive(Clone, Copy)]
+struct ActBlock {
+    v: [v128; 4],
+    corr: v128,
+    ys: [v128; 2],
+}
+
+/// The activation's `nb` blocks (`asize` bytes each, quants at `q8_at`, scales at 0 and, with
+/// `two_scales`, 2) prepared for [`rows_prepared`].
 #[inline]
 #[target_feature(enable = "simd128")]
-unsafe fn shared_act_dot(a0: v128, a1: v128, quants: Quants, qx: impl Fn(usize) -> (v128, v128)) -> v128 {
+unsafe fn prepare_act(nb: usize, ap: *const u8, asize: usize, q8_at: usize, quants: Quants, two_scales: bool) -> Vec<ActBlock> {
+    let zero = i32x4_splat(0);
+    (0..nb)
+        .map(|i| {
+            let y = ap.add(i * asize);
+            let (a0, a1) = (load(y.add(q8_at)), load(y.add(q8_at + 16)));
+            let ys = [f32x4_splat(f16s(y)), if two_scales { f32x4_splat(f16s(y.add(2))) } else { f32x4_splat(0.0) }];
+            #[cfg(target_feature = "relaxed-simd")]
+            let (v, corr) = match quants {
+                Quants::Unsigned(off) => {
+                    let kk = i8x16_splat(off);
+                    let corr = if off == 0 { 0 } else { -hsum_i32(dot16u(a1, kk, dot16u(a0, kk, zero))) };
+                    ([a0, a1, zero, zero], i32x4_splat(corr))
+                }
+                Quants::Signed => {
+                    let z8 = i8x16_splat(0);
+                    let (m0, m1) = (i8x16_lt(a0, z8), i8x16_lt(a1, z8));
+                    let (b0, b1) = (i8x16_abs(a0), i8x16_abs(a1));
+                    let one = i8x16_splat(1);
+                    let neg = hsum_i32(dot16u(v128_and(m1, one), b1, dot16u(v128_and(m0, one), b0, zero)));
+                    ([b0, b1, m0, m1], i32x4_splat(neg))
+                }
+            };
+            #[cfg(not(target_feature = "relaxed-simd"))]
+            let (v, corr) = {
+                let _ = quants;
+                ([i16x8_extend_low_i8x16(a0), i16x8_extend_high_i8x16(a0), i16x8_extend_low_i8x16(a1), i16x8_extend_high_i8x16(a1)], zero)
+            };
+            ActBlock { v, corr, ys }
+        })
+        .collect()
+}
+
+/// The integer sums of four weight blocks (`qx(k)`, as `quants` says) with one prepared
+/// activation block, one lane per weight block, exact.
+#[inline(always)]
+unsafe fn prepared_dot(b: &ActBlock, quants: Quants, qx: impl Fn(usize) -> (v128, v128)) -> v128 {
+    let zero = i32x4_splat(0);
     #[cfg(target_feature = "relaxed-simd")]
-    if let Quants::Unsigned(off) = quants {
-        let lane = |k: usize| {
-            let (q0, q1) = qx(k);
-            dot16u(a1, q1, dot16u(a0, q0, i32x4_splat(0)))
-        };
-        let sums = hsum_i32_x4(lane(0), lane(1), lane(2), lane(3));
-        if off == 0 {
-            return sums;
-        }
-        let kk = i8x16_splat(off);
-        return i32x4_sub(sums, i32x4_splat(hsum_i32(dot16u(a1, kk, dot16u(a0, kk, i32x4_splat(0))))));
-    }
-    // Both operands signed (Q8_0): the activation's magnitudes |a| (<= 127: LES's Q8 quantizer
-    // rounds within ±127, see `legacy::q8_block`) go in the 7-bit operand and each weight byte,
-    // complemented where a < 0, in the other: for a < 0, (!w)·|a| = (-w - 1)·|a| = w·a - |a|, so
-    // Σ w·a = Σ (w ^ sign(a))·|a| + Σ_{a<0} |a|, the last sum once per activation block. Exact
-    // for every weight byte (!w never overflows), two instructions per 16 products.
-    #[cfg(target_feature = "relaxed-simd")]
-    if let Quants::Signed = quants {
-        let zero = i8x16_splat(0);
-        let (m0, m1) = (i8x16_lt(a0, zero), i8x16_lt(a1, zero));
-        let (b0, b1) = (i8x16_abs(a0), i8x16_abs(a1));
-        let one = i8x16_splat(1);
-        let neg = hsum_i32(dot16u(v128_and(m1, one), b1, dot16u(v128_and(m0, one), b0, i32x4_splat(0))));
-        let lane = |k: usize| {
-            let (q0, q1) = qx(k);
-            dot16u(v128_xor(q1, m1), b1, dot16u(v128_xor(q0, m0), b0, i32x4_splat(0)))
-        };
-        return i32x4_add(hsum_i32_x4(lane(0), lane(1), lane(2), lane(3)), i32x4_splat(neg));
-    }
-    let wide = [i16x8_extend_low_i8x16(a0), i16x8_extend_high_i8x16(a0), i16x8_extend_low_i8x16(a1), i16x8_extend_high_i8x16(a1)];
     let lane = |k: usize| {
+        let (q0, q1) = qx(k);
+        match quants {
+            Quants::Unsigned(_) => dot16u(b.v[1], q1, dot16u(b.v[0], q0, zero)),
+            Quants::Signed => dot16u(v128_xor(q1, b.v[3]), b.v[1], dot16u(v128_xor(q0, b.v[2]), b.v[0], zero)),
+        }
+    };
+    #[cfg(not(target_feature = "relaxed-simd"))]
+    let lane = |k: usize| {
+        let _ = zero;
         let (mut q0, mut q1) = qx(k);
         if let Quants::Unsigned(off) = quants {
             (q0, q1) = (i8x16_sub(q0, i8x16_splat(off)), i8x16_sub(q1, i8x16_splat(off)));
         }
-        let d0 = i32x4_add(i32x4_dot_i16x8(i16x8_extend_low_i8x16(q0), wide[0]), i32x4_dot_i16x8(i16x8_extend_high_i8x16(q0), wide[1]));
-        let d1 = i32x4_add(i32x4_dot_i16x8(i16x8_extend_low_i8x16(q1), wide[2]), i32x4_dot_i16x8(i16x8_extend_high_i8x16(q1), wide[3]));
+        let d0 = i32x4_add(i32x4_dot_i16x8(i16x8_extend_low_i8x16(q0), b.v[0]), i32x4_dot_i16x8(i16x8_extend_high_i8x16(q0), b.v[1]));
+        let d1 = i32x4_add(i32x4_dot_i16x8(i16x8_extend_low_i8x16(q1), b.v[2]), i32x4_dot_i16x8(i16x8_extend_high_i8x16(q1), b.v[3]));
         i32x4_add(d0, d1)
     };
-    hsum_i32_x4(lane(0), lane(1), lane(2), lane(3))
+    i32x4_add(hsum_i32_x4(lane(0), lane(1), lane(2), lane(3)), b.corr)
+}
+
+/// A matrix-vector product over whole groups of four weight rows (`rb` bytes each; `y` holds one
+/// output per row, its length a multiple of four): the activation is prepared once
+/// ([`prepare_act`]), then each group's four rows run in the four lanes, each lane the single
+/// dot's integer sums and f32 operations in its order (its bits). `term` as [`blocks_32_x4`]'s.
+#[inline]
+#[target_feature(enable = "simd128")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn rows_prepared(
+    n: usize,
+    w: &[u8],
+    rb: usize,
+    wsize: usize,
+    act: &[u8],
+    asize: usize,
+    q8_at: usize,
+    quants: Quants,
+    two_scales: bool,
+    y: &mut [f32],
+    qx: impl Fn(*const u8) -> (v128, v128),
+    term: impl Fn(v128, [v128; 2], [v128; 2]) -> v128,
+) {
+    let prep = prepare_act(n / 32, act.as_ptr(), asize, q8_at, quants, two_scales);
+    for (q, yq) in y.chunks_exact_mut(4).enumerate() {
+        let base = w.as_ptr().add(q * 4 * rb);
+        let wp = [base, base.add(rb), base.add(2 * rb), base.add(3 * rb)];
+        let mut sumf = f32x4_splat(0.0);
+        for (i, b) in prep.iter().enumerate() {
+            let x = wp.map(|p| p.add(i * wsize));
+            let sumi = prepared_dot(b, quants, |k| qx(x[k]));
+            sumf = f32x4_add(sumf, term(f32x4_convert_i32x4(sumi), scales_x4::<false>(x, two_scales), b.ys));
+        }
+        v128_store(yq.as_mut_ptr() as *mut v128, sumf);
+    }
 }
 
 /// The blocks' scales, one per lane: the half at byte 0 of `p[i]` and (`two`) the one at byte
@@ -379,15 +464,13 @@ unsafe fn scales_x4<const SAME: bool>(p: [*const u8; 4], two: bool) -> [v128; 2]
     }
 }
 
-/// [`blocks_32`] for four (weight row, activation row) pairs, one per lane, where the four
-/// weight rows are one row (`SAME_W`: a prompt tile of four tokens) or the four activation rows
-/// are one row (`SAME_A`: four rows of a matrix-vector product), which is then loaded and
-/// converted once. `term` gets the lanes' `sumi as f32`, the weight blocks' scales (f16 at byte 0,
+/// [`blocks_32`] for one weight row and four activation rows (a prompt tile of four tokens), one
+/// per lane; the weight row is loaded and converted once. `term` gets the lanes' `sumi as f32`, the weight blocks' scales (f16 at byte 0,
 /// and at byte 2 where `two_scales`) and the activation blocks' scales, and gives the four f32
 /// terms, each lane the scalar term's operations.
 #[inline]
 #[target_feature(enable = "simd128")]
-unsafe fn blocks_32_x4<const SAME_W: bool, const SAME_A: bool>(
+unsafe fn blocks_32_toks4(
     n: usize,
     w: [&[u8]; 4],
     wsize: usize,
@@ -404,21 +487,11 @@ unsafe fn blocks_32_x4<const SAME_W: bool, const SAME_A: bool>(
     let mut sumf = zero;
     for i in 0..n / 32 {
         let (x, y) = (wp.map(|p| p.add(i * wsize)), ap.map(|p| p.add(i * asize)));
-        let sumi = if SAME_A {
-            shared_act_dot(load(y[0].add(q8_at)), load(y[0].add(q8_at + 16)), quants, |k| qx(x[k]))
-        } else if SAME_W {
-            let (q0, q1) = qx(x[0]);
-            let lane = |k: usize| block_dot(q0, q1, load(y[k].add(q8_at)), load(y[k].add(q8_at + 16)), quants);
-            hsum_i32_x4(lane(0), lane(1), lane(2), lane(3))
-        } else {
-            let lane = |k: usize| {
-                let (q0, q1) = qx(x[k]);
-                block_dot(q0, q1, load(y[k].add(q8_at)), load(y[k].add(q8_at + 16)), quants)
-            };
-            hsum_i32_x4(lane(0), lane(1), lane(2), lane(3))
-        };
-        let ws = scales_x4::<SAME_W>(x, two_scales);
-        let ys = scales_x4::<SAME_A>(y, two_scales);
+        let (q0, q1) = qx(x[0]);
+        let lane = |k: usize| block_dot(q0, q1, load(y[k].add(q8_at)), load(y[k].add(q8_at + 16)), quants);
+        let sumi = hsum_i32_x4(lane(0), lane(1), lane(2), lane(3));
+        let ws = scales_x4::<true>(x, two_scales);
+        let ys = scales_x4::<false>(y, two_scales);
         sumf = f32x4_add(sumf, term(f32x4_convert_i32x4(sumi), ws, ys));
     }
     [f32x4_extract_lane::<0>(sumf), f32x4_extract_lane::<1>(sumf), f32x4_extract_lane::<2>(sumf), f32x4_extract_lane::<3>(sumf)]
@@ -428,22 +501,22 @@ unsafe fn blocks_32_x4<const SAME_W: bool, const SAME_A: bool>(
 /// row) and `$toks` (one weight row, four activation rows), from `blocks_32_x4`'s arguments
 /// but the rows.
 macro_rules! x4_kernels {
-    ($rows:ident, $toks:ident, $wsize:expr, $($arg:expr),+ $(,)?) => {
+    ($rows:ident, $toks:ident, $wsize:expr, $asize:expr, $q8_at:expr, $quants:expr, $two:expr, $qx:expr, $term:expr $(,)?) => {
         #[target_feature(enable = "simd128")]
-        unsafe fn $rows(n: usize, w: [&[u8]; 4], a: [&[u8]; 4]) -> [f32; 4] {
-            blocks_32_x4::<false, true>(n, w, $wsize, [a[0]; 4], $($arg),+)
+        unsafe fn $rows(n: usize, w: &[u8], rb: usize, a: &[u8], y: &mut [f32]) {
+            rows_prepared(n, w, rb, $wsize, a, $asize, $q8_at, $quants, $two, y, $qx, $term)
         }
         #[target_feature(enable = "simd128")]
         unsafe fn $toks(n: usize, w: [&[u8]; 4], a: [&[u8]; 4]) -> [f32; 4] {
-            blocks_32_x4::<true, false>(n, [w[0]; 4], $wsize, a, $($arg),+)
+            blocks_32_toks4(n, [w[0]; 4], $wsize, a, $asize, $q8_at, $quants, $two, $qx, $term)
         }
     };
 }
 
-x4_kernels!(q4_0_rows4, q4_0_toks4, 18, 34, 2, Quants::Unsigned(8), false, |x| nibbles(x.add(2)), |s, [xd, _], [yd, _]| f32x4_mul(f32x4_mul(s, xd), yd));
-x4_kernels!(q5_0_rows4, q5_0_toks4, 22, 34, 2, Quants::Unsigned(16), false, |x| q5_0_quants(x), |s, [xd, _], [yd, _]| f32x4_mul(f32x4_mul(xd, yd), s));
-x4_kernels!(q8_0_rows4, q8_0_toks4, 34, 34, 2, Quants::Signed, false, |x| (load(x.add(2)), load(x.add(18))), |s, [xd, _], [yd, _]| f32x4_mul(s, f32x4_mul(xd, yd)));
-x4_kernels!(q4_1_rows4, q4_1_toks4, 20, 36, 4, Quants::Unsigned(0), true, |x| nibbles(x.add(4)), |s, [xd, xm], [yd, ys]| {
+x4_kernels!(q4_0_matvec, q4_0_toks4, 18, 34, 2, Quants::Unsigned(8), false, |x| nibbles(x.add(2)), |s, [xd, _], [yd, _]| f32x4_mul(f32x4_mul(s, xd), yd));
+x4_kernels!(q5_0_matvec, q5_0_toks4, 22, 34, 2, Quants::Unsigned(16), false, |x| q5_0_quants(x), |s, [xd, _], [yd, _]| f32x4_mul(f32x4_mul(xd, yd), s));
+x4_kernels!(q8_0_matvec, q8_0_toks4, 34, 34, 2, Quants::Signed, false, |x| (load(x.add(2)), load(x.add(18))), |s, [xd, _], [yd, _]| f32x4_mul(s, f32x4_mul(xd, yd)));
+x4_kernels!(q4_1_matvec, q4_1_toks4, 20, 36, 4, Quants::Unsigned(0), true, |x| nibbles(x.add(4)), |s, [xd, xm], [yd, ys]| {
     f32x4_add(f32x4_mul(f32x4_mul(xd, yd), s), f32x4_mul(xm, ys))
 });
 
