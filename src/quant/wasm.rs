@@ -280,8 +280,13 @@ unsafe fn hsum_i32_x4(v0: v128, v1: v128, v2: v128, v3: v128) -> v128 {
 #[inline]
 #[target_feature(enable = "simd128")]
 unsafe fn f16s_x4(p: [*const u8; 4], at: usize) -> v128 {
-    let h = |i: usize| u16::from_le_bytes([*p[i].add(at), *p[i].add(at + 1)]) as u32;
-    f16x4_to_f32_finite(u32x4(h(0), h(1), h(2), h(3)))
+    // One 16-bit lane load per block (into the top half of each lane: `f16_top_to_f32`).
+    let z = i32x4_splat(0);
+    let v = v128_load16_lane::<1>(z, p[0].add(at) as *const u16);
+    let v = v128_load16_lane::<3>(v, p[1].add(at) as *const u16);
+    let v = v128_load16_lane::<5>(v, p[2].add(at) as *const u16);
+    let v = v128_load16_lane::<7>(v, p[3].add(at) as *const u16);
+    f16_top_to_f32(v, || u32x4_shr(v, 16))
 }
 
 /// The two halves at `p[i] + at` and `p[i] + at + 2` (a block's `d` and `m`) as two f32x4,
@@ -289,8 +294,10 @@ unsafe fn f16s_x4(p: [*const u8; 4], at: usize) -> v128 {
 #[inline]
 #[target_feature(enable = "simd128")]
 unsafe fn f16_pairs_x4(p: [*const u8; 4], at: usize) -> (v128, v128) {
-    let w = |i: usize| u32::from_le_bytes([*p[i].add(at), *p[i].add(at + 1), *p[i].add(at + 2), *p[i].add(at + 3)]);
-    let v = u32x4(w(0), w(1), w(2), w(3));
+    let v = v128_load32_zero(p[0].add(at) as *const u32);
+    let v = v128_load32_lane::<1>(v, p[1].add(at) as *const u32);
+    let v = v128_load32_lane::<2>(v, p[2].add(at) as *const u32);
+    let v = v128_load32_lane::<3>(v, p[3].add(at) as *const u32);
     (f16x4_to_f32_finite(v), f16_top_to_f32(v, || u32x4_shr(v, 16)))
 }
 
