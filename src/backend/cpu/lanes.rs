@@ -71,7 +71,7 @@ pub fn fma4(a: v128, b: v128, c: v128, fused: bool) -> v128 {
     i32x4_shuffle::<0, 1, 4, 5>(f32x4_demote_f64x2_zero(lo), f32x4_demote_f64x2_zero(hi))
 }
 
-/// [`super::ops::ggml_expf_nb`] in four lanes, the same bits.
+/// `ops::ggml_expf_nb` in four lanes, the same bits.
 #[inline(always)]
 pub fn expf_nb4(x: v128, fused: bool) -> v128 {
     let k = |b: u32| f32x4_splat(f32::from_bits(b));
@@ -97,8 +97,10 @@ pub fn expf_nb4(x: v128, fused: bool) -> v128 {
     v128_bitselect(big, y, f32x4_gt(f32x4_abs(n), f32x4_splat(192.0)))
 }
 
-/// [`super::ops::swiglu`] four elements at a time (the same bits): `g / (1 + e^-g) · u`.
-pub fn swiglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
+/// `ops::swiglu` four elements at a time (the same bits): `g / (1 + e^-g) · u`, over the
+/// longest prefix of whole groups of four; returns how many elements it wrote (the caller does
+/// the rest).
+pub fn swiglu(gate: &[f32], up: &[f32], out: &mut [f32]) -> usize {
     let n = out.len().min(gate.len()).min(up.len());
     let fused = relaxed_madd_is_fused();
     let one = f32x4_splat(1.0);
@@ -113,7 +115,7 @@ pub fn swiglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
         }
         i += 4;
     }
-    super::ops::swiglu_scalar(&gate[i..n], &up[i..n], &mut out[i..n]);
+    i
 }
 
 /// `x` rounded to the nearest half (ties to even) and widened back, in each lane:

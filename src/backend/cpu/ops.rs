@@ -154,13 +154,10 @@ pub fn silu(x: f32) -> f32 {
 /// without a branch, so the loop vectorises).
 pub fn swiglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
     #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-    return super::lanes::swiglu(gate, up, out);
-    #[allow(unreachable_code)]
-    swiglu_scalar(gate, up, out)
-}
-
-/// [`swiglu`] one element at a time (the tail of the wasm lanes).
-pub(crate) fn swiglu_scalar(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    let done = super::lanes::swiglu(gate, up, out);
+    #[cfg(not(all(target_arch = "wasm32", target_feature = "simd128")))]
+    let done = 0;
+    let (gate, up, out) = (&gate[done..], &up[done..], &mut out[done..]);
     for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
         *o = g / (1.0 + ggml_expf_nb(-g)) * u;
     }
