@@ -115,6 +115,11 @@ pub(super) enum Q8Rounding {
 /// Shared by Q8_0 and Q8_1: scale `d = amax / 127` and the 32 quants of one block, with their sum.
 #[inline(always)]
 fn q8_block(x: &[f32], qs: &mut [u8], mode: Q8Rounding) -> (f32, i32) {
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    if let (Q8Rounding::X86, Ok(x), Ok(qs)) = (mode, <&[f32; 32]>::try_from(x), <&mut [u8; 32]>::try_from(&mut *qs)) {
+        // SAFETY: SIMD128 is compiled in.
+        return unsafe { super::wasm::q8_block_x86(x, qs) };
+    }
     let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
     let d = amax / 127.0;
     let mut sum = 0i32;

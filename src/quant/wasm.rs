@@ -779,3 +779,29 @@ unsafe fn q6_k_rows4(n: usize, w: [&[u8]; 4], a: [&[u8]; 4]) -> [f32; 4] {
     }
     [f32x4_extract_lane::<0>(sumf), f32x4_extract_lane::<1>(sumf), f32x4_extract_lane::<2>(sumf), f32x4_extract_lane::<3>(sumf)]
 }
+
+// ---------------------------------------------------------------------------------------------
+// Activation quantization
+
+/// `legacy::q8_block` with the x86 rounding (multiplier `127 / amax`, round half to even) on one
+/// block of 32, four lanes at a time: the same scale, quants and sum. `amax` is the pairwise
+/// maximum of |x| (a NaN never wins, as `f32::max` lets it lose), whose order does not matter;
+/// every `x · id` lies within ±127.5, so the saturating narrowings equal `as i8`, and a NaN
+/// product truncates to 0 as `as i8` does.
+#[target_feature(enable = "simd128")]
+pub(super) unsafe fn q8_block_x86(x: &[f32; 32], qs: &mut [u8; 32]) -> (f32, i32) {
+    let v: [v128; 8] = core::array::from_fn(|i| v128_load(x.as_ptr().add(4 * i) as *const v128));
+    let mut m = f32x4_splat(0.0);
+    for &vi in &v {
+        m = f32x4_pmax(m, f32x4_abs(vi));
+    }
+    let amax = f32x4_extract_lane::<0>(m).max(f32x4_extract_lane::<1>(m)).max(f32x4_extract_lane::<2>(m).max(f32x4_extract_lane::<3>(m)));
+    let d = amax / 127.0;
+    let id = f32x4_splat(if amax != 0.0 { 127.0 / amax } else { 0.0 });
+    let q = v.map(|vi| i32x4_trunc_sat_f32x4(f32x4_nearest(f32x4_mul(vi, id))));
+    let sum = i32x4_add(i32x4_add(i32x4_add(q[0], q[1]), i32x4_add(q[2], q[3])), i32x4_add(i32x4_add(q[4], q[5]), i32x4_add(q[6], q[7])));
+    let h = |a: v128, b: v128, c: v128, d: v128| i8x16_narrow_i16x8(i16x8_narrow_i32x4(a, b), i16x8_narrow_i32x4(c, d));
+    v128_store(qs.as_mut_ptr() as *mut v128, h(q[0], q[1], q[2], q[3]));
+    v128_store(qs.as_mut_ptr().add(16) as *mut v128, h(q[4], q[5], q[6], q[7]));
+    (d, hsum_i32(sum))
+}

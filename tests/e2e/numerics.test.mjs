@@ -190,6 +190,9 @@ async function compare(matvec) {
     for (let o = 0; o < w.length; o += bb) fill(w.subarray(o, o + bb), r);
     const x = new Float32Array(cols);
     for (let i = 0; i < cols; i++) x[i] = (r() - 0.5) * Math.exp(3 * (r() - 0.5)) * (i % 97 === 0 ? 40 : 1);
+    // The first block: |x| up to 127 exactly (the Q8 multiplier 127 / amax is then 1), the rest
+    // halfway between integers: every quant a tie (x86 rounding: half to even).
+    if (bs > 1) for (let i = 0; i < 32; i++) x[i] = i === 0 ? 127 : (i % 2 ? 1 : -1) * ((i % 17) + 0.5);
     fs.writeFileSync(path.join(dir, 'w.bin'), w);
     fs.writeFileSync(path.join(dir, 'x.bin'), new Uint8Array(x.buffer));
     const native = execFileSync(PROBE, [id, path.join(dir, 'w.bin'), path.join(dir, 'x.bin')], { env: { ...process.env, LES_NO_SIMD: '1' } }).toString().trim().split('\n');
