@@ -360,10 +360,10 @@ struct ActBlock {
 /// `two_scales`, 2) prepared for [`rows_prepared`].
 #[inline]
 #[target_feature(enable = "simd128")]
-unsafe fn prepare_act(nb: usize, ap: *const u8, asize: usize, q8_at: usize, quants: Quants, two_scales: bool) -> Vec<ActBlock> {
+unsafe fn prepare_act(nb: usize, ap: *const u8, asize: usize, q8_at: usize, quants: Quants, two_scales: bool, out: &mut Vec<ActBlock>) {
     let zero = i32x4_splat(0);
-    (0..nb)
-        .map(|i| {
+    out.clear();
+    out.extend((0..nb).map(|i| {
             let y = ap.add(i * asize);
             let (a0, a1) = (load(y.add(q8_at)), load(y.add(q8_at + 16)));
             let ys = [f32x4_splat(f16s(y)), if two_scales { f32x4_splat(f16s(y.add(2))) } else { f32x4_splat(0.0) }];
@@ -389,8 +389,7 @@ unsafe fn prepare_act(nb: usize, ap: *const u8, asize: usize, q8_at: usize, quan
                 ([i16x8_extend_low_i8x16(a0), i16x8_extend_high_i8x16(a0), i16x8_extend_low_i8x16(a1), i16x8_extend_high_i8x16(a1)], zero)
             };
             ActBlock { v, corr, ys }
-        })
-        .collect()
+        }));
 }
 
 /// The integer sums of four weight blocks (`qx(k)`, as `quants` says) with one prepared
@@ -441,18 +440,24 @@ unsafe fn rows_prepared(
     qx: impl Fn(*const u8) -> (v128, v128),
     term: impl Fn(v128, [v128; 2], [v128; 2]) -> v128,
 ) {
-    let prep = prepare_act(n / 32, act.as_ptr(), asize, q8_at, quants, two_scales);
-    for (q, yq) in y.chunks_exact_mut(4).enumerate() {
-        let base = w.as_ptr().add(q * 4 * rb);
-        let wp = [base, base.add(rb), base.add(2 * rb), base.add(3 * rb)];
-        let mut sumf = f32x4_splat(0.0);
-        for (i, b) in prep.iter().enumerate() {
-            let x = wp.map(|p| p.add(i * wsize));
-            let sumi = prepared_dot(b, quants, |k| qx(x[k]));
-            sumf = f32x4_add(sumf, term(f32x4_convert_i32x4(sumi), scales_x4::<false>(x, two_scales), b.ys));
+    // The prepared blocks in a buffer kept per thread: a matrix-vector product runs as many
+    // parallel chunks, and an allocation per chunk takes the threaded build's allocator lock.
+    thread_local!(static PREP: core::cell::RefCell<Vec<ActBlock>> = const { core::cell::RefCell::new(Vec::new()) });
+    PREP.with(|p| {
+        let mut prep = p.borrow_mut();
+        prepare_act(n / 32, act.as_ptr(), asize, q8_at, quants, two_scales, &mut prep);
+        for (q, yq) in y.chunks_exact_mut(4).enumerate() {
+            let base = w.as_ptr().add(q * 4 * rb);
+            let wp = [base, base.add(rb), base.add(2 * rb), base.add(3 * rb)];
+            let mut sumf = f32x4_splat(0.0);
+            for (i, b) in prep.iter().enumerate() {
+                let x = wp.map(|p| p.add(i * wsize));
+                let sumi = prepared_dot(b, quants, |k| qx(x[k]));
+                sumf = f32x4_add(sumf, term(f32x4_convert_i32x4(sumi), scales_x4::<false>(x, two_scales), b.ys));
+            }
+            v128_store(yq.as_mut_ptr() as *mut v128, sumf);
         }
-        v128_store(yq.as_mut_ptr() as *mut v128, sumf);
-    }
+    });
 }
 
 /// The blocks' scales, one per lane: the half at byte 0 of `p[i]` and (`two`) the one at byte

@@ -83,9 +83,10 @@ for (const [build, simd] of [['pkg', 'simd128'], ['pkg-relaxed', 'relaxed-simd']
 
 // The f32 loops that run four lanes at a time on wasm (`backend::cpu::lanes`: the FMA, by
 // `f32x4.relaxed_madd` where Chromium fuses it, else in f64 with musl's halfway test; SwiGLU's
-// exponential; glibc's `expf` with an unfused cubic; an attention head) = the native portable
-// code (`quant_probe f32ops`, LES_NO_SIMD=1) bit for bit, on random values over a wide range and
-// FMAs whose f64 sum lands on an f32 midpoint (double rounding) or in the f32 subnormals.
+// exponential; glibc's `expf` with an unfused cubic; an attention head; three query heads sharing
+// one KV head, taken together on wasm) = the native portable code (`quant_probe f32ops`,
+// LES_NO_SIMD=1) bit for bit, on random values over a wide range and FMAs whose f64 sum lands on
+// an f32 midpoint (double rounding) or in the f32 subnormals.
 for (const build of ['pkg', 'pkg-relaxed']) test(`wasm f32 lanes (${build}) are bit-identical to the native portable code`, async () => {
   need(PROBE, 'run `cargo build --release --example quant_probe`');
   const n = 4003; // a third of the input: not a multiple of four (a scalar tail)
@@ -106,7 +107,7 @@ for (const build of ['pkg', 'pkg-relaxed']) test(`wasm f32 lanes (${build}) are 
     const y = await wasm.f32ops(x);
     const got = Array.from(new Uint32Array(new Float32Array(y).buffer), (b) => b.toString(16).padStart(8, '0'));
     assert.equal(got.length, native.length, 'output lengths');
-    const parts = [['fma', 0, n], ['swiglu', n, 2 * n], ['expf', 2 * n, 2 * n + x.length], ['attention', 2 * n + x.length, got.length]];
+    const parts = [['fma', 0, n], ['swiglu', n, 2 * n], ['expf', 2 * n, 2 * n + x.length], ['attention', 2 * n + x.length, 2 * n + x.length + 64], ['grouped attention', 2 * n + x.length + 64, got.length]];
     for (const [what, a, b] of parts) {
       const bad = [];
       for (let i = a; i < b && bad.length < 5; i++) if (got[i] !== native[i]) bad.push(`${what}[${i - a}]: wasm ${got[i]}, native ${native[i]}`);

@@ -220,15 +220,17 @@ impl Ops for CpuExec<'_> {
             });
             return Ok(CpuT { v: out, cols: nq });
         }
-        // One task per (token, head).
-        par::for_each_chunk(&mut out, hd, |i, o| {
-            let (t, h) = (i / p.n_head, i % p.n_head);
+        // One task per (token, head), or per (token, KV head) where the query heads sharing a
+        // KV head go together (`ops::attend_heads_grouped`: wasm widens each key and value once).
+        let per_task = if ops::attend_heads_grouped(hd) { group } else { 1 };
+        let tasks_per_row = p.n_head / per_task;
+        par::for_each_chunk(&mut out, per_task * hd, |i, o| {
+            let (t, h0) = (i / tasks_per_row, i % tasks_per_row * per_task);
             let kv_range = range(t);
-            let (kr, vr) = kv.head(il, h / group, kv_range.end + base);
-            let qh = &q.v[t * nq + h * hd..t * nq + (h + 1) * hd];
-            let (mut qb, mut acc) = (Vec::new(), Vec::new());
-            let sink = sinks.and_then(|s| s.get(h).copied());
-            ops::attend_head_ext(qh, kr, vr, hd, kv_range, sink, p.scale, o, &mut qb, &mut acc);
+            let (kr, vr) = kv.head(il, h0 / group, kv_range.end + base);
+            let qh = &q.v[t * nq + h0 * hd..t * nq + (h0 + per_task) * hd];
+            let sink = sinks.map(|s| &s[h0.min(s.len())..(h0 + per_task).min(s.len())]);
+            ops::attend_heads(qh, per_task, kr, vr, hd, kv_range, sink, p.scale, o);
         });
         Ok(CpuT { v: out, cols: nq })
     }
@@ -481,8 +483,7 @@ impl Ops for CpuExec<'_> {
         par::for_each_chunk(&mut out, hd, |i, o| {
             let (t, h) = (i / nh, i % nh);
             let (kr, vr) = (&kh[h * n * hd..(h + 1) * n * hd], &vh[h * n * hd..(h + 1) * n * hd]);
-            let (mut qb, mut acc) = (Vec::new(), Vec::new());
-            ops::attend_head_ext(&q.v[t * cols + h * hd..t * cols + (h + 1) * hd], kr, vr, hd, range(t), None, p.scale, o, &mut qb, &mut acc);
+            ops::attend_heads(&q.v[t * cols + h * hd..t * cols + (h + 1) * hd], 1, kr, vr, hd, range(t), None, p.scale, o);
         });
         Ok(CpuT { v: out, cols })
     }

@@ -120,12 +120,15 @@ pub fn swiglu(gate: &[f32], up: &[f32], out: &mut [f32]) -> usize {
 
 /// `x` rounded to the nearest half (ties to even) and widened back, in each lane:
 /// `f16::from_f32(x).to_f32()`. Where every lane rounds to a normal half (2⁻¹⁴ <= |x| < 65520)
-/// the 13 low mantissa bits are rounded off in place; otherwise lane by lane through `half`.
+/// or is ±0 (attention's accumulator before its first position) the 13 low mantissa bits are
+/// rounded off in place; otherwise lane by lane through `half`.
 #[inline(always)]
 pub fn round_half(x: v128) -> v128 {
     let a = v128_and(x, u32x4_splat(0x7fff_ffff));
-    let normal = v128_and(u32x4_ge(a, u32x4_splat(113 << 23)), u32x4_lt(a, u32x4_splat(0x477f_f000)));
-    if !i32x4_all_true(normal) {
+    // `a - 113·2²³ < 0x477f_f000 - 113·2²³` (unsigned): 2⁻¹⁴ <= |x| < 65520 in one compare.
+    let normal = u32x4_lt(i32x4_sub(a, u32x4_splat(113 << 23)), u32x4_splat(0x477f_f000 - (113 << 23)));
+    let fast = v128_or(normal, i32x4_eq(a, u32x4_splat(0)));
+    if !i32x4_all_true(fast) {
         let h = |v: f32| half::f16::from_f32(v).to_f32();
         return f32x4(h(f32x4_extract_lane::<0>(x)), h(f32x4_extract_lane::<1>(x)), h(f32x4_extract_lane::<2>(x)), h(f32x4_extract_lane::<3>(x)));
     }

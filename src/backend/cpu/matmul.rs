@@ -123,11 +123,17 @@ impl<'a> Acts<'a> {
     }
 }
 
-/// Rows per parallel task: small enough to balance, large enough to amortise dispatch.
+/// Rows per parallel task: small enough to balance, large enough to amortise dispatch (~64K
+/// multiply-adds at least). On wasm one task per thread, in whole groups of four rows (the
+/// four-row kernels): each task's kernel call has a fixed cost there (the activation prepared
+/// for its rows, the f16 scales in software), and one range per thread decoded SmolLM2 1.14×
+/// faster at two threads than four ranges per thread (BENCHMARKS.md, 2026-12-07).
 fn rows_per_task(rows: usize, cols: usize) -> usize {
     let threads = par::n_threads().max(1);
-    // ~64K multiply-adds per task at least.
     let min_rows = (65536 / cols.max(1)).max(1);
+    if cfg!(target_arch = "wasm32") {
+        return rows.div_ceil(threads).max(min_rows).next_multiple_of(4);
+    }
     rows.div_ceil(threads * 4).max(min_rows)
 }
 

@@ -476,6 +476,13 @@ pub fn attend_head_ext(q: &[f32], k_rows: &[f16], v_rows: &[f16], head_dim: usiz
         mad_f16(acc, v, vs);
         s_sum = s_sum.mul_add(ms, vs);
     }
+    finish_head(acc.iter().map(|&a| f32::from(a)), sink, m, s_sum, f32::mul_add, out);
+}
+
+/// The end of one head's online softmax (ggml's flash-attention kernel): the sink, if any, joins
+/// the sum `s_sum` (a new maximum over `m` rescales the accumulator), then `out = acc / sum`.
+/// `fma(a, b, c)`: `a · b + c` rounded once.
+fn finish_head(acc: impl Iterator<Item = f32>, sink: Option<f32>, m: f32, mut s_sum: f32, fma: impl Fn(f32, f32, f32) -> f32, out: &mut [f32]) {
     let mut acc_scale = None;
     if let Some(s) = sink {
         let (mut ms, mut vs) = (1.0f32, 1.0f32);
@@ -485,15 +492,104 @@ pub fn attend_head_ext(q: &[f32], k_rows: &[f16], v_rows: &[f16], head_dim: usiz
         } else {
             vs = super::cmath::expf(s - m);
         }
-        s_sum = s_sum.mul_add(ms, vs);
+        s_sum = fma(s_sum, ms, vs);
     }
     let inv = if s_sum == 0.0 { 0.0 } else { 1.0 / s_sum };
-    for (o, a) in out.iter_mut().zip(acc.iter()) {
-        let a = f32::from(*a);
+    for (o, a) in out.iter_mut().zip(acc) {
         *o = match acc_scale {
             Some(ms) => (a * ms) * inv,
             None => a * inv,
         };
+    }
+}
+
+/// Whether [`attend_heads`] takes the query heads of one KV head together here: on wasm SIMD128
+/// (keys and values widened from f16 once per position for all of them) when the head size is a
+/// multiple of 64 (the f16 dot's blocks, no tail); elsewhere each head is its own task.
+pub fn attend_heads_grouped(head_dim: usize) -> bool {
+    cfg!(all(target_arch = "wasm32", target_feature = "simd128")) && head_dim % 64 == 0 && head_dim > 0
+}
+
+/// [`attend_head_ext`] for `g` query heads that share one KV head (grouped-query attention):
+/// `q` and `out` hold the heads one after another (`g · head_dim`), `sinks` the heads' sinks in
+/// the same order (`None`, or fewer values: no sink). Each head gets [`attend_head_ext`]'s bits.
+#[allow(clippy::too_many_arguments)]
+pub fn attend_heads(q: &[f32], g: usize, k_rows: &[f16], v_rows: &[f16], head_dim: usize, kv: std::ops::Range<usize>, sinks: Option<&[f32]>, scale: f32, out: &mut [f32]) {
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    if attend_heads_grouped(head_dim) {
+        // SAFETY: SIMD128 is compiled in; the head size is a positive multiple of 64.
+        return unsafe { attend_heads_wasm(q, g, k_rows, v_rows, head_dim, kv, sinks, scale, out) };
+    }
+    let (mut qb, mut acc) = (Vec::new(), Vec::new());
+    for i in 0..g {
+        let sink = sinks.and_then(|s| s.get(i).copied());
+        let (qi, oi) = (&q[i * head_dim..(i + 1) * head_dim], &mut out[i * head_dim..(i + 1) * head_dim]);
+        attend_head_ext(qi, k_rows, v_rows, head_dim, kv.clone(), sink, scale, oi, &mut qb, &mut acc);
+    }
+}
+
+/// [`attend_heads`] on wasm SIMD128, `head_dim` a multiple of 64: each position's key and value
+/// rows are widened to f32 once (exact) and serve all `g` heads; per head the steps of
+/// [`attend_head_ext`]'s wasm path in its order: the f16 dot's sixteen lane accumulators
+/// (`dot_f16_lanes_wasm`), the online softmax with glibc's `expf`, the accumulator's halves held as
+/// f32 and rounded to halves at each step ([`super::lanes::mad_halves`]), the running sum's FMA
+/// four lanes wide ([`super::lanes::fma4`]) instead of the software `fmaf`.
+#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+#[target_feature(enable = "simd128")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn attend_heads_wasm(q: &[f32], g: usize, k_rows: &[f16], v_rows: &[f16], hd: usize, kv: std::ops::Range<usize>, sinks: Option<&[f32]>, scale: f32, out: &mut [f32]) {
+    use super::lanes;
+    use core::arch::wasm32::*;
+    let fused = lanes::relaxed_madd_is_fused();
+    let fma1 = |a: f32, b: f32, c: f32| f32x4_extract_lane::<0>(lanes::fma4(f32x4_splat(a), f32x4_splat(b), f32x4_splat(c), fused));
+    let qf: Vec<f32> = q[..g * hd].iter().map(|&v| f16::from_f32(v).to_f32()).collect();
+    let mut acc = vec![0f32; g * hd];
+    let (mut m, mut s_sum) = (vec![f32::NEG_INFINITY; g], vec![0f32; g]);
+    let (mut kf, mut vf) = (vec![0f32; hd], vec![0f32; hd]);
+    let widen = |src: &[f16], dst: &mut [f32]| {
+        for (s, d) in src.chunks_exact(8).zip(dst.chunks_exact_mut(8)) {
+            let (a, b) = crate::quant::f16x8_to_f32(v128_load(s.as_ptr() as *const v128));
+            v128_store(d.as_mut_ptr() as *mut v128, a);
+            v128_store(d.as_mut_ptr().add(4) as *mut v128, b);
+        }
+    };
+    let ld = |p: &[f32], i: usize| v128_load(p.as_ptr().add(i) as *const v128);
+    for j in kv {
+        widen(&k_rows[j * hd..(j + 1) * hd], &mut kf);
+        widen(&v_rows[j * hd..(j + 1) * hd], &mut vf);
+        for i in 0..g {
+            let qi = &qf[i * hd..(i + 1) * hd];
+            // `dot_f16_lanes_wasm`: lanes 4r..4r + 4 of each 64-block in accumulator r.
+            let mut d = [f32x4_splat(0.0); 16];
+            for b in (0..hd).step_by(64) {
+                for (r, dr) in d.iter_mut().enumerate() {
+                    *dr = f32x4_add(f32x4_mul(ld(&kf, b + 4 * r), ld(qi, b + 4 * r)), *dr);
+                }
+            }
+            let v = |r: usize| f32x4_add(f32x4_add(d[r], d[8 + r]), f32x4_add(d[4 + r], d[12 + r]));
+            let t6 = f32x4_add(f32x4_add(v(3), v(1)), f32x4_add(v(2), v(0)));
+            let h = f32x4_add(t6, i32x4_shuffle::<2, 3, 2, 3>(t6, t6));
+            let s = (f32x4_extract_lane::<0>(h) + f32x4_extract_lane::<1>(h)) * scale;
+            let a = &mut acc[i * hd..(i + 1) * hd];
+            let (mut ms, mut vs) = (1.0f32, 1.0f32);
+            if s > m[i] {
+                ms = super::cmath::expf(m[i] - s);
+                m[i] = s;
+                lanes::scale_halves(a, ms);
+            } else {
+                vs = super::cmath::expf(s - m[i]);
+            }
+            let sv = f32x4_splat(vs);
+            for r in (0..hd).step_by(4) {
+                let pa = a.as_mut_ptr().add(r) as *mut v128;
+                v128_store(pa, lanes::round_half(lanes::fma4(ld(&vf, r), sv, v128_load(pa), fused)));
+            }
+            s_sum[i] = fma1(s_sum[i], ms, vs);
+        }
+    }
+    for i in 0..g {
+        let sink = sinks.and_then(|s| s.get(i).copied());
+        finish_head(acc[i * hd..(i + 1) * hd].iter().copied(), sink, m[i], s_sum[i], fma1, &mut out[i * hd..(i + 1) * hd]);
     }
 }
 
@@ -814,8 +910,9 @@ pub fn gelu_erf(x: &mut [f32]) {
 /// against `examples/quant_probe f32ops` natively with the portable kernels): the f32 loops
 /// whose wasm versions run four lanes at a time. `x` is cut in thirds `a`, `b`, `c`; returns
 /// `fma(a, b, c)` (four lanes at a time on wasm: [`super::lanes::fma4`]), [`swiglu`]`(a, b)`,
-/// [`super::cmath::expf`] of every `x`, and one attention head ([`attend_head`], head size 64:
-/// the query is `x`'s first 64 values, keys and values its following rows rounded to f16).
+/// [`super::cmath::expf`] of every `x`, one attention head ([`attend_head`], head size 64:
+/// the query is `x`'s first 64 values, keys and values its following rows rounded to f16) and
+/// three heads sharing one KV head ([`attend_heads`]: a window, sinks, moderate scores).
 #[doc(hidden)]
 pub fn numerics_probe(x: &[f32]) -> Vec<f32> {
     let n = x.len() / 3;
@@ -845,6 +942,16 @@ pub fn numerics_probe(x: &[f32]) -> Vec<f32> {
         let (k, v) = rows[..2 * n_kv * HD].split_at(n_kv * HD);
         let mut o = vec![0f32; HD];
         attend_head(&x[..HD], k, v, HD, n_kv, 0.125, &mut o, &mut Vec::new(), &mut Vec::new());
+        out.extend(o);
+        // Three query heads sharing one KV head (wasm: together), positions 1.. only, sinks on
+        // the first two (one above the scores, one among them). Queries and keys squashed into
+        // (−4, 4) and (−1, 1): scores of a few units, so every position weighs in the softmax
+        // (with the raw values one position takes it all, and a wrong score would not show).
+        let soft = |v: f32| v / (1.0 + v.abs());
+        let q: Vec<f32> = x[..3 * HD].iter().map(|&v| 4.0 * soft(v)).collect();
+        let ks: Vec<f16> = k.iter().map(|&h| f16::from_f32(soft(h.to_f32()))).collect();
+        let mut o = vec![0f32; 3 * HD];
+        attend_heads(&q, 3, &ks, v, HD, 1..n_kv, Some(&[4.0, -1.0]), 0.125, &mut o);
         out.extend(o);
     }
     out
