@@ -3,12 +3,23 @@
 //! activation bytes' FNV hash, to compare with the wasm build's `debugMatvec` on the same files.
 //! Usage: cargo run --release --example quant_probe -- TY W_FILE X_FILE
 //!        cargo run --release --example quant_probe -- f32ops X_FILE
+//!        cargo run --release --example quant_probe -- matmul TYPE_ID W_FILE X_FILE COLS
 //! (`f32ops`: the bits of `backend::cpu::ops::numerics_probe(x)`, one per line, for the wasm
-//! build's `debugF32Ops`.)
+//! build's `debugF32Ops`; `matmul`: those of `backend::cpu::matmul::matmul_probe`, for
+//! `debugMatmul`.)
 use les::quant::{self, GgmlType};
 
 fn main() {
     let a: Vec<String> = std::env::args().collect();
+    if a[1] == "matmul" {
+        let w = std::fs::read(&a[3]).unwrap();
+        let xb = std::fs::read(&a[4]).unwrap();
+        let x: Vec<f32> = xb.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+        for v in les::backend::cpu::matmul::matmul_probe(a[2].parse().unwrap(), &w, &x, a[5].parse().unwrap()) {
+            println!("{:08x}", v.to_bits());
+        }
+        return;
+    }
     if a[1] == "f32ops" {
         let xb = std::fs::read(&a[2]).unwrap();
         let x: Vec<f32> = xb.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();

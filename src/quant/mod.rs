@@ -633,6 +633,9 @@ pub struct BatchDot {
     /// wasm SIMD128: four dots per call (one weight row × four activation rows here).
     #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
     x4: Option<wasm::X4Fn>,
+    /// wasm SIMD128: four weight rows × four activation rows per call.
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    x4x4: Option<wasm::X4x4Fn>,
     w_need: usize,
     a_need: usize,
 }
@@ -790,6 +793,8 @@ impl BatchDot {
             tile2,
             #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
             x4: if simd == Simd::Simd128 { wasm::kernel_x4(ty).1 } else { None },
+            #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+            x4x4: if simd == Simd::Simd128 { wasm::kernel_4x4(ty) } else { None },
             w_need,
             a_need,
         }
@@ -821,6 +826,38 @@ impl BatchDot {
         }
         let _ = (w_row, acts, t);
         None
+    }
+
+    /// Weight rows per tile of [`BatchDot::dot_tile`]: 2 on AArch64 with `FEAT_I8MM`
+    /// ([`BatchDot::dot2x4`]), 4 on wasm SIMD128, for the 32-element block types; 0 otherwise.
+    #[inline]
+    pub fn tile_rows(&self) -> usize {
+        #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+        if self.x4x4.is_some() {
+            return 4;
+        }
+        if self.has_2x4() {
+            2
+        } else {
+            0
+        }
+    }
+
+    /// [`BatchDot::tile_rows`] weight rows (`w_rows`, the rest ignored) × activation rows
+    /// `t .. t + 4`: `out[row][k]`, each output the bits of [`BatchDot::dot`]; `None` where
+    /// there is no tile.
+    #[inline]
+    pub fn dot_tile(&self, w_rows: [&[u8]; 4], acts: [&[u8]; 4], t: usize) -> Option<[[f32; 4]; 4]> {
+        #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+        if let Some(k) = self.x4x4 {
+            if w_rows.iter().any(|w| w.len() < self.w_need) || acts.iter().any(|a| a.len() < self.a_need) {
+                return Some([[f32::NAN; 4]; 4]);
+            }
+            // SAFETY: sizes checked above; SIMD128 is compiled in.
+            return Some(unsafe { k(self.n, w_rows, acts) });
+        }
+        let [a, b] = self.dot2x4([w_rows[0], w_rows[1]], acts, t)?;
+        Some([a, b, [f32::NAN; 4], [f32::NAN; 4]])
     }
 
     /// Whether [`BatchDot::dot2x4`] computes (AArch64 with `FEAT_I8MM`, the 32-element block

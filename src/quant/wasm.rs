@@ -69,6 +69,22 @@ pub(super) fn kernel_x4(ty: GgmlType) -> (Option<X4Fn>, Option<X4Fn>) {
     }
 }
 
+/// Four weight rows × four activation rows, `out[row][token]` (`(n, weight rows, activation
+/// rows)`), each output its single dot's bits. Same safety contract as [`DotFn`] for each pair.
+pub(super) type X4x4Fn = unsafe fn(usize, [&[u8]; 4], [&[u8]; 4]) -> [[f32; 4]; 4];
+
+/// The four-by-four prompt tile of the 32-element block types ([`rows4_toks4`]).
+pub(super) fn kernel_4x4(ty: GgmlType) -> Option<X4x4Fn> {
+    use GgmlType::*;
+    Some(match ty {
+        Q4_0 => q4_0_4x4,
+        Q4_1 => q4_1_4x4,
+        Q5_0 => q5_0_4x4,
+        Q8_0 => q8_0_4x4,
+        _ => return None,
+    })
+}
+
 /// A matrix-vector product over whole groups of four rows: `(n, weight rows, bytes per row,
 /// activation, outputs)`, `outputs.len()` a multiple of 4 and the rows holding that many; each
 /// output its single dot's bits. Same safety contract as [`DotFn`] for every row.
@@ -217,6 +233,24 @@ enum Quants {
     Unsigned(i8),
 }
 
+/// Where a 32-element block type keeps its parts: weight block bytes (`wsize`), activation
+/// block bytes (`asize`; its quants at `q8_at`, its scale at 0 and, with `two_scales`, a second
+/// one at 2, as the weight block's), and how its quants read (`quants`).
+#[derive(Clone, Copy)]
+struct Layout {
+    wsize: usize,
+    asize: usize,
+    q8_at: usize,
+    quants: Quants,
+    two_scales: bool,
+}
+
+impl Layout {
+    const fn new(wsize: usize, asize: usize, q8_at: usize, quants: Quants, two_scales: bool) -> Self {
+        Layout { wsize, asize, q8_at, quants, two_scales }
+    }
+}
+
 /// The integer dot of a 32-element block, four i32 lanes: weight quants `q0`, `q1` (as `quants`
 /// says) with the activation's signed quants `a0`, `a1`.
 #[inline]
@@ -360,36 +394,41 @@ struct ActBlock {
 /// `two_scales`, 2) prepared for [`rows_prepared`].
 #[inline]
 #[target_feature(enable = "simd128")]
-unsafe fn prepare_act(nb: usize, ap: *const u8, asize: usize, q8_at: usize, quants: Quants, two_scales: bool, out: &mut Vec<ActBlock>) {
-    let zero = i32x4_splat(0);
+unsafe fn prepare_act(nb: usize, ap: *const u8, l: Layout, out: &mut Vec<ActBlock>) {
     out.clear();
-    out.extend((0..nb).map(|i| {
-            let y = ap.add(i * asize);
-            let (a0, a1) = (load(y.add(q8_at)), load(y.add(q8_at + 16)));
-            let ys = [f32x4_splat(f16s(y)), if two_scales { f32x4_splat(f16s(y.add(2))) } else { f32x4_splat(0.0) }];
-            #[cfg(target_feature = "relaxed-simd")]
-            let (v, corr) = match quants {
-                Quants::Unsigned(off) => {
-                    let kk = i8x16_splat(off);
-                    let corr = if off == 0 { 0 } else { -hsum_i32(dot16u(a1, kk, dot16u(a0, kk, zero))) };
-                    ([a0, a1, zero, zero], i32x4_splat(corr))
-                }
-                Quants::Signed => {
-                    let z8 = i8x16_splat(0);
-                    let (m0, m1) = (i8x16_lt(a0, z8), i8x16_lt(a1, z8));
-                    let (b0, b1) = (i8x16_abs(a0), i8x16_abs(a1));
-                    let one = i8x16_splat(1);
-                    let neg = hsum_i32(dot16u(v128_and(m1, one), b1, dot16u(v128_and(m0, one), b0, zero)));
-                    ([b0, b1, m0, m1], i32x4_splat(neg))
-                }
-            };
-            #[cfg(not(target_feature = "relaxed-simd"))]
-            let (v, corr) = {
-                let _ = quants;
-                ([i16x8_extend_low_i8x16(a0), i16x8_extend_high_i8x16(a0), i16x8_extend_low_i8x16(a1), i16x8_extend_high_i8x16(a1)], zero)
-            };
-            ActBlock { v, corr, ys }
-        }));
+    out.extend((0..nb).map(|i| prepare_block(ap.add(i * l.asize), l)));
+}
+
+/// One activation block at `y` prepared for [`prepared_dot`] (see [`ActBlock`]).
+#[inline]
+#[target_feature(enable = "simd128")]
+unsafe fn prepare_block(y: *const u8, l: Layout) -> ActBlock {
+    let Layout { q8_at, quants, two_scales, .. } = l;
+    let zero = i32x4_splat(0);
+    let (a0, a1) = (load(y.add(q8_at)), load(y.add(q8_at + 16)));
+    let ys = [f32x4_splat(f16s(y)), if two_scales { f32x4_splat(f16s(y.add(2))) } else { f32x4_splat(0.0) }];
+    #[cfg(target_feature = "relaxed-simd")]
+    let (v, corr) = match quants {
+        Quants::Unsigned(off) => {
+            let kk = i8x16_splat(off);
+            let corr = if off == 0 { 0 } else { -hsum_i32(dot16u(a1, kk, dot16u(a0, kk, zero))) };
+            ([a0, a1, zero, zero], i32x4_splat(corr))
+        }
+        Quants::Signed => {
+            let z8 = i8x16_splat(0);
+            let (m0, m1) = (i8x16_lt(a0, z8), i8x16_lt(a1, z8));
+            let (b0, b1) = (i8x16_abs(a0), i8x16_abs(a1));
+            let one = i8x16_splat(1);
+            let neg = hsum_i32(dot16u(v128_and(m1, one), b1, dot16u(v128_and(m0, one), b0, zero)));
+            ([b0, b1, m0, m1], i32x4_splat(neg))
+        }
+    };
+    #[cfg(not(target_feature = "relaxed-simd"))]
+    let (v, corr) = {
+        let _ = quants;
+        ([i16x8_extend_low_i8x16(a0), i16x8_extend_high_i8x16(a0), i16x8_extend_low_i8x16(a1), i16x8_extend_high_i8x16(a1)], zero)
+    };
+    ActBlock { v, corr, ys }
 }
 
 /// The integer sums of four weight blocks (`qx(k)`, as `quants` says) with one prepared
@@ -430,12 +469,8 @@ unsafe fn rows_prepared(
     n: usize,
     w: &[u8],
     rb: usize,
-    wsize: usize,
     act: &[u8],
-    asize: usize,
-    q8_at: usize,
-    quants: Quants,
-    two_scales: bool,
+    l: Layout,
     y: &mut [f32],
     qx: impl Fn(*const u8) -> (v128, v128),
     term: impl Fn(v128, [v128; 2], [v128; 2]) -> v128,
@@ -445,19 +480,43 @@ unsafe fn rows_prepared(
     thread_local!(static PREP: core::cell::RefCell<Vec<ActBlock>> = const { core::cell::RefCell::new(Vec::new()) });
     PREP.with(|p| {
         let mut prep = p.borrow_mut();
-        prepare_act(n / 32, act.as_ptr(), asize, q8_at, quants, two_scales, &mut prep);
+        prepare_act(n / 32, act.as_ptr(), l, &mut prep);
         for (q, yq) in y.chunks_exact_mut(4).enumerate() {
             let base = w.as_ptr().add(q * 4 * rb);
             let wp = [base, base.add(rb), base.add(2 * rb), base.add(3 * rb)];
             let mut sumf = f32x4_splat(0.0);
             for (i, b) in prep.iter().enumerate() {
-                let x = wp.map(|p| p.add(i * wsize));
-                let sumi = prepared_dot(b, quants, |k| qx(x[k]));
-                sumf = f32x4_add(sumf, term(f32x4_convert_i32x4(sumi), scales_x4::<false>(x, two_scales), b.ys));
+                let x = wp.map(|p| p.add(i * l.wsize));
+                let sumi = prepared_dot(b, l.quants, |k| qx(x[k]));
+                sumf = f32x4_add(sumf, term(f32x4_convert_i32x4(sumi), scales_x4::<false>(x, l.two_scales), b.ys));
             }
             v128_store(yq.as_mut_ptr() as *mut v128, sumf);
         }
     });
+}
+
+/// Four weight rows × four activation rows (`out[row][token]`): per token the operations of
+/// [`rows_prepared`] on those rows (so each output has its single dot's bits), the weight blocks
+/// unpacked and their scales converted once for the four tokens, each activation block
+/// prepared once for the four rows (a prompt tile).
+#[inline]
+#[target_feature(enable = "simd128")]
+unsafe fn rows4_toks4(n: usize, w: [&[u8]; 4], a: [&[u8]; 4], l: Layout, qx: impl Fn(*const u8) -> (v128, v128), term: impl Fn(v128, [v128; 2], [v128; 2]) -> v128) -> [[f32; 4]; 4] {
+    let (wp, ap) = (w.map(|r| r.as_ptr()), a.map(|r| r.as_ptr()));
+    let mut sumf = [f32x4_splat(0.0); 4]; // per token, one lane per row
+    for i in 0..n / 32 {
+        let x = wp.map(|p| p.add(i * l.wsize));
+        let q = x.map(|p| qx(p));
+        let ws = scales_x4::<false>(x, l.two_scales);
+        for (k, s) in sumf.iter_mut().enumerate() {
+            let b = prepare_block(ap[k].add(i * l.asize), l);
+            let sumi = prepared_dot(&b, l.quants, |r| q[r]);
+            *s = f32x4_add(*s, term(f32x4_convert_i32x4(sumi), ws, b.ys));
+        }
+    }
+    let lanes = |v: v128| [f32x4_extract_lane::<0>(v), f32x4_extract_lane::<1>(v), f32x4_extract_lane::<2>(v), f32x4_extract_lane::<3>(v)];
+    let t = sumf.map(lanes);
+    core::array::from_fn(|r| core::array::from_fn(|k| t[k][r]))
 }
 
 /// The blocks' scales, one per lane: the half at byte 0 of `p[i]` and (`two`) the one at byte
@@ -482,28 +541,17 @@ unsafe fn scales_x4<const SAME: bool>(p: [*const u8; 4], two: bool) -> [v128; 2]
 /// terms, each lane the scalar term's operations.
 #[inline]
 #[target_feature(enable = "simd128")]
-unsafe fn blocks_32_toks4(
-    n: usize,
-    w: [&[u8]; 4],
-    wsize: usize,
-    a: [&[u8]; 4],
-    asize: usize,
-    q8_at: usize,
-    quants: Quants,
-    two_scales: bool,
-    qx: impl Fn(*const u8) -> (v128, v128),
-    term: impl Fn(v128, [v128; 2], [v128; 2]) -> v128,
-) -> [f32; 4] {
+unsafe fn blocks_32_toks4(n: usize, w: [&[u8]; 4], a: [&[u8]; 4], l: Layout, qx: impl Fn(*const u8) -> (v128, v128), term: impl Fn(v128, [v128; 2], [v128; 2]) -> v128) -> [f32; 4] {
     let (wp, ap) = (w.map(|r| r.as_ptr()), a.map(|r| r.as_ptr()));
     let zero = f32x4_splat(0.0);
     let mut sumf = zero;
     for i in 0..n / 32 {
-        let (x, y) = (wp.map(|p| p.add(i * wsize)), ap.map(|p| p.add(i * asize)));
+        let (x, y) = (wp.map(|p| p.add(i * l.wsize)), ap.map(|p| p.add(i * l.asize)));
         let (q0, q1) = qx(x[0]);
-        let lane = |k: usize| block_dot(q0, q1, load(y[k].add(q8_at)), load(y[k].add(q8_at + 16)), quants);
+        let lane = |k: usize| block_dot(q0, q1, load(y[k].add(l.q8_at)), load(y[k].add(l.q8_at + 16)), l.quants);
         let sumi = hsum_i32_x4(lane(0), lane(1), lane(2), lane(3));
-        let ws = scales_x4::<true>(x, two_scales);
-        let ys = scales_x4::<false>(y, two_scales);
+        let ws = scales_x4::<true>(x, l.two_scales);
+        let ys = scales_x4::<false>(y, l.two_scales);
         sumf = f32x4_add(sumf, term(f32x4_convert_i32x4(sumi), ws, ys));
     }
     [f32x4_extract_lane::<0>(sumf), f32x4_extract_lane::<1>(sumf), f32x4_extract_lane::<2>(sumf), f32x4_extract_lane::<3>(sumf)]
@@ -513,22 +561,26 @@ unsafe fn blocks_32_toks4(
 /// row) and `$toks` (one weight row, four activation rows), from `blocks_32_x4`'s arguments
 /// but the rows.
 macro_rules! x4_kernels {
-    ($rows:ident, $toks:ident, $wsize:expr, $asize:expr, $q8_at:expr, $quants:expr, $two:expr, $qx:expr, $term:expr $(,)?) => {
+    ($rows:ident, $toks:ident, $tile:ident, $layout:expr, $qx:expr, $term:expr $(,)?) => {
+        #[target_feature(enable = "simd128")]
+        unsafe fn $tile(n: usize, w: [&[u8]; 4], a: [&[u8]; 4]) -> [[f32; 4]; 4] {
+            rows4_toks4(n, w, a, $layout, $qx, $term)
+        }
         #[target_feature(enable = "simd128")]
         unsafe fn $rows(n: usize, w: &[u8], rb: usize, a: &[u8], y: &mut [f32]) {
-            rows_prepared(n, w, rb, $wsize, a, $asize, $q8_at, $quants, $two, y, $qx, $term)
+            rows_prepared(n, w, rb, a, $layout, y, $qx, $term)
         }
         #[target_feature(enable = "simd128")]
         unsafe fn $toks(n: usize, w: [&[u8]; 4], a: [&[u8]; 4]) -> [f32; 4] {
-            blocks_32_toks4(n, [w[0]; 4], $wsize, a, $asize, $q8_at, $quants, $two, $qx, $term)
+            blocks_32_toks4(n, [w[0]; 4], a, $layout, $qx, $term)
         }
     };
 }
 
-x4_kernels!(q4_0_matvec, q4_0_toks4, 18, 34, 2, Quants::Unsigned(8), false, |x| nibbles(x.add(2)), |s, [xd, _], [yd, _]| f32x4_mul(f32x4_mul(s, xd), yd));
-x4_kernels!(q5_0_matvec, q5_0_toks4, 22, 34, 2, Quants::Unsigned(16), false, |x| q5_0_quants(x), |s, [xd, _], [yd, _]| f32x4_mul(f32x4_mul(xd, yd), s));
-x4_kernels!(q8_0_matvec, q8_0_toks4, 34, 34, 2, Quants::Signed, false, |x| (load(x.add(2)), load(x.add(18))), |s, [xd, _], [yd, _]| f32x4_mul(s, f32x4_mul(xd, yd)));
-x4_kernels!(q4_1_matvec, q4_1_toks4, 20, 36, 4, Quants::Unsigned(0), true, |x| nibbles(x.add(4)), |s, [xd, xm], [yd, ys]| {
+x4_kernels!(q4_0_matvec, q4_0_toks4, q4_0_4x4, Layout::new(18, 34, 2, Quants::Unsigned(8), false), |x| nibbles(x.add(2)), |s, [xd, _], [yd, _]| f32x4_mul(f32x4_mul(s, xd), yd));
+x4_kernels!(q5_0_matvec, q5_0_toks4, q5_0_4x4, Layout::new(22, 34, 2, Quants::Unsigned(16), false), |x| q5_0_quants(x), |s, [xd, _], [yd, _]| f32x4_mul(f32x4_mul(xd, yd), s));
+x4_kernels!(q8_0_matvec, q8_0_toks4, q8_0_4x4, Layout::new(34, 34, 2, Quants::Signed, false), |x| (load(x.add(2)), load(x.add(18))), |s, [xd, _], [yd, _]| f32x4_mul(s, f32x4_mul(xd, yd)));
+x4_kernels!(q4_1_matvec, q4_1_toks4, q4_1_4x4, Layout::new(20, 36, 4, Quants::Unsigned(0), true), |x| nibbles(x.add(4)), |s, [xd, xm], [yd, ys]| {
     f32x4_add(f32x4_mul(f32x4_mul(xd, yd), s), f32x4_mul(xm, ys))
 });
 

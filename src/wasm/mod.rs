@@ -212,6 +212,14 @@ pub fn debug_f32_ops(x: &[f32]) -> Vec<f32> {
     crate::backend::cpu::ops::numerics_probe(x)
 }
 
+/// Debug: the CPU backend's batched product (prompt tiles) of the weight rows `w` (ggml type
+/// `ty`) with the tokens `x` (rows of `cols`), token-major (`backend::cpu::matmul::matmul_probe`;
+/// numerics checks it against a native run).
+#[wasm_bindgen(js_name = debugMatmul)]
+pub fn debug_matmul(ty: u32, w: &[u8], x: &[f32], cols: usize) -> Vec<f32> {
+    crate::backend::cpu::matmul::matmul_probe(ty, w, x, cols)
+}
+
 /// Debug: `x` quantized to the activation type of ggml type `ty`, then dotted with each row of
 /// `w` (cross-platform numerics checks against a native run). Returns [dots..., act bytes as f32].
 #[wasm_bindgen(js_name = debugMatvec)]

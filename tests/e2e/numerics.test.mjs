@@ -48,9 +48,9 @@ async function wasmBuild(build) {
   const pkg = path.join(path.dirname(PKG), build);
   need(path.join(pkg, 'les_bg.wasm'), 'run `./build.sh web`');
   if (build === 'pkg') {
-    const { default: init, debugMatvec, debugF32Ops, wasmSimd } = await import(path.join(pkg, 'les.js'));
+    const { default: init, debugMatvec, debugMatmul, debugF32Ops, wasmSimd } = await import(path.join(pkg, 'les.js'));
     await init({ module_or_path: fs.readFileSync(path.join(pkg, 'les_bg.wasm')) });
-    return { simd: wasmSimd(), matvec: async (id, w, x) => Array.from(debugMatvec(id, w, x)), f32ops: async (x) => Array.from(debugF32Ops(x)), close: async () => {} };
+    return { simd: wasmSimd(), matvec: async (id, w, x) => Array.from(debugMatvec(id, w, x)), matmul: async (id, w, x, cols) => Array.from(debugMatmul(id, w, x, cols)), f32ops: async (x) => Array.from(debugF32Ops(x)), close: async () => {} };
   }
   const srv = await startServer();
   const ctx = await launch();
@@ -65,6 +65,7 @@ async function wasmBuild(build) {
   return {
     simd,
     matvec: (id, w, x) => page.evaluate(({ id, w, x }) => Array.from(globalThis.lesBuild.debugMatvec(id, new Uint8Array(w), new Float32Array(x))), { id, w: Array.from(w), x: Array.from(x) }),
+    matmul: (id, w, x, cols) => page.evaluate(({ id, w, x, cols }) => Array.from(globalThis.lesBuild.debugMatmul(id, new Uint8Array(w), new Float32Array(x), cols)), { id, w: Array.from(w), x: Array.from(x), cols }),
     f32ops: (x) => page.evaluate((x) => Array.from(globalThis.lesBuild.debugF32Ops(new Float32Array(x))), Array.from(x)),
     close: async () => { await ctx.close(); srv.server.close(); },
   };
@@ -77,6 +78,39 @@ for (const [build, simd] of [['pkg', 'simd128'], ['pkg-relaxed', 'relaxed-simd']
     assert.equal(wasm.simd, simd);
     await compare(wasm.matvec);
   } finally {
+    await wasm.close();
+  }
+});
+
+// The batched products of a prompt (`backend::cpu::matmul::matmul`: four weight rows × four
+// tokens where wasm has a tile, one row × four tokens, single dots for the rest) = the native
+// portable kernels' single dots (`quant_probe matmul`, LES_NO_SIMD=1), bit for bit: 10 rows (two
+// tiles and two rows after them) × 7 tokens (four and a tail of three).
+for (const build of ['pkg', 'pkg-relaxed']) test(`wasm batched products (${build}) are bit-identical to the native portable kernels`, async () => {
+  need(PROBE, 'run `cargo build --release --example quant_probe`');
+  const wasm = await wasmBuild(build);
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'les-numerics-'));
+  const r = prng(4321);
+  try {
+    for (const id of [2, 3, 6, 8, 12, 14]) {
+      const [bs, bb, fill] = TYPES[id];
+      const cols = bs * (bs === 32 ? 18 : 3);
+      const rows = 10;
+      const toks = 7;
+      const w = new Uint8Array((cols / bs) * bb * rows);
+      for (let o = 0; o < w.length; o += bb) fill(w.subarray(o, o + bb), r);
+      const x = new Float32Array(cols * toks);
+      for (let i = 0; i < x.length; i++) x[i] = (r() - 0.5) * Math.exp(3 * (r() - 0.5)) * (i % 97 === 0 ? 40 : 1);
+      fs.writeFileSync(path.join(dir, 'w.bin'), w);
+      fs.writeFileSync(path.join(dir, 'x.bin'), new Uint8Array(x.buffer));
+      const native = execFileSync(PROBE, ['matmul', String(id), path.join(dir, 'w.bin'), path.join(dir, 'x.bin'), String(cols)], { env: { ...process.env, LES_NO_SIMD: '1' } }).toString().trim().split('\n');
+      assert.equal(native.length, rows * toks, `type ${id}: native outputs`);
+      const y = await wasm.matmul(id, w, x, cols);
+      const got = Array.from(new Uint32Array(new Float32Array(y).buffer), (b) => b.toString(16).padStart(8, '0'));
+      assert.deepEqual(got, native, `${build}: type ${id}: batched products differ`);
+    }
+  } finally {
+    fs.rmSync(dir, { recursive: true, force: true });
     await wasm.close();
   }
 });

@@ -137,6 +137,22 @@ fn rows_per_task(rows: usize, cols: usize) -> usize {
     rows.div_ceil(threads * 4).max(min_rows)
 }
 
+/// Numerics checks across platforms (`examples/quant_probe matmul`, the wasm build's
+/// `debugMatmul`): the batched product of weight rows `w` of ggml type `ty` (id) with the tokens
+/// `x` (rows of `cols`), `y` token-major; empty for an unknown type or a bad size.
+#[doc(hidden)]
+pub fn matmul_probe(ty: u32, w: &[u8], x: &[f32], cols: usize) -> Vec<f32> {
+    let Some(ty) = GgmlType::from_u32(ty) else { return Vec::new() };
+    let rb = ty.row_bytes(cols as u64).unwrap_or(0) as usize;
+    if rb == 0 || cols == 0 || w.len() % rb != 0 || x.len() % cols != 0 {
+        return Vec::new();
+    }
+    let rows = w.len() / rb;
+    let mut y = vec![0f32; rows * (x.len() / cols)];
+    matmul(WeightRef { ty, cols, rows, data: w }, &mut Acts::new(x, cols), &mut y);
+    y
+}
+
 /// `y[t][r] = W[r] · x[t]` for every token `t`. `y` is `n_tok × w.rows`, token-major.
 pub fn matmul(w: WeightRef<'_>, acts: &mut Acts<'_>, y: &mut [f32]) {
     matmul_part(w, acts, y, w.rows)
@@ -187,28 +203,33 @@ pub fn matmul_part(w: WeightRef<'_>, acts: &mut Acts<'_>, y: &mut [f32], whole_r
     let (a, a_row) = acts.converted(w.ty);
     let dot = quant::BatchDot::new(w.ty, w.cols, whole_rows, n_tok, mode == RowMode::Experts, mode == RowMode::PerRow);
     let act = |t: usize| &a[t * a_row..(t + 1) * a_row];
-    let pair = |r: usize, t: usize| dot.dot2x4([wrow(r), wrow(r + 1)], [act(t), act(t + 1), act(t + 2), act(t + 3)], t);
-    blocks(w.rows, n_tok, rows_chunk, 16, &yp, dot.has_2x4().then_some(&pair as &(dyn Fn(usize, usize) -> Option<[[f32; 4]; 2]> + Sync)), &|r, t| dot.dot4(wrow(r), [act(t), act(t + 1), act(t + 2), act(t + 3)], t), &|r, t| dot.dot(wrow(r), act(t), t));
+    let tile_rows = dot.tile_rows();
+    let tile = |r: usize, t: usize| dot.dot_tile([0, 1, 2, 3].map(|i| wrow(r + i.min(tile_rows - 1))), [act(t), act(t + 1), act(t + 2), act(t + 3)], t);
+    let tile = (tile_rows > 0).then_some((tile_rows, &tile as TileFn<'_>));
+    blocks(w.rows, n_tok, rows_chunk, 16, &yp, tile, &|r, t| dot.dot4(wrow(r), [act(t), act(t + 1), act(t + 2), act(t + 3)], t), &|r, t| dot.dot(wrow(r), act(t), t));
 }
 
-type Dot2x4<'a> = &'a (dyn Fn(usize, usize) -> Option<[[f32; 4]; 2]> + Sync);
+/// A tile of weight rows `r ..` × tokens `t .. t + 4`: `out[row][k]` (rows beyond the tile's
+/// own count unused).
+type TileFn<'a> = &'a (dyn Fn(usize, usize) -> Option<[[f32; 4]; 4]> + Sync);
 
 /// The batched loop: chunks of weight rows in parallel; within a chunk, blocks of `tokens` tokens;
-/// two rows × four tokens (`d2x4`), one row × four tokens (`d4`) where a tile computes them,
-/// else one output at a time (`d1`). `y` is `n_tok × rows`, token-major.
-fn blocks(rows: usize, n_tok: usize, rows_chunk: usize, tokens: usize, yp: &par::SharedMut<f32>, d2x4: Option<Dot2x4<'_>>, d4: &(dyn Fn(usize, usize) -> Option<[f32; 4]> + Sync), d1: &(dyn Fn(usize, usize) -> f32 + Sync)) {
+/// `tile`'s rows × four tokens (its row count and kernel), one row × four tokens (`d4`) where a
+/// tile computes them, else one output at a time (`d1`). `y` is `n_tok × rows`, token-major.
+fn blocks(rows: usize, n_tok: usize, rows_chunk: usize, tokens: usize, yp: &par::SharedMut<f32>, tile: Option<(usize, TileFn<'_>)>, d4: &(dyn Fn(usize, usize) -> Option<[f32; 4]> + Sync), d1: &(dyn Fn(usize, usize) -> f32 + Sync)) {
     par::for_each(rows.div_ceil(rows_chunk), |ci| {
         let (r0, r1) = (ci * rows_chunk, ((ci + 1) * rows_chunk).min(rows));
         for t0 in (0..n_tok).step_by(tokens) {
             let t1 = (t0 + tokens).min(n_tok);
             let mut r = r0;
-            // Two weight rows × four tokens at once where the CPU has a tile for it (AArch64
-            // `smmla`); every output keeps its single dot's bits. The rest row by row below.
-            while let Some(d2) = d2x4.filter(|_| r + 2 <= r1) {
+            // Several weight rows × four tokens at once where the CPU has a tile for it (AArch64
+            // `smmla`: two rows; wasm SIMD128: four); every output keeps its single dot's bits.
+            // The rest row by row below.
+            while let Some((n_rows, d)) = tile.filter(|&(n_rows, _)| r + n_rows <= r1) {
                 let mut t = t0;
                 while t + 4 <= t1 {
-                    let Some(v) = d2(r, t) else { break };
-                    for (i, row) in v.into_iter().enumerate() {
+                    let Some(v) = d(r, t) else { break };
+                    for (i, row) in v.into_iter().take(n_rows).enumerate() {
                         for (k, v) in row.into_iter().enumerate() {
                             // SAFETY: chunk `ci` alone writes rows r0..r1 of every token, within y.
                             unsafe { yp.write((t + k) * rows + r + i, v) };
@@ -217,12 +238,12 @@ fn blocks(rows: usize, n_tok: usize, rows_chunk: usize, tokens: usize, yp: &par:
                     t += 4;
                 }
                 for t in t..t1 {
-                    for i in 0..2 {
+                    for i in 0..n_rows {
                         // SAFETY: as above.
                         unsafe { yp.write(t * rows + r + i, d1(r + i, t)) };
                     }
                 }
-                r += 2;
+                r += n_rows;
             }
             for r in r..r1 {
                 let mut t = t0;
