@@ -611,6 +611,15 @@ pub fn vec_dot_with(simd: Simd, ty: GgmlType, n: usize, w_row: &[u8], act: &[u8]
     unsafe { k(n, w_row, act) }
 }
 
+/// Four activation rows of a batched product, ready for [`BatchDot::dot_tile`] with any number
+/// of weight rows ([`BatchDot::tile_acts`]).
+pub struct TileActs<'a> {
+    acts: [&'a [u8]; 4],
+    t: usize,
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    prep: Option<Vec<wasm::ActBlock>>,
+}
+
 /// The dot products of one batched product (`n_tok` activation rows × a weight of `rows` rows),
 /// looked up and size-checked once instead of per output. On x86-64 with AVX2 it follows ggml's
 /// batched paths where they sum in a different order from [`vec_dot`] (tinyBLAS for F32 and F16
@@ -633,9 +642,10 @@ pub struct BatchDot {
     /// wasm SIMD128: four dots per call (one weight row × four activation rows here).
     #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
     x4: Option<wasm::X4Fn>,
-    /// wasm SIMD128: four weight rows × four activation rows per call.
+    /// wasm SIMD128: four weight rows × four activation rows per call, the activation rows
+    /// prepared once per tile ([`BatchDot::tile_acts`]).
     #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-    x4x4: Option<wasm::X4x4Fn>,
+    x4x4: Option<(wasm::Prep4Fn, wasm::X4x4Fn)>,
     w_need: usize,
     a_need: usize,
 }
@@ -843,20 +853,42 @@ impl BatchDot {
         }
     }
 
-    /// [`BatchDot::tile_rows`] weight rows (`w_rows`, the rest ignored) × activation rows
-    /// `t .. t + 4`: `out[row][k]`, each output the bits of [`BatchDot::dot`]; `None` where
+    /// Activation rows `t .. t + 4` (`acts`) made ready for [`BatchDot::dot_tile`] with every
+    /// weight row of a tile (wasm: their blocks prepared once).
+    pub fn tile_acts<'a>(&self, acts: [&'a [u8]; 4], t: usize) -> TileActs<'a> {
+        #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+        let prep = match self.x4x4 {
+            Some((prep4, _)) if acts.iter().all(|a| a.len() >= self.a_need) => {
+                let mut v = Vec::new();
+                // SAFETY: sizes checked; SIMD128 is compiled in.
+                unsafe { prep4(self.n, acts, &mut v) };
+                Some(v)
+            }
+            _ => None,
+        };
+        TileActs {
+            acts,
+            t,
+            #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+            prep,
+        }
+    }
+
+    /// [`BatchDot::tile_rows`] weight rows (`w_rows`, the rest ignored) × the tile's four
+    /// activation rows: `out[row][k]`, each output the bits of [`BatchDot::dot`]; `None` where
     /// there is no tile.
     #[inline]
-    pub fn dot_tile(&self, w_rows: [&[u8]; 4], acts: [&[u8]; 4], t: usize) -> Option<[[f32; 4]; 4]> {
+    pub fn dot_tile(&self, w_rows: [&[u8]; 4], acts: &TileActs<'_>) -> Option<[[f32; 4]; 4]> {
         #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-        if let Some(k) = self.x4x4 {
-            if w_rows.iter().any(|w| w.len() < self.w_need) || acts.iter().any(|a| a.len() < self.a_need) {
+        if let Some((_, k)) = self.x4x4 {
+            let Some(prep) = acts.prep.as_deref().filter(|_| w_rows.iter().all(|w| w.len() >= self.w_need)) else {
                 return Some([[f32::NAN; 4]; 4]);
-            }
-            // SAFETY: sizes checked above; SIMD128 is compiled in.
-            return Some(unsafe { k(self.n, w_rows, acts) });
+            };
+            // SAFETY: sizes checked above (the activation rows by `tile_acts`); SIMD128 is
+            // compiled in.
+            return Some(unsafe { k(self.n, w_rows, prep) });
         }
-        let [a, b] = self.dot2x4([w_rows[0], w_rows[1]], acts, t)?;
+        let [a, b] = self.dot2x4([w_rows[0], w_rows[1]], acts.acts, acts.t)?;
         Some([a, b, [f32::NAN; 4], [f32::NAN; 4]])
     }
 

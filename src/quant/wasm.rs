@@ -71,16 +71,22 @@ pub(super) fn kernel_x4(ty: GgmlType) -> (Option<X4Fn>, Option<X4Fn>) {
 
 /// Four weight rows × four activation rows, `out[row][token]` (`(n, weight rows, activation
 /// rows)`), each output its single dot's bits. Same safety contract as [`DotFn`] for each pair.
-pub(super) type X4x4Fn = unsafe fn(usize, [&[u8]; 4], [&[u8]; 4]) -> [[f32; 4]; 4];
+/// The four activation rows come prepared by the type's [`Prep4Fn`].
+pub(super) type X4x4Fn = unsafe fn(usize, [&[u8]; 4], &[ActBlock]) -> [[f32; 4]; 4];
 
-/// The four-by-four prompt tile of the 32-element block types ([`rows4_toks4`]).
-pub(super) fn kernel_4x4(ty: GgmlType) -> Option<X4x4Fn> {
+/// Four activation rows `(n, rows, out)` prepared for a type's [`X4x4Fn`], once for all the
+/// weight rows of a prompt tile: block `i` of row `k` at `out[4i + k]`.
+pub(super) type Prep4Fn = unsafe fn(usize, [&[u8]; 4], &mut Vec<ActBlock>);
+
+/// The four-by-four prompt tile of the 32-element block types ([`rows4_toks4`]) and how it
+/// prepares its activation rows.
+pub(super) fn kernel_4x4(ty: GgmlType) -> Option<(Prep4Fn, X4x4Fn)> {
     use GgmlType::*;
     Some(match ty {
-        Q4_0 => q4_0_4x4,
-        Q4_1 => q4_1_4x4,
-        Q5_0 => q5_0_4x4,
-        Q8_0 => q8_0_4x4,
+        Q4_0 => (q4_0_prep4, q4_0_4x4),
+        Q4_1 => (q4_1_prep4, q4_1_4x4),
+        Q5_0 => (q5_0_prep4, q5_0_4x4),
+        Q8_0 => (q8_0_prep4, q8_0_4x4),
         _ => return None,
     })
 }
@@ -384,7 +390,7 @@ unsafe fn f16_top_to_f32(top: v128, h: impl Fn() -> v128) -> v128 {
 /// - SIMD128: `v` = the activation widened to i16 (four vectors), each weight block then taking
 ///   `i32x4.dot_i16x8_s` (x86 `pmaddwd`); `corr = 0`.
 #[derive(Clone, Copy)]
-struct ActBlock {
+pub(super) struct ActBlock {
     v: [v128; 4],
     corr: v128,
     ys: [v128; 2],
@@ -495,22 +501,30 @@ unsafe fn rows_prepared(
     });
 }
 
-/// Four weight rows × four activation rows (`out[row][token]`): per token the operations of
-/// [`rows_prepared`] on those rows (so each output has its single dot's bits), the weight blocks
-/// unpacked and their scales converted once for the four tokens, each activation block
-/// prepared once for the four rows (a prompt tile).
+/// Four activation rows' blocks prepared for [`rows4_toks4`] (block `i` of row `k` at
+/// `out[4i + k]`).
 #[inline]
 #[target_feature(enable = "simd128")]
-unsafe fn rows4_toks4(n: usize, w: [&[u8]; 4], a: [&[u8]; 4], l: Layout, qx: impl Fn(*const u8) -> (v128, v128), term: impl Fn(v128, [v128; 2], [v128; 2]) -> v128) -> [[f32; 4]; 4] {
-    let (wp, ap) = (w.map(|r| r.as_ptr()), a.map(|r| r.as_ptr()));
+unsafe fn prepare_act4(n: usize, a: [&[u8]; 4], l: Layout, out: &mut Vec<ActBlock>) {
+    out.clear();
+    out.extend((0..n / 32).flat_map(|i| a.map(|r| prepare_block(r.as_ptr().add(i * l.asize), l))));
+}
+
+/// Four weight rows × four activation rows (`out[row][token]`), the activation rows prepared
+/// ([`prepare_act4`], once for all the weight rows of a prompt tile): per token the operations
+/// of [`rows_prepared`] on those rows (so each output has its single dot's bits), the weight
+/// blocks unpacked and their scales converted once for the four tokens.
+#[inline]
+#[target_feature(enable = "simd128")]
+unsafe fn rows4_toks4(n: usize, w: [&[u8]; 4], prep: &[ActBlock], l: Layout, qx: impl Fn(*const u8) -> (v128, v128), term: impl Fn(v128, [v128; 2], [v128; 2]) -> v128) -> [[f32; 4]; 4] {
+    let wp = w.map(|r| r.as_ptr());
     let mut sumf = [f32x4_splat(0.0); 4]; // per token, one lane per row
-    for i in 0..n / 32 {
+    for (i, bs) in prep.chunks_exact(4).take(n / 32).enumerate() {
         let x = wp.map(|p| p.add(i * l.wsize));
         let q = x.map(|p| qx(p));
         let ws = scales_x4::<false>(x, l.two_scales);
-        for (k, s) in sumf.iter_mut().enumerate() {
-            let b = prepare_block(ap[k].add(i * l.asize), l);
-            let sumi = prepared_dot(&b, l.quants, |r| q[r]);
+        for (s, b) in sumf.iter_mut().zip(bs) {
+            let sumi = prepared_dot(b, l.quants, |r| q[r]);
             *s = f32x4_add(*s, term(f32x4_convert_i32x4(sumi), ws, b.ys));
         }
     }
@@ -561,10 +575,14 @@ unsafe fn blocks_32_toks4(n: usize, w: [&[u8]; 4], a: [&[u8]; 4], l: Layout, qx:
 /// row) and `$toks` (one weight row, four activation rows), from `blocks_32_x4`'s arguments
 /// but the rows.
 macro_rules! x4_kernels {
-    ($rows:ident, $toks:ident, $tile:ident, $layout:expr, $qx:expr, $term:expr $(,)?) => {
+    ($rows:ident, $toks:ident, $prep:ident, $tile:ident, $layout:expr, $qx:expr, $term:expr $(,)?) => {
         #[target_feature(enable = "simd128")]
-        unsafe fn $tile(n: usize, w: [&[u8]; 4], a: [&[u8]; 4]) -> [[f32; 4]; 4] {
-            rows4_toks4(n, w, a, $layout, $qx, $term)
+        unsafe fn $prep(n: usize, a: [&[u8]; 4], out: &mut Vec<ActBlock>) {
+            prepare_act4(n, a, $layout, out)
+        }
+        #[target_feature(enable = "simd128")]
+        unsafe fn $tile(n: usize, w: [&[u8]; 4], prep: &[ActBlock]) -> [[f32; 4]; 4] {
+            rows4_toks4(n, w, prep, $layout, $qx, $term)
         }
         #[target_feature(enable = "simd128")]
         unsafe fn $rows(n: usize, w: &[u8], rb: usize, a: &[u8], y: &mut [f32]) {
@@ -577,10 +595,10 @@ macro_rules! x4_kernels {
     };
 }
 
-x4_kernels!(q4_0_matvec, q4_0_toks4, q4_0_4x4, Layout::new(18, 34, 2, Quants::Unsigned(8), false), |x| nibbles(x.add(2)), |s, [xd, _], [yd, _]| f32x4_mul(f32x4_mul(s, xd), yd));
-x4_kernels!(q5_0_matvec, q5_0_toks4, q5_0_4x4, Layout::new(22, 34, 2, Quants::Unsigned(16), false), |x| q5_0_quants(x), |s, [xd, _], [yd, _]| f32x4_mul(f32x4_mul(xd, yd), s));
-x4_kernels!(q8_0_matvec, q8_0_toks4, q8_0_4x4, Layout::new(34, 34, 2, Quants::Signed, false), |x| (load(x.add(2)), load(x.add(18))), |s, [xd, _], [yd, _]| f32x4_mul(s, f32x4_mul(xd, yd)));
-x4_kernels!(q4_1_matvec, q4_1_toks4, q4_1_4x4, Layout::new(20, 36, 4, Quants::Unsigned(0), true), |x| nibbles(x.add(4)), |s, [xd, xm], [yd, ys]| {
+x4_kernels!(q4_0_matvec, q4_0_toks4, q4_0_prep4, q4_0_4x4, Layout::new(18, 34, 2, Quants::Unsigned(8), false), |x| nibbles(x.add(2)), |s, [xd, _], [yd, _]| f32x4_mul(f32x4_mul(s, xd), yd));
+x4_kernels!(q5_0_matvec, q5_0_toks4, q5_0_prep4, q5_0_4x4, Layout::new(22, 34, 2, Quants::Unsigned(16), false), |x| q5_0_quants(x), |s, [xd, _], [yd, _]| f32x4_mul(f32x4_mul(xd, yd), s));
+x4_kernels!(q8_0_matvec, q8_0_toks4, q8_0_prep4, q8_0_4x4, Layout::new(34, 34, 2, Quants::Signed, false), |x| (load(x.add(2)), load(x.add(18))), |s, [xd, _], [yd, _]| f32x4_mul(s, f32x4_mul(xd, yd)));
+x4_kernels!(q4_1_matvec, q4_1_toks4, q4_1_prep4, q4_1_4x4, Layout::new(20, 36, 4, Quants::Unsigned(0), true), |x| nibbles(x.add(4)), |s, [xd, xm], [yd, ys]| {
     f32x4_add(f32x4_mul(f32x4_mul(xd, yd), s), f32x4_mul(xm, ys))
 });
 

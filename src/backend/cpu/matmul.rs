@@ -204,19 +204,25 @@ pub fn matmul_part(w: WeightRef<'_>, acts: &mut Acts<'_>, y: &mut [f32], whole_r
     let dot = quant::BatchDot::new(w.ty, w.cols, whole_rows, n_tok, mode == RowMode::Experts, mode == RowMode::PerRow);
     let act = |t: usize| &a[t * a_row..(t + 1) * a_row];
     let tile_rows = dot.tile_rows();
-    let tile = |r: usize, t: usize| dot.dot_tile([0, 1, 2, 3].map(|i| wrow(r + i.min(tile_rows - 1))), [act(t), act(t + 1), act(t + 2), act(t + 3)], t);
-    let tile = (tile_rows > 0).then_some((tile_rows, &tile as TileFn<'_>));
+    let tile_acts = |t: usize| dot.tile_acts([act(t), act(t + 1), act(t + 2), act(t + 3)], t);
+    let tile = |r: usize, a: &quant::TileActs<'_>| dot.dot_tile([0, 1, 2, 3].map(|i| wrow(r + i.min(tile_rows - 1))), a);
+    let tile = (tile_rows > 0).then_some(Tile { rows: tile_rows, acts: &tile_acts, dot: &tile });
     blocks(w.rows, n_tok, rows_chunk, 16, &yp, tile, &|r, t| dot.dot4(wrow(r), [act(t), act(t + 1), act(t + 2), act(t + 3)], t), &|r, t| dot.dot(wrow(r), act(t), t));
 }
 
-/// A tile of weight rows `r ..` × tokens `t .. t + 4`: `out[row][k]` (rows beyond the tile's
-/// own count unused).
-type TileFn<'a> = &'a (dyn Fn(usize, usize) -> Option<[[f32; 4]; 4]> + Sync);
+/// Tiles of `rows` weight rows × four tokens: `acts(t)` makes tokens `t .. t + 4` ready once for
+/// every row tile, `dot(r, acts)` gives rows `r ..` × those tokens, `out[row][k]` (rows beyond
+/// `rows` unused).
+struct Tile<'a, 'b> {
+    rows: usize,
+    acts: &'a (dyn Fn(usize) -> quant::TileActs<'b> + Sync),
+    dot: &'a (dyn Fn(usize, &quant::TileActs<'b>) -> Option<[[f32; 4]; 4]> + Sync),
+}
 
 /// The batched loop: chunks of weight rows in parallel; within a chunk, blocks of `tokens` tokens;
-/// `tile`'s rows × four tokens (its row count and kernel), one row × four tokens (`d4`) where a
-/// tile computes them, else one output at a time (`d1`). `y` is `n_tok × rows`, token-major.
-fn blocks(rows: usize, n_tok: usize, rows_chunk: usize, tokens: usize, yp: &par::SharedMut<f32>, tile: Option<(usize, TileFn<'_>)>, d4: &(dyn Fn(usize, usize) -> Option<[f32; 4]> + Sync), d1: &(dyn Fn(usize, usize) -> f32 + Sync)) {
+/// `tile`'s rows × four tokens, one row × four tokens (`d4`) where a tile computes them, else
+/// one output at a time (`d1`). `y` is `n_tok × rows`, token-major.
+fn blocks(rows: usize, n_tok: usize, rows_chunk: usize, tokens: usize, yp: &par::SharedMut<f32>, tile: Option<Tile<'_, '_>>, d4: &(dyn Fn(usize, usize) -> Option<[f32; 4]> + Sync), d1: &(dyn Fn(usize, usize) -> f32 + Sync)) {
     par::for_each(rows.div_ceil(rows_chunk), |ci| {
         let (r0, r1) = (ci * rows_chunk, ((ci + 1) * rows_chunk).min(rows));
         for t0 in (0..n_tok).step_by(tokens) {
@@ -225,10 +231,13 @@ fn blocks(rows: usize, n_tok: usize, rows_chunk: usize, tokens: usize, yp: &par:
             // Several weight rows × four tokens at once where the CPU has a tile for it (AArch64
             // `smmla`: two rows; wasm SIMD128: four); every output keeps its single dot's bits.
             // The rest row by row below.
-            while let Some((n_rows, d)) = tile.filter(|&(n_rows, _)| r + n_rows <= r1) {
+            let tile = tile.as_ref().filter(|tl| r0 + tl.rows <= r1);
+            let acts: Vec<_> = tile.map(|tl| (t0..t1.saturating_sub(3)).step_by(4).map(|t| (tl.acts)(t)).collect()).unwrap_or_default();
+            while let Some(tl) = tile.filter(|tl| r + tl.rows <= r1) {
+                let n_rows = tl.rows;
                 let mut t = t0;
                 while t + 4 <= t1 {
-                    let Some(v) = d(r, t) else { break };
+                    let Some(v) = (tl.dot)(r, &acts[(t - t0) / 4]) else { break };
                     for (i, row) in v.into_iter().take(n_rows).enumerate() {
                         for (k, v) in row.into_iter().enumerate() {
                             // SAFETY: chunk `ci` alone writes rows r0..r1 of every token, within y.
