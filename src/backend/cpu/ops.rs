@@ -378,8 +378,17 @@ unsafe fn dot_f16_lanes_wasm(a: &[f16], b: &[f16], bf: Option<&[f32]>, np: usize
         }
         i += 64;
     }
-    // v[l] = (acc0[l] + acc2[l]) + (acc1[l] + acc3[l]); t3[i] = v[i + 8] + v[i];
-    // t6[i] = t3[i + 4] + t3[i]; then (t6[0] + t6[2]) + (t6[1] + t6[3]).
+    sum_lanes16_wasm(&acc)
+}
+
+/// [`dot_f16`]'s reduction of its four 16-lane accumulators held as 16 vectors of four (lanes
+/// `4q..4q + 4` of accumulator `j` at `acc[4j + q]`), in the portable order:
+/// v[l] = (acc0[l] + acc2[l]) + (acc1[l] + acc3[l]); t3[i] = v[i + 8] + v[i];
+/// t6[i] = t3[i + 4] + t3[i]; then (t6[0] + t6[2]) + (t6[1] + t6[3]).
+#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+#[inline(always)]
+fn sum_lanes16_wasm(acc: &[core::arch::wasm32::v128; 16]) -> f32 {
+    use core::arch::wasm32::*;
     let v = |q: usize| f32x4_add(f32x4_add(acc[q], acc[8 + q]), f32x4_add(acc[4 + q], acc[12 + q]));
     let t6 = f32x4_add(f32x4_add(v(3), v(1)), f32x4_add(v(2), v(0)));
     let h = f32x4_add(t6, i32x4_shuffle::<2, 3, 2, 3>(t6, t6));
@@ -566,10 +575,7 @@ unsafe fn attend_heads_wasm(q: &[f32], g: usize, k_rows: &[f16], v_rows: &[f16],
                     *dr = f32x4_add(f32x4_mul(ld(&kf, b + 4 * r), ld(qi, b + 4 * r)), *dr);
                 }
             }
-            let v = |r: usize| f32x4_add(f32x4_add(d[r], d[8 + r]), f32x4_add(d[4 + r], d[12 + r]));
-            let t6 = f32x4_add(f32x4_add(v(3), v(1)), f32x4_add(v(2), v(0)));
-            let h = f32x4_add(t6, i32x4_shuffle::<2, 3, 2, 3>(t6, t6));
-            let s = (f32x4_extract_lane::<0>(h) + f32x4_extract_lane::<1>(h)) * scale;
+            let s = sum_lanes16_wasm(&d) * scale;
             let a = &mut acc[i * hd..(i + 1) * hd];
             let (mut ms, mut vs) = (1.0f32, 1.0f32);
             if s > m[i] {
