@@ -15,7 +15,7 @@ fn main() {
         let w = std::fs::read(&a[3]).unwrap();
         let xb = std::fs::read(&a[4]).unwrap();
         let x: Vec<f32> = xb.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
-        for v in les::backend::cpu::matmul::matmul_probe(a[2].parse().unwrap(), &w, &x, a[5].parse().unwrap()) {
+        for v in les::backend::cpu::matmul::matmul_probe(a[2].parse().unwrap(), &w, &x, a[5].parse().unwrap(), false) {
             println!("{:08x}", v.to_bits());
         }
         return;

@@ -96,7 +96,7 @@ impl Weights {
     /// A matrix of `ty`, `cols` × `rows` read from storage at each use (`s`; its pieces are
     /// numbered by the caller, who then sets the read-ahead with [`Self::set_read_ahead`]).
     pub fn add_streamed(&mut self, ty: crate::quant::GgmlType, cols: usize, rows: usize, s: StreamedMat) -> Mat {
-        let m = self.add_mat(Weight { ty, cols, rows, data: Vec::new() });
+        let m = self.add_mat(Weight::new(ty, cols, rows, Vec::new()));
         self.streamed[m.0 as usize] = Some(s);
         m
     }
@@ -113,11 +113,13 @@ impl Weights {
     /// Hold matrix `m`'s bytes (`data`: the whole matrix) instead of streaming it.
     pub fn set_resident(&mut self, m: Mat, data: Vec<u8>) {
         self.mats[m.0 as usize].data = data;
+        self.mats[m.0 as usize].repacked = false;
         self.streamed[m.0 as usize] = None;
     }
     /// Stream matrix `m` as `s` says, freeing the bytes it held.
     pub fn stream_instead(&mut self, m: Mat, s: StreamedMat) {
         self.mats[m.0 as usize].data = Vec::new();
+        self.mats[m.0 as usize].repacked = false;
         self.streamed[m.0 as usize] = Some(s);
     }
     pub fn read_ahead(&self) -> Option<&ReadAhead> {
@@ -158,9 +160,25 @@ impl Weights {
             let row0 = k * s.rows_per;
             let rows = s.rows_per.min(w.rows - row0);
             let data = ra.get(s.first + k)?;
-            f(row0, WeightRef { ty: w.ty, cols: w.cols, rows, data: &data });
+            f(row0, WeightRef { ty: w.ty, cols: w.cols, rows, data: &data, repacked: false });
         }
         Ok(())
+    }
+    /// Put the matrices the CPU reads in [`crate::quant::repack`]'s layout where it
+    /// [pays](crate::quant::repack::pays) (`always`: wherever the type has one; tests): held
+    /// matrices that are not host-only lookups. Returns the bytes repacked.
+    pub fn repack(&mut self, always: bool) -> usize {
+        let mut bytes = 0;
+        for (i, w) in self.mats.iter_mut().enumerate() {
+            if self.streamed[i].is_none() && !self.host[i] && !w.repacked && w.repack(always) {
+                bytes += w.data.len();
+            }
+        }
+        bytes
+    }
+    /// Every matrix in the file's layout again (before a backend uploads the bytes as they are).
+    pub fn unpack(&mut self) {
+        self.mats.iter_mut().for_each(Weight::unpack);
     }
     pub fn add_vec(&mut self, v: Vec<f32>) -> Vector {
         self.vecs.push(v);

@@ -199,6 +199,8 @@ impl Session {
 
     /// Run on the GPU of `ctx`: upload the dense weights (experts go to GPU slots as routed).
     pub fn use_gpu(&mut self, ctx: crate::backend::wgpu::GpuContext, opts: &crate::backend::wgpu::exec::GpuOptions) -> Result<(), EngineError> {
+        // The GPU reads the file's layout (the host keeps running lookups on the same bytes).
+        self.model.weights.unpack();
         let m = &self.model;
         let sh = m.gpu_shapes(self.kv.n_ctx);
         let gpu = GpuBackend::new(std::sync::Arc::new(ctx), &m.weights, sh, m.experts(), opts)?;

@@ -101,15 +101,15 @@ impl ExpertBlock {
     }
     pub fn gate(&self) -> WeightRef<'_> {
         let l = &self.layout;
-        WeightRef { ty: l.gate_ty, cols: l.n_embd, rows: l.n_ff, data: &self.data[self.range(0)] }
+        WeightRef { ty: l.gate_ty, cols: l.n_embd, rows: l.n_ff, data: &self.data[self.range(0)], repacked: false }
     }
     pub fn up(&self) -> WeightRef<'_> {
         let l = &self.layout;
-        WeightRef { ty: l.up_ty, cols: l.n_embd, rows: l.n_ff, data: &self.data[self.range(1)] }
+        WeightRef { ty: l.up_ty, cols: l.n_embd, rows: l.n_ff, data: &self.data[self.range(1)], repacked: false }
     }
     pub fn down(&self) -> WeightRef<'_> {
         let l = &self.layout;
-        WeightRef { ty: l.down_ty, cols: l.n_ff, rows: l.n_embd, data: &self.data[self.range(2)] }
+        WeightRef { ty: l.down_ty, cols: l.n_ff, rows: l.n_embd, data: &self.data[self.range(2)], repacked: false }
     }
     /// Read expert `e` of a layer from a GGUF source (three range reads).
     pub fn read_from_gguf(src: &dyn ByteSource, t: &GgufExpertTensors, e: usize) -> Result<Self, StoreError> {

@@ -232,7 +232,7 @@ impl<'a> Loader<'a> {
         let t = self.tensor(name, want)?;
         let data = self.src.read_vec(t.offset, t.size as usize)?;
         let rows = if want.len() > 1 { want[1] } else { 1 };
-        Ok(Weight { ty: t.ty, cols: want[0], rows, data })
+        Ok(Weight::new(t.ty, want[0], rows, data))
     }
 
     /// A matrix of `shape` = [cols, rows] (GGUF dimension order).
@@ -295,7 +295,7 @@ impl<'a> Loader<'a> {
                 data.extend_from_slice(&w.data[r.start * rb..r.end * rb]);
                 rows += r.len();
             }
-            out.push(self.w.add_mat(Weight { ty: w.ty, cols: w.cols, rows, data }));
+            out.push(self.w.add_mat(Weight::new(w.ty, w.cols, rows, data)));
         }
         Ok(out)
     }
@@ -390,7 +390,9 @@ impl Model {
             (true, ExpertMode::External(s)) => Some(s),
         };
         let whole = std::mem::take(&mut ld.whole);
-        let weights = ld.finish()?;
+        let mut weights = ld.finish()?;
+        // The layout the CPU kernels read fastest, where it pays (wasm relaxed SIMD).
+        weights.repack(false);
         let dense_bytes = g.tensors.iter().filter(|t| !t.name.contains("_exps.weight") && !cfg.is_nextn_tensor(&t.name)).map(|t| t.size as usize).sum::<usize>().saturating_sub(weights.streamed_bytes() as usize);
         Ok(Self { cfg, weights, tok_embd, output_norm, output, layers, experts, expert_tensors, dense_bytes, capture: None, hidden: Default::default(), mtp: None, whole })
     }
@@ -512,6 +514,7 @@ impl Model {
         ld.w = std::mem::take(&mut self.weights);
         let r = qwen35moe::Mtp::load(&mut ld, &self.cfg, self.tok_embd, self.output_norm, self.output);
         self.weights = ld.w;
+        self.weights.repack(false);
         let mut mtp = r?;
         let il = self.cfg.n_layer;
         let mut bytes = self.cfg.mtp_bytes(g) as usize;

@@ -19,6 +19,7 @@ mod iq;
 mod kquants;
 mod legacy;
 pub mod quantize;
+pub mod repack;
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
 mod wasm;
 /// Four-lane f16 <-> f32 conversions (exact / round to nearest even) for the CPU backend's f16

@@ -368,12 +368,17 @@ pub(crate) unsafe fn f16x8_to_f32(h: v128) -> (v128, v128) {
 /// are ignored); `h()`: the same halves in the low 16 bits, for the slow path only.
 #[inline(always)]
 unsafe fn f16_top_to_f32(top: v128, h: impl Fn() -> v128) -> v128 {
-    let bits = v128_and(i32x4_shr(top, 3), u32x4_splat(0x8fff_e000));
-    let f = f32x4_mul(bits, f32x4_splat(f32::from_bits(0x7780_0000)));
+    let f = f16_top_finite(top);
     if v128_any_true(f32x4_ge(f32x4_abs(f), f32x4_splat(65536.0))) {
         return f16x4_to_f32(h());
     }
     f
+}
+
+/// The fast path of [`f16_top_to_f32`] alone: the bits of `f16_to_f32` for finite halves.
+#[inline(always)]
+fn f16_top_finite(top: v128) -> v128 {
+    f32x4_mul(v128_and(i32x4_shr(top, 3), u32x4_splat(0x8fff_e000)), f32x4_splat(f32::from_bits(0x7780_0000)))
 }
 
 /// One activation block of a matrix-vector product, prepared once for all the matrix's rows:
@@ -481,12 +486,8 @@ unsafe fn rows_prepared(
     qx: impl Fn(*const u8) -> (v128, v128),
     term: impl Fn(v128, [v128; 2], [v128; 2]) -> v128,
 ) {
-    // The prepared blocks in a buffer kept per thread: a matrix-vector product runs as many
-    // parallel chunks, and an allocation per chunk takes the threaded build's allocator lock.
-    thread_local!(static PREP: core::cell::RefCell<Vec<ActBlock>> = const { core::cell::RefCell::new(Vec::new()) });
-    PREP.with(|p| {
-        let mut prep = p.borrow_mut();
-        prepare_act(n / 32, act.as_ptr(), l, &mut prep);
+    with_prep(|prep| {
+        prepare_act(n / 32, act.as_ptr(), l, prep);
         for (q, yq) in y.chunks_exact_mut(4).enumerate() {
             let base = w.as_ptr().add(q * 4 * rb);
             let wp = [base, base.add(rb), base.add(2 * rb), base.add(3 * rb)];
@@ -499,6 +500,13 @@ unsafe fn rows_prepared(
             v128_store(yq.as_mut_ptr() as *mut v128, sumf);
         }
     });
+}
+
+/// `f` with this thread's buffer of prepared activation blocks: a matrix-vector product runs as
+/// many parallel chunks, and an allocation per chunk takes the threaded build's allocator lock.
+fn with_prep<R>(f: impl FnOnce(&mut Vec<ActBlock>) -> R) -> R {
+    thread_local!(static PREP: core::cell::RefCell<Vec<ActBlock>> = const { core::cell::RefCell::new(Vec::new()) });
+    PREP.with(|p| f(&mut p.borrow_mut()))
 }
 
 /// Four activation rows' blocks prepared for [`rows4_toks4`] (block `i` of row `k` at
@@ -595,12 +603,209 @@ macro_rules! x4_kernels {
     };
 }
 
-x4_kernels!(q4_0_matvec, q4_0_toks4, q4_0_prep4, q4_0_4x4, Layout::new(18, 34, 2, Quants::Unsigned(8), false), |x| nibbles(x.add(2)), |s, [xd, _], [yd, _]| f32x4_mul(f32x4_mul(s, xd), yd));
-x4_kernels!(q5_0_matvec, q5_0_toks4, q5_0_prep4, q5_0_4x4, Layout::new(22, 34, 2, Quants::Unsigned(16), false), |x| q5_0_quants(x), |s, [xd, _], [yd, _]| f32x4_mul(f32x4_mul(xd, yd), s));
-x4_kernels!(q8_0_matvec, q8_0_toks4, q8_0_prep4, q8_0_4x4, Layout::new(34, 34, 2, Quants::Signed, false), |x| (load(x.add(2)), load(x.add(18))), |s, [xd, _], [yd, _]| f32x4_mul(s, f32x4_mul(xd, yd)));
-x4_kernels!(q4_1_matvec, q4_1_toks4, q4_1_prep4, q4_1_4x4, Layout::new(20, 36, 4, Quants::Unsigned(0), true), |x| nibbles(x.add(4)), |s, [xd, xm], [yd, ys]| {
+/// The per-block f32 terms of the portable kernels (`legacy.rs`), four lanes at a time: `s` the
+/// integer sums as f32, `[xd, xm]` the weight blocks' scales, `[yd, ys]` the activation's.
+#[inline(always)]
+fn term_q4_0(s: v128, [xd, _]: [v128; 2], [yd, _]: [v128; 2]) -> v128 {
+    f32x4_mul(f32x4_mul(s, xd), yd)
+}
+#[inline(always)]
+fn term_q5_0(s: v128, [xd, _]: [v128; 2], [yd, _]: [v128; 2]) -> v128 {
+    f32x4_mul(f32x4_mul(xd, yd), s)
+}
+#[inline(always)]
+fn term_q8_0(s: v128, [xd, _]: [v128; 2], [yd, _]: [v128; 2]) -> v128 {
+    f32x4_mul(s, f32x4_mul(xd, yd))
+}
+#[inline(always)]
+fn term_q4_1(s: v128, [xd, xm]: [v128; 2], [yd, ys]: [v128; 2]) -> v128 {
     f32x4_add(f32x4_mul(f32x4_mul(xd, yd), s), f32x4_mul(xm, ys))
-});
+}
+
+const Q4_0: Layout = Layout::new(18, 34, 2, Quants::Unsigned(8), false);
+const Q4_1: Layout = Layout::new(20, 36, 4, Quants::Unsigned(0), true);
+const Q5_0: Layout = Layout::new(22, 34, 2, Quants::Unsigned(16), false);
+const Q8_0: Layout = Layout::new(34, 34, 2, Quants::Signed, false);
+
+x4_kernels!(q4_0_matvec, q4_0_toks4, q4_0_prep4, q4_0_4x4, Q4_0, |x| nibbles(x.add(2)), term_q4_0);
+x4_kernels!(q5_0_matvec, q5_0_toks4, q5_0_prep4, q5_0_4x4, Q5_0, |x| q5_0_quants(x), term_q5_0);
+x4_kernels!(q8_0_matvec, q8_0_toks4, q8_0_prep4, q8_0_4x4, Q8_0, |x| (load(x.add(2)), load(x.add(18))), term_q8_0);
+x4_kernels!(q4_1_matvec, q4_1_toks4, q4_1_prep4, q4_1_4x4, Q4_1, |x| nibbles(x.add(4)), term_q4_1);
+
+// ---------------------------------------------------------------------------------------------
+// Repacked rows (`super::repack`): four rows' blocks side by side, relaxed SIMD
+
+/// A repacked kernel: `(n, group bytes, prepared activation blocks, tokens)` → per token, the
+/// four rows' results in the lanes.
+#[cfg(target_feature = "relaxed-simd")]
+type Rows4Fn<const T: usize> = unsafe fn(usize, *const u8, &[ActBlock]) -> [v128; T];
+
+/// The four rows × `T` tokens of one repacked group `g` (`super::repack`'s layout), the tokens'
+/// blocks prepared by [`prepare_block`] (block `i` of token `k` at `prep[T·i + k]`). Per token
+/// and block, lane `j` gets row `j`'s exact integer block sum, then the portable order's f32
+/// `term`, as [`rows_prepared`] does for plain rows (the same bits), with neither horizontal
+/// sums nor per-row scale loads:
+/// - Q4_0 / Q4_1: vector `c` holds bytes `4c .. 4c + 4` of each row, whose low nibbles are
+///   elements `4c ..` and high nibbles `16 + 4c ..`; the activation's four matching bytes,
+///   splatted, go through `i16x8.relaxed_dot_i8x16_i7x16_s` (pairs of products, |a · q| <=
+///   128 · 15) and eight of them add up in i16 lanes (<= 8 · 2 · 1920 = 30720: exact), widened
+///   once per block; the offset is the prepared `corr`.
+/// - Q8_0: vector `c` holds elements `4c .. 4c + 4` of each row; each weight byte, its sign
+///   flipped where the activation's is negative, times |a| as in [`ActBlock`] (a pair <=
+///   2 · 128 · 127: exact in i16), widened per vector.
+/// Scales: the four rows' halves in one load, converted without the infinity/NaN path (repacked
+/// matrices have finite scales only).
+#[cfg(target_feature = "relaxed-simd")]
+#[inline(always)]
+unsafe fn rows4_group<const T: usize>(n: usize, g: *const u8, prep: &[ActBlock], l: Layout, term: impl Fn(v128, [v128; 2], [v128; 2]) -> v128) -> [v128; T] {
+    let sc = if l.two_scales { 16 } else { 8 };
+    let (m4, ones, z) = (u8x16_splat(0x0f), i16x8_splat(1), i16x8_splat(0));
+    let mut sumf = [f32x4_splat(0.0); T];
+    for (i, bs) in prep.chunks_exact(T).take(n / 32).enumerate() {
+        let x = g.add(i * 4 * l.wsize);
+        let h = if l.two_scales { load(x) } else { v128_load64_zero(x as *const u64) };
+        let ws = [f16_top_finite(i16x8_shuffle::<0, 8, 0, 9, 0, 10, 0, 11>(z, h)), f16_top_finite(i16x8_shuffle::<0, 12, 0, 13, 0, 14, 0, 15>(z, h))];
+        let q = x.add(sc);
+        match l.quants {
+            Quants::Unsigned(_) => {
+                let v: [v128; 4] = core::array::from_fn(|c| load(q.add(16 * c)));
+                let (lo, hi) = (v.map(|v| v128_and(v, m4)), v.map(|v| v128_and(u16x8_shr(v, 4), m4)));
+                for (s, b) in sumf.iter_mut().zip(bs) {
+                    let a = b.v.as_ptr() as *const u8;
+                    let mut acc = z;
+                    for c in 0..4 {
+                        acc = i16x8_add(acc, i16x8_relaxed_dot_i8x16_i7x16(splat4(a.add(4 * c)), lo[c]));
+                        acc = i16x8_add(acc, i16x8_relaxed_dot_i8x16_i7x16(splat4(a.add(16 + 4 * c)), hi[c]));
+                    }
+                    let sumi = i32x4_add(i32x4_dot_i16x8(acc, ones), b.corr);
+                    *s = f32x4_add(*s, term(f32x4_convert_i32x4(sumi), ws, b.ys));
+                }
+            }
+            Quants::Signed => {
+                let v: [v128; 8] = core::array::from_fn(|c| load(q.add(16 * c)));
+                for (s, b) in sumf.iter_mut().zip(bs) {
+                    let a = b.v.as_ptr() as *const u8;
+                    let mut sumi = b.corr;
+                    for (c, &vc) in v.iter().enumerate() {
+                        let p = i16x8_relaxed_dot_i8x16_i7x16(v128_xor(vc, splat4(a.add(32 + 4 * c))), splat4(a.add(4 * c)));
+                        sumi = i32x4_add(sumi, i32x4_dot_i16x8(p, ones));
+                    }
+                    *s = f32x4_add(*s, term(f32x4_convert_i32x4(sumi), ws, b.ys));
+                }
+            }
+        }
+    }
+    sumf
+}
+
+/// The four bytes at `p` in every lane.
+#[cfg(target_feature = "relaxed-simd")]
+#[inline(always)]
+unsafe fn splat4(p: *const u8) -> v128 {
+    v128_load32_splat(p as *const u32)
+}
+
+/// The repacked kernels of a 32-element block type: `$one` (one token) and `$four` (four).
+#[cfg(target_feature = "relaxed-simd")]
+macro_rules! rows4_kernels {
+    ($one:ident, $four:ident, $layout:expr, $term:expr $(,)?) => {
+        #[target_feature(enable = "simd128")]
+        unsafe fn $one(n: usize, g: *const u8, prep: &[ActBlock]) -> [v128; 1] {
+            rows4_group::<1>(n, g, prep, $layout, $term)
+        }
+        #[target_feature(enable = "simd128")]
+        unsafe fn $four(n: usize, g: *const u8, prep: &[ActBlock]) -> [v128; 4] {
+            rows4_group::<4>(n, g, prep, $layout, $term)
+        }
+    };
+}
+
+#[cfg(target_feature = "relaxed-simd")]
+rows4_kernels!(q4_0_r4x1, q4_0_r4x4, Q4_0, term_q4_0);
+#[cfg(target_feature = "relaxed-simd")]
+rows4_kernels!(q4_1_r4x1, q4_1_r4x4, Q4_1, term_q4_1);
+#[cfg(target_feature = "relaxed-simd")]
+rows4_kernels!(q8_0_r4x1, q8_0_r4x4, Q8_0, term_q8_0);
+
+/// The layout and the one- and four-token kernels of a repackable type.
+#[cfg(target_feature = "relaxed-simd")]
+fn rows4_table(ty: GgmlType) -> Option<(Layout, Rows4Fn<1>, Rows4Fn<4>)> {
+    Some(match ty {
+        GgmlType::Q4_0 => (Q4_0, q4_0_r4x1, q4_0_r4x4),
+        GgmlType::Q4_1 => (Q4_1, q4_1_r4x1, q4_1_r4x4),
+        GgmlType::Q8_0 => (Q8_0, q8_0_r4x1, q8_0_r4x4),
+        _ => return None,
+    })
+}
+
+/// A matrix-vector product over repacked groups: `(n, groups, activation, outputs)`, four
+/// outputs per group. Same safety contract as [`DotFn`] for every row.
+#[cfg(target_feature = "relaxed-simd")]
+pub(super) type Rows4MatvecFn = unsafe fn(usize, &[u8], &[u8], &mut [f32]);
+
+/// The matrix-vector product of repacked matrices of `ty` (`super::repack::matvec`).
+#[cfg(target_feature = "relaxed-simd")]
+pub(super) fn rows4_matvec_kernel(ty: GgmlType) -> Option<Rows4MatvecFn> {
+    #[target_feature(enable = "simd128")]
+    unsafe fn matvec(ty: GgmlType, n: usize, w: &[u8], act: &[u8], y: &mut [f32]) {
+        let Some((l, one, _)) = rows4_table(ty) else { return };
+        with_prep(|prep| {
+            prepare_act(n / 32, act.as_ptr(), l, prep);
+            for (q, yq) in y.chunks_exact_mut(4).enumerate() {
+                let [v] = one(n, w.as_ptr().add(q * 4 * (n / 32) * l.wsize), prep);
+                v128_store(yq.as_mut_ptr() as *mut v128, v);
+            }
+        });
+    }
+    #[target_feature(enable = "simd128")]
+    unsafe fn q4_0(n: usize, w: &[u8], act: &[u8], y: &mut [f32]) {
+        matvec(GgmlType::Q4_0, n, w, act, y)
+    }
+    #[target_feature(enable = "simd128")]
+    unsafe fn q4_1(n: usize, w: &[u8], act: &[u8], y: &mut [f32]) {
+        matvec(GgmlType::Q4_1, n, w, act, y)
+    }
+    #[target_feature(enable = "simd128")]
+    unsafe fn q8_0(n: usize, w: &[u8], act: &[u8], y: &mut [f32]) {
+        matvec(GgmlType::Q8_0, n, w, act, y)
+    }
+    Some(match ty {
+        GgmlType::Q4_0 => q4_0,
+        GgmlType::Q4_1 => q4_1,
+        GgmlType::Q8_0 => q8_0,
+        _ => return None,
+    })
+}
+
+/// Activation rows `acts` (1 to 4) prepared for [`rows4_dot`]: one row's blocks in order, or
+/// (2 to 4 rows) four rows interleaved, the last repeated.
+#[cfg(target_feature = "relaxed-simd")]
+#[target_feature(enable = "simd128")]
+pub(super) unsafe fn rows4_prepare(ty: GgmlType, n: usize, acts: &[&[u8]], out: &mut Vec<ActBlock>) {
+    let Some((l, _, _)) = rows4_table(ty) else { return };
+    match acts {
+        [] => out.clear(),
+        [a] => prepare_act(n / 32, a.as_ptr(), l, out),
+        _ => prepare_act4(n, core::array::from_fn(|k| acts[k.min(acts.len() - 1)]), l, out),
+    }
+}
+
+/// A repacked group `g` × `k` prepared activation rows ([`rows4_prepare`]): `out[row][token]`.
+/// `None` for a type without kernels.
+#[cfg(target_feature = "relaxed-simd")]
+#[target_feature(enable = "simd128")]
+pub(super) unsafe fn rows4_dot(ty: GgmlType, n: usize, g: &[u8], prep: &[ActBlock], k: usize) -> Option<[[f32; 4]; 4]> {
+    let (_, one, four) = rows4_table(ty)?;
+    let lanes = |v: v128| [f32x4_extract_lane::<0>(v), f32x4_extract_lane::<1>(v), f32x4_extract_lane::<2>(v), f32x4_extract_lane::<3>(v)];
+    let t: [[f32; 4]; 4] = if k == 1 {
+        let [v] = one(n, g.as_ptr(), prep);
+        [lanes(v), [0.0; 4], [0.0; 4], [0.0; 4]]
+    } else {
+        four(n, g.as_ptr(), prep).map(lanes)
+    };
+    // t[token][row] -> out[row][token], tokens past `k` zero.
+    Some(core::array::from_fn(|r| core::array::from_fn(|j| if j < k { t[j][r] } else { 0.0 })))
+}
 
 #[target_feature(enable = "simd128")]
 unsafe fn dot_q4_0_q8_0(n: usize, w: &[u8], a: &[u8]) -> f32 {

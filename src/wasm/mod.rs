@@ -214,16 +214,18 @@ pub fn debug_f32_ops(x: &[f32]) -> Vec<f32> {
 
 /// Debug: the CPU backend's batched product (prompt tiles) of the weight rows `w` (ggml type
 /// `ty`) with the tokens `x` (rows of `cols`), token-major (`backend::cpu::matmul::matmul_probe`;
-/// numerics checks it against a native run).
+/// numerics checks it against a native run); `repack`: the rows repacked first
+/// (`quant::repack`, where the type has that layout).
 #[wasm_bindgen(js_name = debugMatmul)]
-pub fn debug_matmul(ty: u32, w: &[u8], x: &[f32], cols: usize) -> Vec<f32> {
-    crate::backend::cpu::matmul::matmul_probe(ty, w, x, cols)
+pub fn debug_matmul(ty: u32, w: &[u8], x: &[f32], cols: usize, repack: Option<bool>) -> Vec<f32> {
+    crate::backend::cpu::matmul::matmul_probe(ty, w, x, cols, repack.unwrap_or(false))
 }
 
 /// Debug: `x` quantized to the activation type of ggml type `ty`, then dotted with each row of
 /// `w` (cross-platform numerics checks against a native run). Returns [dots..., act bytes as f32].
+/// `repack`: the rows repacked first (`quant::repack`, where the type has that layout).
 #[wasm_bindgen(js_name = debugMatvec)]
-pub fn debug_matvec(ty: u32, w: &[u8], x: &[f32]) -> Vec<f32> {
+pub fn debug_matvec(ty: u32, w: &[u8], x: &[f32], repack: Option<bool>) -> Vec<f32> {
     use crate::quant::{self, GgmlType};
     let Some(t) = GgmlType::from_u32(ty) else { return vec![] };
     let mut act = Vec::new();
@@ -232,7 +234,12 @@ pub fn debug_matvec(ty: u32, w: &[u8], x: &[f32]) -> Vec<f32> {
     }
     let rb = t.row_bytes(x.len() as u64).unwrap_or(0) as usize;
     let mut y = vec![0f32; if rb == 0 { 0 } else { w.len() / rb }];
-    quant::matvec(t, x.len(), w, &act, &mut y);
+    let mut packed = w.to_vec();
+    if repack == Some(true) && quant::repack::pack(t, x.len(), y.len(), &mut packed) {
+        quant::repack::matvec(t, x.len(), &packed, &act, &mut y);
+    } else {
+        quant::matvec(t, x.len(), w, &act, &mut y);
+    }
     y.extend(act.iter().map(|&b| b as f32));
     y
 }
@@ -354,11 +361,14 @@ struct EngineOptions {
     /// The page's store verified each bundle block's CRC-32 when it stored it (`CachedModel`):
     /// reads are not checked again on the engine's thread.
     verified_at_rest: bool,
+    /// Dense matrices in `quant::repack`'s layout where the build's kernels read it (default
+    /// true; false: the file's layout, for comparisons; the same bits either way).
+    repack: bool,
 }
 
 impl Default for EngineOptions {
     fn default() -> Self {
-        Self { prefetch: true, prefetch_always: false, gpu_pool: false, io_lanes: 1, expert_slots: None, policy: None, lookahead: 1, verified_at_rest: false }
+        Self { prefetch: true, prefetch_always: false, gpu_pool: false, io_lanes: 1, expert_slots: None, policy: None, lookahead: 1, verified_at_rest: false, repack: true }
     }
 }
 
@@ -442,6 +452,9 @@ impl Engine {
             None => (Session::load_with_batch(&*src, ExpertMode::Resident, n_ctx, 32).map_err(err)?, None, None, None),
         };
         let mut session = session;
+        if !eo.repack {
+            session.model.weights.unpack();
+        }
         // A chat re-sends the conversation: its common prefix with the cache is not run again.
         session.reuse_prefix = true;
         let inner = Inner { session, src: src.clone(), name: name.clone(), experts, plan, backend: "cpu (wasm)".into(), gen: None, model_bytes: len as u64, logits_fnv: FNV_OFFSET, at_first_token: None, mmproj: None, mm: None };

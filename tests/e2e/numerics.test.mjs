@@ -36,6 +36,9 @@ const TYPES = {
   13: [256, 176, (b, r) => { rnd(b, r); put16(b, 0, f16(r) & 0x7fff); put16(b, 2, f16(r) & 0x7fff); }],
   14: [256, 210, (b, r) => { rnd(b, r); put16(b, 208, f16(r)); }],
 };
+// Types with a repacked layout (`quant::repack`: rows four at a time, the relaxed build's
+// kernels), checked repacked too against the same native plain-row results.
+const REPACKED = [2, 3, 8];
 function rnd(b, r) {
   for (let i = 0; i < b.length; i++) b[i] = Math.floor(r() * 256);
 }
@@ -50,7 +53,7 @@ async function wasmBuild(build) {
   if (build === 'pkg') {
     const { default: init, debugMatvec, debugMatmul, debugF32Ops, wasmSimd } = await import(path.join(pkg, 'les.js'));
     await init({ module_or_path: fs.readFileSync(path.join(pkg, 'les_bg.wasm')) });
-    return { simd: wasmSimd(), matvec: async (id, w, x) => Array.from(debugMatvec(id, w, x)), matmul: async (id, w, x, cols) => Array.from(debugMatmul(id, w, x, cols)), f32ops: async (x) => Array.from(debugF32Ops(x)), close: async () => {} };
+    return { simd: wasmSimd(), matvec: async (id, w, x, repack) => Array.from(debugMatvec(id, w, x, repack)), matmul: async (id, w, x, cols, repack) => Array.from(debugMatmul(id, w, x, cols, repack)), f32ops: async (x) => Array.from(debugF32Ops(x)), close: async () => {} };
   }
   const srv = await startServer();
   const ctx = await launch();
@@ -64,8 +67,8 @@ async function wasmBuild(build) {
   }, build);
   return {
     simd,
-    matvec: (id, w, x) => page.evaluate(({ id, w, x }) => Array.from(globalThis.lesBuild.debugMatvec(id, new Uint8Array(w), new Float32Array(x))), { id, w: Array.from(w), x: Array.from(x) }),
-    matmul: (id, w, x, cols) => page.evaluate(({ id, w, x, cols }) => Array.from(globalThis.lesBuild.debugMatmul(id, new Uint8Array(w), new Float32Array(x), cols)), { id, w: Array.from(w), x: Array.from(x), cols }),
+    matvec: (id, w, x, repack) => page.evaluate(({ id, w, x, repack }) => Array.from(globalThis.lesBuild.debugMatvec(id, new Uint8Array(w), new Float32Array(x), repack)), { id, w: Array.from(w), x: Array.from(x), repack }),
+    matmul: (id, w, x, cols, repack) => page.evaluate(({ id, w, x, cols, repack }) => Array.from(globalThis.lesBuild.debugMatmul(id, new Uint8Array(w), new Float32Array(x), cols, repack)), { id, w: Array.from(w), x: Array.from(x), cols, repack }),
     f32ops: (x) => page.evaluate((x) => Array.from(globalThis.lesBuild.debugF32Ops(new Float32Array(x))), Array.from(x)),
     close: async () => { await ctx.close(); srv.server.close(); },
   };
@@ -105,9 +108,11 @@ for (const build of ['pkg', 'pkg-relaxed']) test(`wasm batched products (${build
       fs.writeFileSync(path.join(dir, 'x.bin'), new Uint8Array(x.buffer));
       const native = execFileSync(PROBE, ['matmul', String(id), path.join(dir, 'w.bin'), path.join(dir, 'x.bin'), String(cols)], { env: { ...process.env, LES_NO_SIMD: '1' } }).toString().trim().split('\n');
       assert.equal(native.length, rows * toks, `type ${id}: native outputs`);
-      const y = await wasm.matmul(id, w, x, cols);
-      const got = Array.from(new Uint32Array(new Float32Array(y).buffer), (b) => b.toString(16).padStart(8, '0'));
-      assert.deepEqual(got, native, `${build}: type ${id}: batched products differ`);
+      for (const repack of REPACKED.includes(id) ? [false, true] : [false]) {
+        const y = await wasm.matmul(id, w, x, cols, repack);
+        const got = Array.from(new Uint32Array(new Float32Array(y).buffer), (b) => b.toString(16).padStart(8, '0'));
+        assert.deepEqual(got, native, `${build}: type ${id}${repack ? ', repacked' : ''}: batched products differ`);
+      }
     }
   } finally {
     fs.rmSync(dir, { recursive: true, force: true });
@@ -231,14 +236,17 @@ async function compare(matvec) {
     fs.writeFileSync(path.join(dir, 'w.bin'), w);
     fs.writeFileSync(path.join(dir, 'x.bin'), new Uint8Array(x.buffer));
     const native = execFileSync(PROBE, [id, path.join(dir, 'w.bin'), path.join(dir, 'x.bin')], { env: { ...process.env, LES_NO_SIMD: '1' } }).toString().trim().split('\n');
-    const y = await matvec(Number(id), w, x);
-    assert.equal(y.length > rows, true, `type ${id}: wasm returned nothing`);
-    let h = 0xcbf29ce484222325n;
-    for (const v of y.slice(rows)) h = ((h ^ BigInt(v)) * 0x100000001b3n) & 0xffffffffffffffffn;
-    assert.equal(`act ${h.toString(16).padStart(16, '0')}`, native[0], `type ${id}: activation bytes differ`);
-    const bits = new Uint32Array(new Float32Array(y.slice(0, rows)).buffer);
-    const got = Array.from(bits, (b) => b.toString(16).padStart(8, '0'));
-    assert.deepEqual(got, native.slice(1), `type ${id}: dot products differ`);
+    for (const repack of REPACKED.includes(Number(id)) ? [false, true] : [false]) {
+      const y = await matvec(Number(id), w, x, repack);
+      const what = `type ${id}${repack ? ', repacked' : ''}`;
+      assert.equal(y.length > rows, true, `${what}: wasm returned nothing`);
+      let h = 0xcbf29ce484222325n;
+      for (const v of y.slice(rows)) h = ((h ^ BigInt(v)) * 0x100000001b3n) & 0xffffffffffffffffn;
+      assert.equal(`act ${h.toString(16).padStart(16, '0')}`, native[0], `${what}: activation bytes differ`);
+      const bits = new Uint32Array(new Float32Array(y.slice(0, rows)).buffer);
+      const got = Array.from(bits, (b) => b.toString(16).padStart(8, '0'));
+      assert.deepEqual(got, native.slice(1), `${what}: dot products differ`);
+    }
   }
   fs.rmSync(dir, { recursive: true, force: true });
 }

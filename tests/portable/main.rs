@@ -11,5 +11,6 @@ mod common;
 
 mod conversation;
 mod ops;
+mod repack;
 mod serve;
 mod wgpu_model;

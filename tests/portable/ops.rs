@@ -99,7 +99,7 @@ fn fx() -> &'static Fx {
             .iter()
             .map(|&ty| {
                 let data = std::fs::read(root().join("tests/fixtures/quant").join(format!("weights_{}.bin", ty.name()))).unwrap();
-                (ty, w.add_mat(Weight { ty, cols: E, rows: 2, data }))
+                (ty, w.add_mat(Weight::new(ty, E, 2, data)))
             })
             .collect();
         let norm = w.add_vec(stream(1, E, 1.0));
@@ -110,7 +110,7 @@ fn fx() -> &'static Fx {
         let ssm_a = w.add_vec(stream(7, HV, 1.0).iter().map(|v| -4.0 - 8.0 * v.abs()).collect());
         let sinks = w.add_vec(vec![3.0, -2.0, 0.5, 10.0, -10.0, 1.0, 0.0, 6.0]);
         let ex_bias = [w.add_vec(stream(8, N_EXPERT * FF, 0.5)), w.add_vec(stream(9, N_EXPERT * FF, 0.5)), w.add_vec(stream(10, N_EXPERT * E, 0.5))];
-        let gate_row = w.add_mat(Weight { ty: GgmlType::F32, cols: E, rows: 1, data: bytemuck::cast_slice(&stream(4, E, 0.05)).to_vec() });
+        let gate_row = w.add_mat(Weight::new(GgmlType::F32, E, 1, bytemuck::cast_slice(&stream(4, E, 0.05)).to_vec()));
         let q = |ty: GgmlType, v: &[f32]| {
             let mut out = Vec::new();
             quant::quantize::quantize_weights(ty, v, &mut out).unwrap();

@@ -123,6 +123,13 @@ export interface CreateEngineOptions {
    */
   directReads?: boolean;
   /**
+   * On the CPU with the relaxed-SIMD build, the dense Q4_0, Q4_1 and Q8_0 matrices are repacked
+   * at load, four rows interleaved (ggml's `block_q4_0x4` idea), so the kernels need no
+   * horizontal sums: the same bits, faster (default true). `false`: the file's layout
+   * (comparisons). WebGPU reads the file's layout either way.
+   */
+  repack?: boolean;
+  /**
    * Milliseconds the engine blocks on the I/O worker's read (one it needs now, or a direct read
    * into a slot it gives to another expert) before it gives the I/O worker up (default 60000):
    * the worker is terminated, its unfinished reads fail (the engine reads those experts itself)

@@ -95,7 +95,7 @@ async function openSource(src, opts, what) {
   throw new TypeError(`${what} must be a URL string, a File or a FileSystemFileHandle`);
 }
 
-async function load({ model: src, mmproj = null, memoryBudgetMB = 0, backend = 'auto', nCtx = 2048, backing = 'auto', gpuExpertSlots = null, prefetch = true, prefetchAlways = false, ioLanes = 1, expertSlots = null, policy = null, lookahead = 1, store = null, threads: nThreads = null, relaxedSimd = true, directReads = true, ioTimeoutMs = 60000, debugFailReads = 0, debugStallReads = 0, debugProfile = false }) {
+async function load({ model: src, mmproj = null, memoryBudgetMB = 0, backend = 'auto', nCtx = 2048, backing = 'auto', gpuExpertSlots = null, prefetch = true, prefetchAlways = false, ioLanes = 1, expertSlots = null, policy = null, lookahead = 1, store = null, threads: nThreads = null, relaxedSimd = true, directReads = true, repack = true, ioTimeoutMs = 60000, debugFailReads = 0, debugStallReads = 0, debugProfile = false }) {
   const wantGpu = backend === 'webgpu' || (backend === 'auto' && !!navigator.gpu);
   const { Engine, crc32, deviceProfile, profileOps } = await (ready ??= loadWasm(!wantGpu, nThreads, relaxedSimd));
   // Benchmarks: per-op times of the CPU forward in `stats().profile`.
@@ -123,7 +123,7 @@ async function load({ model: src, mmproj = null, memoryBudgetMB = 0, backend = '
     }
     // The GPU run keeps its experts in GPU slots: the budget is split into a small CPU staging
     // cache and the GPU pool, as natively.
-    const opts = JSON.stringify({ prefetch, prefetch_always: prefetchAlways, gpu_pool: gpuPool, io_lanes: ioLanes, expert_slots: expertSlots ?? undefined, policy: policy ?? undefined, lookahead, verified_at_rest: model instanceof CachedModel });
+    const opts = JSON.stringify({ prefetch, prefetch_always: prefetchAlways, gpu_pool: gpuPool, io_lanes: ioLanes, expert_slots: expertSlots ?? undefined, policy: policy ?? undefined, lookahead, verified_at_rest: model instanceof CachedModel, repack });
     // Reads fill the engine's own memory where the model can (`into`: no buffer per read).
     const read = model.readInto && directReads ? (off, len, into) => model.readInto(off, into, len) !== null || model.readSync(off, len) : (off, len) => model.readSync(off, len);
     return new Engine(read, (off, len) => model.hint(off, len), model.size, memoryBudgetMB * 1048576, nCtx, String(src.name ?? src), opts, reads ?? undefined);

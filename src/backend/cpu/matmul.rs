@@ -14,6 +14,9 @@ pub struct Weight {
     pub cols: usize,
     pub rows: usize,
     pub data: Vec<u8>,
+    /// The rows are in [`quant::repack`]'s layout (groups of four interleaved, the last
+    /// `rows % 4` plain), not the file's.
+    pub repacked: bool,
 }
 
 /// A borrowed 2-D weight matrix (e.g. one expert's slice of a stacked tensor).
@@ -23,16 +26,42 @@ pub struct WeightRef<'a> {
     pub cols: usize,
     pub rows: usize,
     pub data: &'a [u8],
+    /// As [`Weight::repacked`].
+    pub repacked: bool,
 }
 
 impl Weight {
+    /// A matrix in the file's layout.
+    pub fn new(ty: GgmlType, cols: usize, rows: usize, data: Vec<u8>) -> Self {
+        Self { ty, cols, rows, data, repacked: false }
+    }
     pub fn as_ref(&self) -> WeightRef<'_> {
-        WeightRef { ty: self.ty, cols: self.cols, rows: self.rows, data: &self.data }
+        WeightRef { ty: self.ty, cols: self.cols, rows: self.rows, data: &self.data, repacked: self.repacked }
     }
     /// Dequantize row `r` into `out` (embedding lookup).
     pub fn row_f32(&self, r: usize, out: &mut [f32]) -> Result<(), quant::QuantError> {
         let rb = self.ty.row_bytes(self.cols as u64).unwrap_or(0) as usize;
+        if self.repacked {
+            let mut plain = vec![0u8; rb];
+            quant::repack::row(self.ty, self.cols, self.rows, &self.data, r, &mut plain);
+            return quant::dequantize_row(self.ty, &plain, out);
+        }
         quant::dequantize_row(self.ty, &self.data[r * rb..(r + 1) * rb], out)
+    }
+    /// Put the rows in [`quant::repack`]'s layout where the type has one and it
+    /// [pays](quant::repack::pays) on this build (or `always`: tests); returns whether they are.
+    pub fn repack(&mut self, always: bool) -> bool {
+        if !self.repacked && (always || quant::repack::pays()) {
+            self.repacked = quant::repack::pack(self.ty, self.cols, self.rows, &mut self.data);
+        }
+        self.repacked
+    }
+    /// The file's layout again (a backend that reads the bytes as they are, e.g. a GPU upload).
+    pub fn unpack(&mut self) {
+        if self.repacked {
+            quant::repack::unpack(self.ty, self.cols, self.rows, &mut self.data);
+            self.repacked = false;
+        }
     }
     /// All values as f32 (small vectors: norms, biases).
     pub fn to_f32(&self) -> Result<Vec<f32>, quant::QuantError> {
@@ -139,9 +168,10 @@ fn rows_per_task(rows: usize, cols: usize) -> usize {
 
 /// Numerics checks across platforms (`examples/quant_probe matmul`, the wasm build's
 /// `debugMatmul`): the batched product of weight rows `w` of ggml type `ty` (id) with the tokens
-/// `x` (rows of `cols`), `y` token-major; empty for an unknown type or a bad size.
+/// `x` (rows of `cols`), `y` token-major; empty for an unknown type or a bad size. `repack`: the
+/// rows in [`quant::repack`]'s layout first, where the type has it.
 #[doc(hidden)]
-pub fn matmul_probe(ty: u32, w: &[u8], x: &[f32], cols: usize) -> Vec<f32> {
+pub fn matmul_probe(ty: u32, w: &[u8], x: &[f32], cols: usize, repack: bool) -> Vec<f32> {
     let Some(ty) = GgmlType::from_u32(ty) else { return Vec::new() };
     let rb = ty.row_bytes(cols as u64).unwrap_or(0) as usize;
     if rb == 0 || cols == 0 || w.len() % rb != 0 || x.len() % cols != 0 {
@@ -149,7 +179,11 @@ pub fn matmul_probe(ty: u32, w: &[u8], x: &[f32], cols: usize) -> Vec<f32> {
     }
     let rows = w.len() / rb;
     let mut y = vec![0f32; rows * (x.len() / cols)];
-    matmul(WeightRef { ty, cols, rows, data: w }, &mut Acts::new(x, cols), &mut y);
+    let mut wt = Weight::new(ty, cols, rows, w.to_vec());
+    if repack {
+        wt.repack(true);
+    }
+    matmul(wt.as_ref(), &mut Acts::new(x, cols), &mut y);
     y
 }
 
@@ -163,6 +197,9 @@ pub fn matmul(w: WeightRef<'_>, acts: &mut Acts<'_>, y: &mut [f32]) {
 /// (pieces start at multiples of 8 rows).
 pub fn matmul_part(w: WeightRef<'_>, acts: &mut Acts<'_>, y: &mut [f32], whole_rows: usize) {
     assert_eq!(w.cols, acts.cols, "matmul: weight has {} columns, activation {}", w.cols, acts.cols);
+    if w.repacked {
+        return matmul_rows4(w, acts, y);
+    }
     let n_tok = acts.n_tok;
     let mode = acts.mode;
     let w_row = w.ty.row_bytes(w.cols as u64).unwrap() as usize;
@@ -208,6 +245,57 @@ pub fn matmul_part(w: WeightRef<'_>, acts: &mut Acts<'_>, y: &mut [f32], whole_r
     let tile = |r: usize, a: &quant::TileActs<'_>| dot.dot_tile([0, 1, 2, 3].map(|i| wrow(r + i.min(tile_rows - 1))), a);
     let tile = (tile_rows > 0).then_some(Tile { rows: tile_rows, acts: &tile_acts, dot: &tile });
     blocks(w.rows, n_tok, rows_chunk, 16, &yp, tile, &|r, t| dot.dot4(wrow(r), [act(t), act(t + 1), act(t + 2), act(t + 3)], t), &|r, t| dot.dot(wrow(r), act(t), t));
+}
+
+/// [`matmul`] of a repacked matrix ([`quant::repack`]): tasks of whole groups of four rows;
+/// a matrix-vector product group by group, a batch in blocks of 16 tokens, each group × up to
+/// four tokens per call, the tokens prepared once per task and block. Every output has its
+/// single dot's bits, whatever the [`RowMode`].
+fn matmul_rows4(w: WeightRef<'_>, acts: &mut Acts<'_>, y: &mut [f32]) {
+    let (n_tok, rows) = (acts.n_tok, w.rows);
+    let w_row = w.ty.row_bytes(w.cols as u64).unwrap() as usize;
+    let (a, a_row) = acts.converted(w.ty);
+    if n_tok == 1 {
+        let chunk = rows_per_task(rows, w.cols).next_multiple_of(4);
+        par::for_each_chunk(&mut y[..rows], chunk, |ci, out| {
+            let r0 = ci * chunk;
+            quant::repack::matvec(w.ty, w.cols, &w.data[r0 * w_row..(r0 + out.len()) * w_row], a, out);
+        });
+        return;
+    }
+    let Some(dot) = quant::repack::Rows4Dot::new(w.ty, w.cols) else {
+        y.fill(f32::NAN);
+        return;
+    };
+    let rows_chunk = rows_per_task(rows, w.cols * n_tok).next_multiple_of(4);
+    let yp = par::SharedMut::new(&mut y[..n_tok * rows]);
+    let act = |t: usize| &a[t * a_row..(t + 1) * a_row];
+    let grouped = rows / 4 * 4;
+    par::for_each(rows.div_ceil(rows_chunk), |ci| {
+        let (r0, r1) = (ci * rows_chunk, ((ci + 1) * rows_chunk).min(rows));
+        for t0 in (0..n_tok).step_by(16) {
+            let t1 = (t0 + 16).min(n_tok);
+            let tiles: Vec<_> = (t0..t1).step_by(4).map(|t| (t, dot.prepare(&(t..t1.min(t + 4)).map(act).collect::<Vec<_>>()))).collect();
+            for r in (r0..r1.min(grouped)).step_by(4) {
+                let g = &w.data[r * w_row..(r + 4) * w_row];
+                for (t, p) in &tiles {
+                    let v = dot.dot(g, p);
+                    for (i, row) in v.iter().enumerate() {
+                        for (k, &v) in row.iter().enumerate().take(t1 - t) {
+                            // SAFETY: chunk `ci` alone writes rows r0..r1 of every token, within y.
+                            unsafe { yp.write((t + k) * rows + r + i, v) };
+                        }
+                    }
+                }
+            }
+            for r in grouped.max(r0)..r1 {
+                for t in t0..t1 {
+                    // SAFETY: as above.
+                    unsafe { yp.write(t * rows + r, quant::vec_dot(w.ty, w.cols, &w.data[r * w_row..(r + 1) * w_row], act(t))) };
+                }
+            }
+        }
+    });
 }
 
 /// Tiles of `rows` weight rows × four tokens: `acts(t)` makes tokens `t .. t + 4` ready once for
@@ -291,7 +379,7 @@ pub fn time_threads(rounds: usize, reps: usize, now_ms: impl Fn() -> f64) -> Vec
         b[..2].copy_from_slice(&half::f16::from_f32(1.0 / 64.0).to_le_bytes());
     }
     let x: Vec<f32> = (0..COLS).map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0).collect();
-    let w = WeightRef { ty, cols: COLS, rows: ROWS, data: &data };
+    let w = WeightRef { ty, cols: COLS, rows: ROWS, data: &data, repacked: false };
     let mut y = vec![0f32; ROWS];
     let n = par::pool_threads();
     let mut times = vec![f64::INFINITY; n];
