@@ -154,14 +154,14 @@ pub fn measure(path: &str, calibration: &str, n_tok: usize, progress: &mut dyn F
         let from = experts.layout(l).clone();
         let to = requant_layout(&from, tys)?;
         let mut raw: Vec<Vec<u8>> = vec![Vec::new(); n_expert];
-        experts.with_experts(l, &all, &mut |i, b| raw[i] = b.data.clone())?;
+        experts.with_experts(l, &all, &mut |i, b| raw[i] = (0..3).flat_map(|m| b.file_bytes(m).into_owned()).collect())?;
         // Re-quantize the layer's experts on every core (the K-quant searches dominate).
         use rayon::prelude::*;
         let blocks: Vec<ExpertBlock> = raw
             .par_iter()
             .map(|r| {
                 let mut data = Vec::new();
-                requantize_expert(&from, r, &to, &mut data).map(|_| ExpertBlock { data, layout: to.clone() })
+                requantize_expert(&from, r, &to, &mut data).map(|_| ExpertBlock::new(data, to.clone()))
             })
             .collect::<Result<_, _>>()?;
         let over = Arc::new(OverrideLayer { inner: experts.clone(), layer: l, layout: to.clone(), blocks });

@@ -386,7 +386,7 @@ fn probe_compute(dense: &Arc<dyn ByteSource>, store: Arc<dyn ExpertStore>, n_lay
     for l in 0..n_layer {
         let mut data = Vec::new();
         store.read_expert(l, 0, &mut data)?;
-        blocks.push(ExpertBlock { data, layout: store.layout(l).clone() });
+        blocks.push(ExpertBlock::new(data, store.layout(l).clone()));
     }
     let mut s = Session::load_streaming_dense(&**dense, ExpertMode::External(Arc::new(ProbeExperts { blocks })), n_ctx.max(128), PREFILL_BATCH, None)?;
     let n_vocab = s.model.cfg.n_vocab as u32;

@@ -88,9 +88,52 @@ impl GgufExpertTensors {
 pub struct ExpertBlock {
     pub data: Vec<u8>,
     pub layout: ExpertLayout,
+    /// Which of gate, up and down are in [`crate::quant::repack`]'s layout (each in its own
+    /// byte range; the others as the file has them).
+    pub repacked: [bool; 3],
 }
 
 impl ExpertBlock {
+    /// An expert's bytes as the file has them.
+    pub fn new(data: Vec<u8>, layout: ExpertLayout) -> Self {
+        Self { data, layout, repacked: [false; 3] }
+    }
+    /// Put each matrix in [`crate::quant::repack`]'s layout where its type has one and it
+    /// [pays](crate::quant::repack::pays) (`always`: tests).
+    pub fn repack(&mut self, always: bool) {
+        if !(always || crate::quant::repack::pays()) {
+            return;
+        }
+        for m in 0..3 {
+            let (ty, cols, rows) = self.shape(m);
+            let r = self.range(m);
+            self.repacked[m] = self.repacked[m] || crate::quant::repack::pack(ty, cols, rows, &mut self.data[r]);
+        }
+    }
+    /// Matrix `which` (0 gate, 1 up, 2 down) as the file has it (an unpacked copy where it is
+    /// repacked): for a backend that reads the bytes as they are (a GPU upload).
+    pub fn file_bytes(&self, which: usize) -> std::borrow::Cow<'_, [u8]> {
+        let r = self.range(which);
+        if !self.repacked[which.min(2)] {
+            return std::borrow::Cow::Borrowed(&self.data[r]);
+        }
+        let (ty, cols, rows) = self.shape(which);
+        let mut v = self.data[r].to_vec();
+        crate::quant::repack::unpack(ty, cols, rows, &mut v);
+        std::borrow::Cow::Owned(v)
+    }
+    fn shape(&self, which: usize) -> (GgmlType, usize, usize) {
+        let l = &self.layout;
+        match which {
+            0 => (l.gate_ty, l.n_embd, l.n_ff),
+            1 => (l.up_ty, l.n_embd, l.n_ff),
+            _ => (l.down_ty, l.n_ff, l.n_embd),
+        }
+    }
+    fn weight(&self, which: usize) -> WeightRef<'_> {
+        let (ty, cols, rows) = self.shape(which);
+        WeightRef { ty, cols, rows, data: &self.data[self.range(which)], repacked: self.repacked[which.min(2)] }
+    }
     fn range(&self, which: usize) -> Range<usize> {
         let l = &self.layout;
         match which {
@@ -100,16 +143,13 @@ impl ExpertBlock {
         }
     }
     pub fn gate(&self) -> WeightRef<'_> {
-        let l = &self.layout;
-        WeightRef { ty: l.gate_ty, cols: l.n_embd, rows: l.n_ff, data: &self.data[self.range(0)], repacked: false }
+        self.weight(0)
     }
     pub fn up(&self) -> WeightRef<'_> {
-        let l = &self.layout;
-        WeightRef { ty: l.up_ty, cols: l.n_embd, rows: l.n_ff, data: &self.data[self.range(1)], repacked: false }
+        self.weight(1)
     }
     pub fn down(&self) -> WeightRef<'_> {
-        let l = &self.layout;
-        WeightRef { ty: l.down_ty, cols: l.n_ff, rows: l.n_embd, data: &self.data[self.range(2)], repacked: false }
+        self.weight(2)
     }
     /// Read expert `e` of a layer from a GGUF source (three range reads).
     pub fn read_from_gguf(src: &dyn ByteSource, t: &GgufExpertTensors, e: usize) -> Result<Self, StoreError> {
@@ -119,7 +159,7 @@ impl ExpertBlock {
             src.read_at(off, &mut data[at..at + len])?;
             at += len;
         }
-        Ok(Self { data, layout: t.layout.clone() })
+        Ok(Self::new(data, t.layout.clone()))
     }
 }
 
@@ -200,7 +240,17 @@ impl ResidentExperts {
             }
             layers.push((t.layout.clone(), v));
         }
-        Ok(Self { layers })
+        let mut r = Self { layers };
+        // The layout the CPU kernels read fastest, where it pays (wasm relaxed SIMD).
+        r.repack(false);
+        Ok(r)
+    }
+    /// [`ExpertBlock::repack`] every expert not shared elsewhere yet (all of them right after
+    /// loading).
+    pub fn repack(&mut self, always: bool) {
+        for (_, v) in &mut self.layers {
+            v.iter_mut().filter_map(Arc::get_mut).for_each(|b| b.repack(always));
+        }
     }
     /// One layer, every expert read from `store`'s MoE layer `layer` (a bundle's: checksums
     /// verified).
@@ -210,9 +260,11 @@ impl ResidentExperts {
         for e in 0..n_expert {
             let mut data = Vec::new();
             store.read_expert(layer, e, &mut data)?;
-            v.push(Arc::new(ExpertBlock { data, layout: layout.clone() }));
+            v.push(Arc::new(ExpertBlock::new(data, layout.clone())));
         }
-        Ok(Self { layers: vec![(layout, v)] })
+        let mut r = Self { layers: vec![(layout, v)] };
+        r.repack(false);
+        Ok(r)
     }
     /// Total bytes of all experts.
     pub fn bytes(&self) -> usize {

@@ -481,6 +481,7 @@ impl Shared {
             if b.data.capacity() >= cap || b.data.try_reserve_exact(want).is_ok() {
                 b.data.resize(total, 0);
                 b.layout = self.store.layout(layer).clone();
+                b.repacked = [false; 3];
                 true
             } else {
                 false

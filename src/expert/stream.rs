@@ -70,7 +70,7 @@ impl StreamingExperts {
         // A slot for every expert the budget may ever grow to; each gets its buffer when first
         // filled (`Shared::size_slot`), so only slots in use hold memory.
         let n_slots = cfg.slots.max(n_layers * n_expert);
-        let bufs = (0..n_slots).map(|_| RwLock::new(ExpertBlock { data: Vec::new(), layout: store.layout(0).clone() })).collect();
+        let bufs = (0..n_slots).map(|_| RwLock::new(ExpertBlock::new(Vec::new(), store.layout(0).clone()))).collect();
         let empty = Slot { key: None, state: State::Empty, pins: 0, last_use: 0, prefetched_unused: false, hot: false, failed: None, cancel: false };
         let d = cfg.depth.max(1);
         let stats = StreamStats::empty(n_layers, d);

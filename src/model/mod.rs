@@ -582,7 +582,7 @@ impl Model {
 
     /// Route a MoE model's experts through `src` from now on (the dense weights stay).
     #[cfg(not(target_arch = "wasm32"))]
-    pub(crate) fn set_experts(&mut self, src: Arc<dyn ExpertSource>) {
+    pub fn set_experts(&mut self, src: Arc<dyn ExpertSource>) {
         if self.experts.is_some() {
             self.experts = Some(src);
         }

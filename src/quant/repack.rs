@@ -41,10 +41,18 @@ pub fn supported(ty: GgmlType, cols: usize) -> bool {
     parts(ty).is_some() && cols > 0 && cols % 32 == 0
 }
 
-/// Whether repacking pays on this build: the wasm relaxed-SIMD kernels read the layout; other
-/// builds would only unpack it again (they run it in tests).
+static OFF: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether loading repacks: on builds whose kernels read the layout (wasm relaxed SIMD; other
+/// builds would only unpack it again, they run it in tests), unless [`set_enabled`] said no.
 pub fn pays() -> bool {
-    cfg!(all(target_arch = "wasm32", target_feature = "simd128", target_feature = "relaxed-simd"))
+    cfg!(all(target_arch = "wasm32", target_feature = "simd128", target_feature = "relaxed-simd")) && !OFF.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Repack what loads from now on (the default) or keep the file's layout (comparisons; the same
+/// bits either way).
+pub fn set_enabled(on: bool) {
+    OFF.store(!on, std::sync::atomic::Ordering::Relaxed);
 }
 
 /// Where row `j`'s byte `k` of a block goes in the repacked block of its group (`4 × block

@@ -361,8 +361,9 @@ struct EngineOptions {
     /// The page's store verified each bundle block's CRC-32 when it stored it (`CachedModel`):
     /// reads are not checked again on the engine's thread.
     verified_at_rest: bool,
-    /// Dense matrices in `quant::repack`'s layout where the build's kernels read it (default
-    /// true; false: the file's layout, for comparisons; the same bits either way).
+    /// Matrices held in memory (dense, resident experts) in `quant::repack`'s layout where the
+    /// build's kernels read it (default true; false: the file's layout, for comparisons; the
+    /// same bits either way).
     repack: bool,
 }
 
@@ -420,6 +421,7 @@ impl Engine {
             Some(p) => Policy::parse(p).ok_or_else(|| err(format!("unknown eviction policy {p:?} (lru, lfu, next-use)")))?,
         };
         let src: Arc<dyn ByteSource> = Arc::new(JsSource { read, hint, len: len as u64, verified: eo.verified_at_rest });
+        crate::quant::repack::set_enabled(eo.repack);
         let n_ctx = if n_ctx == 0 { 2048 } else { n_ctx as usize };
         // A bundle is always read through the expert cache (its experts are not GGUF tensors);
         // without a budget the cache holds every expert.
@@ -452,9 +454,6 @@ impl Engine {
             None => (Session::load_with_batch(&*src, ExpertMode::Resident, n_ctx, 32).map_err(err)?, None, None, None),
         };
         let mut session = session;
-        if !eo.repack {
-            session.model.weights.unpack();
-        }
         // A chat re-sends the conversation: its common prefix with the cache is not run again.
         session.reuse_prefix = true;
         let inner = Inner { session, src: src.clone(), name: name.clone(), experts, plan, backend: "cpu (wasm)".into(), gen: None, model_bytes: len as u64, logits_fnv: FNV_OFFSET, at_first_token: None, mmproj: None, mm: None };

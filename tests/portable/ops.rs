@@ -132,7 +132,7 @@ fn fx() -> &'static Fx {
                 let mut data = q(gt, &stream(10 + e, E * FF, 0.1));
                 data.extend(q(gt, &stream(20 + e, E * FF, 0.1)));
                 data.extend(q(dt, &stream(30 + e, FF * E, 0.1)));
-                ExpertBlock { data, layout: layout.clone() }
+                ExpertBlock::new(data, layout.clone())
             })
             .collect();
         Fx { w, mats, norm, head_norm, bias, gate_row, conv_w, dt_bias, ssm_a, sinks, ex_bias, x: f32s("act_x.f32"), experts: Arc::new(TestExperts { layout, blocks }) }

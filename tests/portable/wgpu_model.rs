@@ -333,7 +333,7 @@ fn gpu_pool_evicts_what_the_scheduler_ranks_lowest() {
     use les::quant::GgmlType;
     let ctx = les::backend::wgpu::GpuContext::new().unwrap();
     let layout = ExpertLayout { n_embd: 4, n_ff: 1, gate_ty: GgmlType::F32, up_ty: GgmlType::F32, down_ty: GgmlType::F32, gate_bytes: 16, up_bytes: 16, down_bytes: 16 };
-    let blk = ExpertBlock { data: vec![0u8; 48], layout };
+    let blk = ExpertBlock::new(vec![0u8; 48], layout);
     let arena = Recorder::arena_buffer(&ctx);
     for (ranked, evicted, kept) in [(true, (0, 1), (0, 0)), (false, (0, 0), (0, 1))] {
         let mut pool = GpuExpertPool::new(&ctx, 2, 48).unwrap();

@@ -123,10 +123,11 @@ export interface CreateEngineOptions {
    */
   directReads?: boolean;
   /**
-   * On the CPU with the relaxed-SIMD build, the dense Q4_0, Q4_1 and Q8_0 matrices are repacked
-   * at load, four rows interleaved (ggml's `block_q4_0x4` idea), so the kernels need no
-   * horizontal sums: the same bits, faster (default true). `false`: the file's layout
-   * (comparisons). WebGPU reads the file's layout either way.
+   * With the relaxed-SIMD build, the Q4_0, Q4_1 and Q8_0 matrices held in memory (dense weights,
+   * and experts without a memory budget) are repacked at load, four rows interleaved (ggml's
+   * `block_q4_0x4` idea), so the CPU kernels need no horizontal sums: the same bits, faster
+   * (default true). `false`: the file's layout (comparisons). WebGPU gets the file's layout
+   * either way; experts streamed under a budget keep it.
    */
   repack?: boolean;
   /**

@@ -378,7 +378,7 @@ async function drawPng(w, h, draw) {
  * Load a model in a new worker.
  * @param {object} o  { model: URL string | File | FileSystemFileHandle, mmproj (a vision tower,
  *   the same kinds: chat messages may then carry images), memoryBudgetMB (0 = all resident), backend: 'auto' | 'webgpu' | 'cpu', nCtx, backing: 'auto' | 'opfs' | 'indexeddb',
- *   prefetch (default true), prefetchAlways (default false), ioLanes, expertSlots, gpuExpertSlots, threads, relaxedSimd (default true), directReads (default true: with the threaded build the I/O worker reads experts straight into their slots; false: into its own buffer, copied), repack (default true: the dense Q4_0/Q4_1/Q8_0 matrices interleaved four rows at a time for the relaxed-SIMD kernels, same bits; false: the file's layout), policy, lookahead,
+ *   prefetch (default true), prefetchAlways (default false), ioLanes, expertSlots, gpuExpertSlots, threads, relaxedSimd (default true), directReads (default true: with the threaded build the I/O worker reads experts straight into their slots; false: into its own buffer, copied), repack (default true: Q4_0/Q4_1/Q8_0 matrices held in memory interleaved four rows at a time for the relaxed-SIMD kernels, same bits; false: the file's layout), policy, lookahead,
  *   store, onProgress({phase, loaded, total}), workerUrl }
  */
 export async function createEngine({ onProgress, workerUrl, ...opts }) {

@@ -193,9 +193,9 @@ impl GpuExpertPool {
         }
         let (lay, _) = SlotLayout::of(blk);
         let q = &rec.ctx.queue;
-        write_padded(q, &self.slots[s], lay.gate, blk.gate().data);
-        write_padded(q, &self.slots[s], lay.up, blk.up().data);
-        write_padded(q, &self.slots[s], lay.down, blk.down().data);
+        write_padded(q, &self.slots[s], lay.gate, &blk.file_bytes(0));
+        write_padded(q, &self.slots[s], lay.up, &blk.file_bytes(1));
+        write_padded(q, &self.slots[s], lay.down, &blk.file_bytes(2));
         self.owner[s] = Some((layer, ex));
         self.layouts[s] = Some(blk.layout.clone());
         self.map.insert((layer, ex), s);
