@@ -666,33 +666,35 @@ unsafe fn rows4_group<const T: usize>(n: usize, g: *const u8, prep: &[ActBlock],
         let h = if l.two_scales { load(x) } else { v128_load64_zero(x as *const u64) };
         let ws = [f16_top_finite(i16x8_shuffle::<0, 8, 0, 9, 0, 10, 0, 11>(z, h)), f16_top_finite(i16x8_shuffle::<0, 12, 0, 13, 0, 14, 0, 15>(z, h))];
         let q = x.add(sc);
-        match l.quants {
+        // Each weight vector once, the tokens innermost (few registers live: 16 on x86-64).
+        let a: [*const u8; T] = core::array::from_fn(|k| bs[k].v.as_ptr() as *const u8);
+        let sumi: [v128; T] = match l.quants {
             Quants::Unsigned(_) => {
-                let v: [v128; 4] = core::array::from_fn(|c| load(q.add(16 * c)));
-                let (lo, hi) = (v.map(|v| v128_and(v, m4)), v.map(|v| v128_and(u16x8_shr(v, 4), m4)));
-                for (s, b) in sumf.iter_mut().zip(bs) {
-                    let a = b.v.as_ptr() as *const u8;
-                    let mut acc = z;
-                    for c in 0..4 {
-                        acc = i16x8_add(acc, i16x8_relaxed_dot_i8x16_i7x16(splat4(a.add(4 * c)), lo[c]));
-                        acc = i16x8_add(acc, i16x8_relaxed_dot_i8x16_i7x16(splat4(a.add(16 + 4 * c)), hi[c]));
+                let mut acc = [z; T];
+                for c in 0..4 {
+                    let v = load(q.add(16 * c));
+                    let (lo, hi) = (v128_and(v, m4), v128_and(u16x8_shr(v, 4), m4));
+                    for (acc, a) in acc.iter_mut().zip(a) {
+                        *acc = i16x8_add(*acc, i16x8_relaxed_dot_i8x16_i7x16(splat4(a.add(4 * c)), lo));
+                        *acc = i16x8_add(*acc, i16x8_relaxed_dot_i8x16_i7x16(splat4(a.add(16 + 4 * c)), hi));
                     }
-                    let sumi = i32x4_add(i32x4_dot_i16x8(acc, ones), b.corr);
-                    *s = f32x4_add(*s, term(f32x4_convert_i32x4(sumi), ws, b.ys));
                 }
+                core::array::from_fn(|k| i32x4_add(i32x4_dot_i16x8(acc[k], ones), bs[k].corr))
             }
             Quants::Signed => {
-                let v: [v128; 8] = core::array::from_fn(|c| load(q.add(16 * c)));
-                for (s, b) in sumf.iter_mut().zip(bs) {
-                    let a = b.v.as_ptr() as *const u8;
-                    let mut sumi = b.corr;
-                    for (c, &vc) in v.iter().enumerate() {
-                        let p = i16x8_relaxed_dot_i8x16_i7x16(v128_xor(vc, splat4(a.add(32 + 4 * c))), splat4(a.add(4 * c)));
-                        sumi = i32x4_add(sumi, i32x4_dot_i16x8(p, ones));
+                let mut acc: [v128; T] = core::array::from_fn(|k| bs[k].corr);
+                for c in 0..8 {
+                    let v = load(q.add(16 * c));
+                    for (acc, a) in acc.iter_mut().zip(a) {
+                        let p = i16x8_relaxed_dot_i8x16_i7x16(v128_xor(v, splat4(a.add(32 + 4 * c))), splat4(a.add(4 * c)));
+                        *acc = i32x4_add(*acc, i32x4_dot_i16x8(p, ones));
                     }
-                    *s = f32x4_add(*s, term(f32x4_convert_i32x4(sumi), ws, b.ys));
                 }
+                acc
             }
+        };
+        for ((s, b), si) in sumf.iter_mut().zip(bs).zip(sumi) {
+            *s = f32x4_add(*s, term(f32x4_convert_i32x4(si), ws, b.ys));
         }
     }
     sumf
