@@ -659,12 +659,18 @@ type Rows4Fn<const T: usize> = unsafe fn(usize, *const u8, &[ActBlock]) -> [v128
 #[inline(always)]
 unsafe fn rows4_group<const T: usize>(n: usize, g: *const u8, prep: &[ActBlock], l: Layout, term: impl Fn(v128, [v128; 2], [v128; 2]) -> v128) -> [v128; T] {
     let sc = if l.two_scales { 16 } else { 8 };
-    let (m4, ones, z) = (u8x16_splat(0x0f), i16x8_splat(1), i16x8_splat(0));
+    // The constants as loads before the loop: V8 builds every `v128.const` anew where it is
+    // used (three instructions or more), and LLVM puts them in the loop.
+    let konst = |v: v128| core::ptr::read_volatile(&v);
+    let (m4, ones, z) = (konst(u8x16_splat(0x0f)), konst(i16x8_splat(1)), konst(i16x8_splat(0)));
+    let (mask, two112) = (konst(u32x4_splat(0x8fff_e000)), konst(f32x4_splat(f32::from_bits(0x7780_0000))));
+    let half = |h: v128| f32x4_mul(v128_and(i32x4_shr(i32x4_shl(h, 16), 3), mask), two112);
     let mut sumf = [f32x4_splat(0.0); T];
     for (i, bs) in prep.chunks_exact(T).take(n / 32).enumerate() {
         let x = g.add(i * 4 * l.wsize);
         let h = if l.two_scales { load(x) } else { v128_load64_zero(x as *const u64) };
-        let ws = [f16_top_finite(i16x8_shuffle::<0, 8, 0, 9, 0, 10, 0, 11>(z, h)), f16_top_finite(i16x8_shuffle::<0, 12, 0, 13, 0, 14, 0, 15>(z, h))];
+        // As `f16_top_finite`, each half moved to the top of its lane.
+        let ws = [half(u32x4_extend_low_u16x8(h)), half(u32x4_extend_high_u16x8(h))];
         let q = x.add(sc);
         // Each weight vector once, the tokens innermost (few registers live: 16 on x86-64).
         let a: [*const u8; T] = core::array::from_fn(|k| bs[k].v.as_ptr() as *const u8);

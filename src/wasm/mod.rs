@@ -244,6 +244,37 @@ pub fn debug_matvec(ty: u32, w: &[u8], x: &[f32], repack: Option<bool>) -> Vec<f
     y
 }
 
+/// Debug (`tests/e2e/kernel_bench.mjs`): milliseconds per matrix-vector product of the rows `w`
+/// (ggml type `ty`) with `x` on this thread, `reps` products timed together after one warm-up;
+/// the weights copied into the engine's memory once (and `repack`ed first where the type has
+/// that layout), the activation quantized once. NaN for an unknown type or a bad size.
+#[wasm_bindgen(js_name = debugMatvecBench)]
+pub fn debug_matvec_bench(ty: u32, w: &[u8], x: &[f32], reps: u32, repack: bool) -> f64 {
+    use crate::quant::{self, GgmlType};
+    let Some(t) = GgmlType::from_u32(ty) else { return f64::NAN };
+    let mut act = Vec::new();
+    let rb = t.row_bytes(x.len() as u64).unwrap_or(0) as usize;
+    if rb == 0 || w.len() % rb != 0 || quant::quantize_activation(quant::vec_dot_type(t), x, &mut act).is_err() {
+        return f64::NAN;
+    }
+    let mut y = vec![0f32; w.len() / rb];
+    let mut data = w.to_vec();
+    let packed = repack && quant::repack::pack(t, x.len(), y.len(), &mut data);
+    let mut run = || {
+        if packed {
+            quant::repack::matvec(t, x.len(), &data, &act, &mut y)
+        } else {
+            quant::matvec(t, x.len(), &data, &act, &mut y)
+        }
+    };
+    run();
+    let t0 = crate::clock::now_ms();
+    for _ in 0..reps.max(1) {
+        run();
+    }
+    (crate::clock::now_ms() - t0) / reps.max(1) as f64
+}
+
 /// A [`ByteSource`] over a JavaScript function `read(offset, length, into)` (synchronous; it may
 /// throw, which becomes a [`StoreError::Io`] carrying the message). `into` is a `Uint8Array` view
 /// of the destination in the engine's memory, `length` bytes: the function fills it and returns
