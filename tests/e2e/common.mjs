@@ -9,6 +9,11 @@ export const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '
 export const LES = path.join(ROOT, process.env.LES_BIN_DIR || 'target/release', 'les');
 export const PKG = path.join(ROOT, 'www/les/pkg');
 
+// The benchmarks' prompt, and the paragraph `--long` puts before it (115 prompt
+// tokens with SmolLM2's tokenizer: prompt tokens/s measure the batched kernels).
+export const SHORT_PROMPT = 'The three primary colors are';
+export const LONG_PROMPT = 'Color theory is the study of how colors mix, match and contrast. Painters learn that mixing pigments subtracts light, so combining many of them gives a dark brown, while mixing beams of light adds them, so combining many gives white. Printers use cyan, magenta, yellow and black inks; screens use tiny red, green and blue lights. Artists also speak of warm and cool colors, of complementary pairs that sit opposite each other on the color wheel, and of tints, shades and tones made by adding white, black or gray. ';
+
 export function need(file, hint) {
   if (!fs.existsSync(file)) throw new Error(`${path.relative(ROOT, file)} is missing: ${hint}`);
 }

@@ -21,7 +21,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { startServer } from './server.mjs';
 import { launch } from './browser.mjs';
-import { ROOT, need } from './common.mjs';
+import { ROOT, need, LONG_PROMPT, SHORT_PROMPT } from './common.mjs';
 
 const WLLAMA = '3.13.0';
 const arg = (name, def) => {
@@ -38,8 +38,7 @@ const engines = ['les', 'wllama', ...(process.argv.includes('--simd128') ? ['les
 if (bundle) need(path.resolve(ROOT, bundle), 'run les pack');
 // --long: a ~200-token prompt (a paragraph, then the same question), so prompt tokens/s measure
 // prompt processing rather than per-call overhead.
-const LONG = 'Color theory is the study of how colors mix, match and contrast. Painters learn that mixing pigments subtracts light, so combining many of them gives a dark brown, while mixing beams of light adds them, so combining many gives white. Printers use cyan, magenta, yellow and black inks; screens use tiny red, green and blue lights. Artists also speak of warm and cool colors, of complementary pairs that sit opposite each other on the color wheel, and of tints, shades and tones made by adding white, black or gray. ';
-const prompt = (process.argv.includes('--long') ? LONG : '') + 'The three primary colors are';
+const prompt = (process.argv.includes('--long') ? LONG_PROMPT : '') + SHORT_PROMPT;
 need(path.resolve(ROOT, model), 'run ./build.sh models (or tools/fetch_models.sh)');
 if (!model.startsWith('models/')) throw new Error('--model must be under models/ (served at /models/)');
 need(path.join(ROOT, 'www/les/pkg-mt/les_bg.wasm'), 'run ./build.sh web');
