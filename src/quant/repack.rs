@@ -147,27 +147,30 @@ pub fn matvec(ty: GgmlType, n: usize, w: &[u8], act: &[u8], y: &mut [f32]) {
     }
     let quads = y.len() / 4;
     let (y4, y_rest) = y.split_at_mut(quads * 4);
+    // SAFETY: sizes checked above (the groups) and here (the activation); relaxed SIMD is compiled in.
     #[cfg(all(target_arch = "wasm32", target_feature = "simd128", target_feature = "relaxed-simd"))]
-    if act.len() >= n / 32 * vec_dot_type(ty).type_size() {
-        if let Some(k) = super::wasm::rows4_matvec_kernel(ty) {
-            // SAFETY: sizes checked above (groups and activation); relaxed SIMD is compiled in.
-            unsafe { k(n, &w[..quads * 4 * rb], act, y4) };
-            for (yr, wr) in y_rest.iter_mut().zip(w[quads * 4 * rb..].chunks_exact(rb)) {
-                *yr = vec_dot(ty, n, wr, act);
-            }
-            return;
-        }
-    }
-    let mut plain = vec![0u8; rb];
-    for (q, yq) in y4.chunks_exact_mut(4).enumerate() {
-        let g = &w[q * 4 * rb..(q + 1) * 4 * rb];
-        for (j, yr) in yq.iter_mut().enumerate() {
-            group_row(ty, n, g, j, &mut plain);
-            *yr = vec_dot(ty, n, &plain, act);
+    let done = act.len() >= n / 32 * vec_dot_type(ty).type_size() && unsafe { super::wasm::rows4_matvec(ty, n, &w[..quads * 4 * rb], act, y4) };
+    #[cfg(not(all(target_arch = "wasm32", target_feature = "simd128", target_feature = "relaxed-simd")))]
+    let done = false;
+    if !done {
+        for (q, yq) in y4.chunks_exact_mut(4).enumerate() {
+            unpacked_dots(ty, n, &w[q * 4 * rb..(q + 1) * 4 * rb], &[act], |j, _, v| yq[j] = v);
         }
     }
     for (yr, wr) in y_rest.iter_mut().zip(w[quads * 4 * rb..].chunks_exact(rb)) {
         *yr = vec_dot(ty, n, wr, act);
+    }
+}
+
+/// Where no kernel reads the layout: each row of group `g` unpacked and dotted with each of
+/// `acts` by [`vec_dot`], `out(row, k, value)`.
+fn unpacked_dots(ty: GgmlType, n: usize, g: &[u8], acts: &[&[u8]], mut out: impl FnMut(usize, usize, f32)) {
+    let mut plain = vec![0u8; ty.row_bytes(n as u64).unwrap_or(0) as usize];
+    for j in 0..4 {
+        group_row(ty, n, g, j, &mut plain);
+        for (k, act) in acts.iter().enumerate() {
+            out(j, k, vec_dot(ty, n, &plain, act));
+        }
     }
 }
 
@@ -228,13 +231,7 @@ impl Rows4Dot {
             }
         }
         let mut out = [[0f32; 4]; 4];
-        let mut plain = vec![0u8; rb];
-        for (j, o) in out.iter_mut().enumerate() {
-            group_row(self.ty, self.n, g, j, &mut plain);
-            for (k, act) in a.acts.iter().enumerate() {
-                o[k] = vec_dot(self.ty, self.n, &plain, act);
-            }
-        }
+        unpacked_dots(self.ty, self.n, g, &a.acts, |j, k, v| out[j][k] = v);
         out
     }
 }

@@ -378,7 +378,14 @@ unsafe fn f16_top_to_f32(top: v128, h: impl Fn() -> v128) -> v128 {
 /// The fast path of [`f16_top_to_f32`] alone: the bits of `f16_to_f32` for finite halves.
 #[inline(always)]
 fn f16_top_finite(top: v128) -> v128 {
-    f32x4_mul(v128_and(i32x4_shr(top, 3), u32x4_splat(0x8fff_e000)), f32x4_splat(f32::from_bits(0x7780_0000)))
+    f16_top_finite_by(top, u32x4_splat(0x8fff_e000), f32x4_splat(f32::from_bits(0x7780_0000)))
+}
+
+/// [`f16_top_finite`] with its two constants given (`mask` = 0x8fffe000, `two112` = 2^112 in
+/// every lane): a loop can load them once.
+#[inline(always)]
+fn f16_top_finite_by(top: v128, mask: v128, two112: v128) -> v128 {
+    f32x4_mul(v128_and(i32x4_shr(top, 3), mask), two112)
 }
 
 /// One activation block of a matrix-vector product, prepared once for all the matrix's rows:
@@ -536,7 +543,6 @@ unsafe fn rows4_toks4(n: usize, w: [&[u8]; 4], prep: &[ActBlock], l: Layout, qx:
             *s = f32x4_add(*s, term(f32x4_convert_i32x4(sumi), ws, b.ys));
         }
     }
-    let lanes = |v: v128| [f32x4_extract_lane::<0>(v), f32x4_extract_lane::<1>(v), f32x4_extract_lane::<2>(v), f32x4_extract_lane::<3>(v)];
     let t = sumf.map(lanes);
     core::array::from_fn(|r| core::array::from_fn(|k| t[k][r]))
 }
@@ -576,7 +582,13 @@ unsafe fn blocks_32_toks4(n: usize, w: [&[u8]; 4], a: [&[u8]; 4], l: Layout, qx:
         let ys = scales_x4::<false>(y, l.two_scales);
         sumf = f32x4_add(sumf, term(f32x4_convert_i32x4(sumi), ws, ys));
     }
-    [f32x4_extract_lane::<0>(sumf), f32x4_extract_lane::<1>(sumf), f32x4_extract_lane::<2>(sumf), f32x4_extract_lane::<3>(sumf)]
+    lanes(sumf)
+}
+
+/// The four f32 lanes of `v`.
+#[inline(always)]
+fn lanes(v: v128) -> [f32; 4] {
+    [f32x4_extract_lane::<0>(v), f32x4_extract_lane::<1>(v), f32x4_extract_lane::<2>(v), f32x4_extract_lane::<3>(v)]
 }
 
 /// The four-lane kernels of a 32-element block type: `$rows` (four weight rows, one activation
@@ -664,12 +676,12 @@ unsafe fn rows4_group<const T: usize>(n: usize, g: *const u8, prep: &[ActBlock],
     let konst = |v: v128| core::ptr::read_volatile(&v);
     let (m4, ones, z) = (konst(u8x16_splat(0x0f)), konst(i16x8_splat(1)), konst(i16x8_splat(0)));
     let (mask, two112) = (konst(u32x4_splat(0x8fff_e000)), konst(f32x4_splat(f32::from_bits(0x7780_0000))));
-    let half = |h: v128| f32x4_mul(v128_and(i32x4_shr(i32x4_shl(h, 16), 3), mask), two112);
+    let half = |h: v128| f16_top_finite_by(i32x4_shl(h, 16), mask, two112);
     let mut sumf = [f32x4_splat(0.0); T];
     for (i, bs) in prep.chunks_exact(T).take(n / 32).enumerate() {
         let x = g.add(i * 4 * l.wsize);
         let h = if l.two_scales { load(x) } else { v128_load64_zero(x as *const u64) };
-        // As `f16_top_finite`, each half moved to the top of its lane.
+        // Each half moved to the top of its lane.
         let ws = [half(u32x4_extend_low_u16x8(h)), half(u32x4_extend_high_u16x8(h))];
         let q = x.add(sc);
         // Each weight vector once, the tokens innermost (few registers live: 16 on x86-64).
@@ -746,43 +758,21 @@ fn rows4_table(ty: GgmlType) -> Option<(Layout, Rows4Fn<1>, Rows4Fn<4>)> {
     })
 }
 
-/// A matrix-vector product over repacked groups: `(n, groups, activation, outputs)`, four
-/// outputs per group. Same safety contract as [`DotFn`] for every row.
+/// The matrix-vector product of a repacked matrix of `ty` (`super::repack::matvec`): `w` holds
+/// `y.len() / 4` groups, four outputs each. False (nothing written) for a type without
+/// kernels. Same safety contract as [`DotFn`] for every row.
 #[cfg(target_feature = "relaxed-simd")]
-pub(super) type Rows4MatvecFn = unsafe fn(usize, &[u8], &[u8], &mut [f32]);
-
-/// The matrix-vector product of repacked matrices of `ty` (`super::repack::matvec`).
-#[cfg(target_feature = "relaxed-simd")]
-pub(super) fn rows4_matvec_kernel(ty: GgmlType) -> Option<Rows4MatvecFn> {
-    #[target_feature(enable = "simd128")]
-    unsafe fn matvec(ty: GgmlType, n: usize, w: &[u8], act: &[u8], y: &mut [f32]) {
-        let Some((l, one, _)) = rows4_table(ty) else { return };
-        with_prep(|prep| {
-            prepare_act(n / 32, act.as_ptr(), l, prep);
-            for (q, yq) in y.chunks_exact_mut(4).enumerate() {
-                let [v] = one(n, w.as_ptr().add(q * 4 * (n / 32) * l.wsize), prep);
-                v128_store(yq.as_mut_ptr() as *mut v128, v);
-            }
-        });
-    }
-    #[target_feature(enable = "simd128")]
-    unsafe fn q4_0(n: usize, w: &[u8], act: &[u8], y: &mut [f32]) {
-        matvec(GgmlType::Q4_0, n, w, act, y)
-    }
-    #[target_feature(enable = "simd128")]
-    unsafe fn q4_1(n: usize, w: &[u8], act: &[u8], y: &mut [f32]) {
-        matvec(GgmlType::Q4_1, n, w, act, y)
-    }
-    #[target_feature(enable = "simd128")]
-    unsafe fn q8_0(n: usize, w: &[u8], act: &[u8], y: &mut [f32]) {
-        matvec(GgmlType::Q8_0, n, w, act, y)
-    }
-    Some(match ty {
-        GgmlType::Q4_0 => q4_0,
-        GgmlType::Q4_1 => q4_1,
-        GgmlType::Q8_0 => q8_0,
-        _ => return None,
-    })
+#[target_feature(enable = "simd128")]
+pub(super) unsafe fn rows4_matvec(ty: GgmlType, n: usize, w: &[u8], act: &[u8], y: &mut [f32]) -> bool {
+    let Some((l, one, _)) = rows4_table(ty) else { return false };
+    with_prep(|prep| {
+        prepare_act(n / 32, act.as_ptr(), l, prep);
+        for (q, yq) in y.chunks_exact_mut(4).enumerate() {
+            let [v] = one(n, w.as_ptr().add(q * 4 * (n / 32) * l.wsize), prep);
+            v128_store(yq.as_mut_ptr() as *mut v128, v);
+        }
+    });
+    true
 }
 
 /// Activation rows `acts` (1 to 4) prepared for [`rows4_dot`]: one row's blocks in order, or
@@ -804,7 +794,6 @@ pub(super) unsafe fn rows4_prepare(ty: GgmlType, n: usize, acts: &[&[u8]], out: 
 #[target_feature(enable = "simd128")]
 pub(super) unsafe fn rows4_dot(ty: GgmlType, n: usize, g: &[u8], prep: &[ActBlock], k: usize) -> Option<[[f32; 4]; 4]> {
     let (_, one, four) = rows4_table(ty)?;
-    let lanes = |v: v128| [f32x4_extract_lane::<0>(v), f32x4_extract_lane::<1>(v), f32x4_extract_lane::<2>(v), f32x4_extract_lane::<3>(v)];
     let t: [[f32; 4]; 4] = if k == 1 {
         let [v] = one(n, g.as_ptr(), prep);
         [lanes(v), [0.0; 4], [0.0; 4], [0.0; 4]]
@@ -1014,7 +1003,7 @@ unsafe fn q4_k_rows4(n: usize, w: [&[u8]; 4], a: [&[u8]; 4]) -> [f32; 4] {
         let mins = f32x4(summ[0] as f32, summ[1] as f32, summ[2] as f32, summ[3] as f32);
         sumf = f32x4_add(sumf, f32x4_sub(f32x4_mul(d, f32x4_convert_i32x4(sumi)), f32x4_mul(dmin, mins)));
     }
-    [f32x4_extract_lane::<0>(sumf), f32x4_extract_lane::<1>(sumf), f32x4_extract_lane::<2>(sumf), f32x4_extract_lane::<3>(sumf)]
+    lanes(sumf)
 }
 
 /// `dot_q6_k_q8_k` for four weight rows and one activation row, lane by lane the same.
@@ -1065,7 +1054,7 @@ unsafe fn q6_k_rows4(n: usize, w: [&[u8]; 4], a: [&[u8]; 4]) -> [f32; 4] {
         let d = f32x4_mul(f16s_x4(x, 208), f32x4_splat(f32s(y)));
         sumf = f32x4_add(sumf, f32x4_mul(d, f32x4_convert_i32x4(sumi)));
     }
-    [f32x4_extract_lane::<0>(sumf), f32x4_extract_lane::<1>(sumf), f32x4_extract_lane::<2>(sumf), f32x4_extract_lane::<3>(sumf)]
+    lanes(sumf)
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -226,22 +226,47 @@ pub fn debug_matmul(ty: u32, w: &[u8], x: &[f32], cols: usize, repack: Option<bo
 /// `repack`: the rows repacked first (`quant::repack`, where the type has that layout).
 #[wasm_bindgen(js_name = debugMatvec)]
 pub fn debug_matvec(ty: u32, w: &[u8], x: &[f32], repack: Option<bool>) -> Vec<f32> {
-    use crate::quant::{self, GgmlType};
-    let Some(t) = GgmlType::from_u32(ty) else { return vec![] };
-    let mut act = Vec::new();
-    if quant::quantize_activation(quant::vec_dot_type(t), x, &mut act).is_err() {
-        return vec![];
-    }
-    let rb = t.row_bytes(x.len() as u64).unwrap_or(0) as usize;
-    let mut y = vec![0f32; if rb == 0 { 0 } else { w.len() / rb }];
-    let mut packed = w.to_vec();
-    if repack == Some(true) && quant::repack::pack(t, x.len(), y.len(), &mut packed) {
-        quant::repack::matvec(t, x.len(), &packed, &act, &mut y);
-    } else {
-        quant::matvec(t, x.len(), w, &act, &mut y);
-    }
+    let Some(mut p) = MatvecProbe::new(ty, w, x, repack == Some(true)) else { return vec![] };
+    p.run();
+    let MatvecProbe { mut y, act, .. } = p;
     y.extend(act.iter().map(|&b| b as f32));
     y
+}
+
+/// A matrix-vector product of the debug exports: the weights copied into the engine's memory
+/// (and repacked where asked and the type has that layout), the activation quantized once.
+struct MatvecProbe {
+    ty: crate::quant::GgmlType,
+    n: usize,
+    data: Vec<u8>,
+    packed: bool,
+    act: Vec<u8>,
+    y: Vec<f32>,
+}
+
+impl MatvecProbe {
+    /// One output per whole row of `x.len()` elements in `w`; None for an unknown type or an
+    /// activation that does not quantize.
+    fn new(ty: u32, w: &[u8], x: &[f32], repack: bool) -> Option<Self> {
+        use crate::quant::{self, GgmlType};
+        let ty = GgmlType::from_u32(ty)?;
+        let mut act = Vec::new();
+        quant::quantize_activation(quant::vec_dot_type(ty), x, &mut act).ok()?;
+        let rb = ty.row_bytes(x.len() as u64).unwrap_or(0) as usize;
+        let rows = if rb == 0 { 0 } else { w.len() / rb };
+        let mut data = w.to_vec();
+        let packed = repack && quant::repack::pack(ty, x.len(), rows, &mut data);
+        Some(Self { ty, n: x.len(), data, packed, act, y: vec![0f32; rows] })
+    }
+
+    fn run(&mut self) {
+        use crate::quant;
+        if self.packed {
+            quant::repack::matvec(self.ty, self.n, &self.data, &self.act, &mut self.y)
+        } else {
+            quant::matvec(self.ty, self.n, &self.data, &self.act, &mut self.y)
+        }
+    }
 }
 
 /// Debug (`tests/e2e/kernel_bench.mjs`): milliseconds per matrix-vector product of the rows `w`
@@ -250,27 +275,15 @@ pub fn debug_matvec(ty: u32, w: &[u8], x: &[f32], repack: Option<bool>) -> Vec<f
 /// that layout), the activation quantized once. NaN for an unknown type or a bad size.
 #[wasm_bindgen(js_name = debugMatvecBench)]
 pub fn debug_matvec_bench(ty: u32, w: &[u8], x: &[f32], reps: u32, repack: bool) -> f64 {
-    use crate::quant::{self, GgmlType};
-    let Some(t) = GgmlType::from_u32(ty) else { return f64::NAN };
-    let mut act = Vec::new();
-    let rb = t.row_bytes(x.len() as u64).unwrap_or(0) as usize;
-    if rb == 0 || w.len() % rb != 0 || quant::quantize_activation(quant::vec_dot_type(t), x, &mut act).is_err() {
+    let rb = crate::quant::GgmlType::from_u32(ty).and_then(|t| t.row_bytes(x.len() as u64)).unwrap_or(0) as usize;
+    if rb == 0 || w.len() % rb != 0 {
         return f64::NAN;
     }
-    let mut y = vec![0f32; w.len() / rb];
-    let mut data = w.to_vec();
-    let packed = repack && quant::repack::pack(t, x.len(), y.len(), &mut data);
-    let mut run = || {
-        if packed {
-            quant::repack::matvec(t, x.len(), &data, &act, &mut y)
-        } else {
-            quant::matvec(t, x.len(), &data, &act, &mut y)
-        }
-    };
-    run();
+    let Some(mut p) = MatvecProbe::new(ty, w, x, repack) else { return f64::NAN };
+    p.run();
     let t0 = crate::clock::now_ms();
     for _ in 0..reps.max(1) {
-        run();
+        p.run();
     }
     (crate::clock::now_ms() - t0) / reps.max(1) as f64
 }
