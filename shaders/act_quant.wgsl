@@ -6,8 +6,9 @@
 //   Q8_K (292 B / 256): iscale = -127 / max (max: first element of largest magnitude),
 //        q = min(127, round_half_even(x * iscale)), d = 1 / iscale (f32), int16 sums of 16 quants
 //   F16 / BF16: round to nearest even.
-// WGSL's round() rounds halves to even. O must be zeroed before the dispatch (blocks are not
-// 4-byte aligned, so bytes are OR-ed in atomically).
+// WGSL's round() rounds halves to even. Blocks are not 4-byte aligned, so bytes are OR-ed in
+// atomically; each row's workgroup first zeroes its own bytes (`clear_row`), so the output needs
+// no clear_buffer before the dispatch.
 
 struct Params {
     cols: u32,
@@ -36,6 +37,22 @@ fn put_u32(o: u32, v: u32) {
     put_u16(o + 2u, v >> 16u);
 }
 
+// Zero row t's bytes [o_off + t * row, + row): whole words, and in a word shared with a
+// neighbouring row only this row's bytes (atomicAnd commutes with the neighbour's atomicOr).
+// Then a barrier, so no byte of the row is OR-ed in before it is zero.
+fn clear_row(t: u32, lid: u32) {
+    let start = P.o_off + t * P.o_row_bytes;
+    let end = start + P.o_row_bytes;
+    for (var w = (start >> 2u) + lid; w < ((end + 3u) >> 2u); w += 64u) {
+        let lo = max(start, w * 4u) - w * 4u;
+        let hi = min(end, w * 4u + 4u) - w * 4u;
+        var m = 0u;
+        for (var b = lo; b < hi; b++) { m |= 0xffu << (b * 8u); }
+        atomicAnd(&O[w], ~m);
+    }
+    storageBarrier();
+}
+
 // One 32-element Q8 block; returns sum(q). Writes d at o and the quants at qo.
 fn q8_block(x: u32, o: u32, qo: u32) -> vec2<f32> {
     var amax = 0.0;
@@ -56,6 +73,7 @@ fn q8_block(x: u32, o: u32, qo: u32) -> vec2<f32> {
 @compute @workgroup_size(64)
 fn quant_q8_0(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let t = wid.x;
+    clear_row(t, lid);
     for (var b = lid; b < P.cols / 32u; b += 64u) {
         let o = P.o_off + t * P.o_row_bytes + b * 34u;
         q8_block(P.x_off + t * P.cols + b * 32u, o, o + 2u);
@@ -65,6 +83,7 @@ fn quant_q8_0(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
 @compute @workgroup_size(64)
 fn quant_q8_1(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let t = wid.x;
+    clear_row(t, lid);
     for (var b = lid; b < P.cols / 32u; b += 64u) {
         let o = P.o_off + t * P.o_row_bytes + b * 36u;
         let ds = q8_block(P.x_off + t * P.cols + b * 32u, o, o + 4u);
@@ -75,6 +94,7 @@ fn quant_q8_1(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
 @compute @workgroup_size(64)
 fn quant_q8_k(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let t = wid.x;
+    clear_row(t, lid);
     for (var b = lid; b < P.cols / 256u; b += 64u) {
         let o = P.o_off + t * P.o_row_bytes + b * 292u;
         let x = P.x_off + t * P.cols + b * 256u;
@@ -102,6 +122,7 @@ fn quant_q8_k(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
 @compute @workgroup_size(64)
 fn quant_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let t = wid.x;
+    clear_row(t, lid);
     for (var i = lid; i < P.cols; i += 64u) {
         put_u16(P.o_off + t * P.o_row_bytes + 2u * i, f32_to_f16_bits(X[P.x_off + t * P.cols + i]));
     }
@@ -110,6 +131,7 @@ fn quant_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
 @compute @workgroup_size(64)
 fn quant_bf16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let t = wid.x;
+    clear_row(t, lid);
     for (var i = lid; i < P.cols; i += 64u) {
         let u = bitcast<u32>(X[P.x_off + t * P.cols + i]);
         var h: u32;

@@ -414,9 +414,9 @@ fn elementwise_kernels_match_cpu() {
         // gather rows 3, 0 of a 4-row matrix; scatter them back weighted into rows 1, 2.
         let m = upf(g, &x[..4 * n]);
         let gy = g.ctx.scratch("gy", 4 * 2 * n).unwrap();
-        g.k.gather(&mut rec, &m, &gy, n, &[3, 0]);
+        g.k.gather(&mut rec, &m, &gy, n, &[3, 0]).unwrap();
         let sy = g.ctx.scratch("sy", 4 * 4 * n).unwrap();
-        g.k.scatter(&mut rec, &gy, &sy, n, &[1, 2], &[0.25, -2.0]);
+        g.k.scatter(&mut rec, &gy, &sy, n, &[1, 2], &[0.25, -2.0]).unwrap();
         let got = read(g, &mut rec, &sy, 4 * n);
         for i in 0..n {
             assert_eq!(got[i], 0.0);

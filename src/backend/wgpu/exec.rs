@@ -9,7 +9,8 @@
 
 use super::experts::{GpuExpertPool, PoolStats, SlotLayout};
 use super::kernels::Kernels;
-use super::{GpuContext, GpuError, Recorder};
+use super::kernels::BindCache;
+use super::{GpuContext, GpuCounts, GpuError, GpuRates, Recorder};
 use crate::backend::cpu::matmul::Weight;
 use crate::backend::cpu::kv::StateEvent;
 use crate::backend::cpu::ops::rope_cache_ext;
@@ -51,8 +52,9 @@ impl GpuWeight {
     }
 }
 
-/// Activation scratch types, one buffer each.
-const ACT_TYPES: [GgmlType; 5] = [GgmlType::Q8_0, GgmlType::Q8_1, GgmlType::Q8K, GgmlType::F16, GgmlType::BF16];
+/// Quantized activations a forward keeps for reuse (the decode FFN input serves the router,
+/// every routed expert's gate and up and the shared expert: quantized once per layer).
+const QUANT_KEPT: usize = 4;
 
 /// Options of the GPU backend.
 #[derive(Clone, Debug, Default)]
@@ -76,7 +78,22 @@ pub struct GpuStats {
     pub readback_ms: f64,
     pub submits: u64,
     pub dispatches: u64,
+    /// Every call counted over all forwards (expert uploads included).
+    pub counts: GpuCounts,
+    /// Forwards of one row (decode tokens) and their calls: `decode` / `decode_forwards` is the
+    /// per-token cost the cost model prices (`engine::gpu_cost`).
+    pub decode_forwards: u64,
+    pub decode: GpuCounts,
+    /// Bind groups held for reuse.
+    pub bind_groups_cached: usize,
     pub experts: PoolStats,
+}
+
+impl GpuStats {
+    /// The calls of one decode token (mean over the decode forwards).
+    pub fn per_token(&self) -> GpuRates {
+        self.decode.per(self.decode_forwards)
+    }
 }
 
 /// The shapes the backend allocates for: the KV cache and the routed experts.
@@ -117,7 +134,6 @@ pub struct GpuBackend {
     swa_layers: usize,
     swa_cells: usize,
     n_ctx: usize,
-    acts: Vec<wgpu::Buffer>,
     arena: wgpu::Buffer,
     /// RoPE cos/sin tables per (n_rot, base and YaRN bits), rewritten by each forward.
     rope: Mutex<HashMap<(usize, u32), wgpu::Buffer>>,
@@ -149,6 +165,8 @@ struct RecStates {
 pub struct PoolHandle {
     pool: Arc<Mutex<Option<GpuExpertPool>>>,
     ctx: Arc<GpuContext>,
+    /// Emptied on a resize: cached bind groups would keep dropped slots alive.
+    binds: BindCache,
 }
 
 impl PoolHandle {
@@ -161,6 +179,9 @@ impl PoolHandle {
         let mut g = self.pool.lock().unwrap();
         match g.as_mut() {
             Some(p) => {
+                if n.max(1) < p.n_slots() {
+                    self.binds.clear();
+                }
                 p.resize(&self.ctx, n);
                 p.n_slots()
             }
@@ -210,14 +231,6 @@ impl GpuBackend {
             Some(src) => (0..s.n_layer).map(|l| src.layout(l)).collect(),
             None => Vec::new(),
         };
-        let max_cols = mats.iter().flatten().map(|m| m.cols).chain(layouts.iter().flat_map(|l| [l.n_embd, l.n_ff])).max().unwrap_or(4);
-        let acts = ACT_TYPES
-            .iter()
-            .map(|ty| {
-                let row = ty.row_bytes(max_cols.div_ceil(256) as u64 * 256).unwrap_or(4 * max_cols as u64) as usize;
-                g.scratch(ty.name(), max_rows * row + 4)
-            })
-            .collect::<Result<Vec<_>, _>>()?;
         let pool = match experts {
             Some(src) => {
                 let slot_bytes = layouts.iter().map(|l| SlotLayout::bytes_for(l)).max().unwrap_or(0);
@@ -240,7 +253,6 @@ impl GpuBackend {
             swa_layers: s.swa_layers,
             swa_cells,
             n_ctx: s.n_ctx,
-            acts,
             arena: Recorder::arena_buffer(g),
             rope: Mutex::new(HashMap::new()),
             probe: g.scratch("probe", 4)?,
@@ -256,6 +268,11 @@ impl GpuBackend {
 
     pub fn n_ctx(&self) -> usize {
         self.n_ctx
+    }
+
+    /// The adapter's name and backend, for reports.
+    pub fn adapter_name(&self) -> String {
+        format!("{} ({:?})", self.ctx.info.name, self.ctx.info.backend)
     }
 
     /// Bytes of the KV cache on the device (keys and values).
@@ -298,6 +315,7 @@ impl GpuBackend {
 
     pub fn stats(&self) -> GpuStats {
         let mut s = self.stats.lock().unwrap().clone();
+        s.bind_groups_cached = self.k.bind_cache.len();
         if let Some(p) = self.pool.lock().unwrap().as_ref() {
             s.experts = p.stats.clone();
         }
@@ -317,6 +335,14 @@ impl GpuBackend {
         Ok((now_ms() - t0) / n.max(1) as f64)
     }
 
+    /// Start the counters anew (after a warm-up, so what follows is the steady state).
+    pub fn reset_stats(&self) {
+        *self.stats.lock().unwrap() = GpuStats::default();
+        if let Some(p) = self.pool.lock().unwrap().as_mut() {
+            p.stats = Default::default();
+        }
+    }
+
     pub fn expert_slots(&self) -> usize {
         self.pool.lock().unwrap().as_ref().map(|p| p.n_slots()).unwrap_or(0)
     }
@@ -324,7 +350,7 @@ impl GpuBackend {
     /// A handle that resizes the expert slot pool from any thread (a memory budget changed while
     /// the model runs); `None` without a pool.
     pub fn expert_pool(&self) -> Option<PoolHandle> {
-        self.pool.lock().unwrap().is_some().then(|| PoolHandle { pool: self.pool.clone(), ctx: self.ctx.clone() })
+        self.pool.lock().unwrap().is_some().then(|| PoolHandle { pool: self.pool.clone(), ctx: self.ctx.clone(), binds: self.k.bind_cache.clone() })
     }
 
     /// The most rows one forward takes.
@@ -335,7 +361,12 @@ impl GpuBackend {
     /// An executor for one forward pass of at most [`Self::max_rows`] rows.
     pub fn exec(&self) -> Result<GpuExec<'_>, GpuError> {
         self.ctx.check()?;
-        Ok(GpuExec { g: self, rec: Recorder::new(&self.ctx, &self.arena), readbacks: 0, rb_ms: 0.0, rope_pos: Vec::new() })
+        // Every forward takes pooled buffers in the same order (each size class's free list
+        // sorted), so equal forwards bind equal buffers and reuse the cached bind groups.
+        for v in self.bufs.lock().unwrap().values_mut() {
+            v.sort_unstable_by(|a, b| b.cmp(a));
+        }
+        Ok(GpuExec { g: self, rec: Recorder::new(&self.ctx, &self.arena), readbacks: 0, rb_ms: 0.0, rope_pos: Vec::new(), quant: Vec::new(), at_start: self.ctx.counts(), max_rows_seen: 0 })
     }
 }
 
@@ -353,30 +384,44 @@ impl Drop for Pooled {
     }
 }
 
-/// A GPU tensor: `rows × cols` f32 at the start of a pooled buffer.
+/// A GPU tensor: `rows × cols` f32 at the start of a pooled buffer. `version` names its
+/// contents: new for every tensor and every op that writes it in place ([`Self::buf_mut`]), so
+/// a quantized copy made for one version is never used for another.
 pub struct GpuT {
     b: Pooled,
     rows: usize,
     cols: usize,
+    version: u64,
+}
+
+static VERSIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+fn new_version() -> u64 {
+    VERSIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 impl GpuT {
     fn buf(&self) -> &wgpu::Buffer {
         &self.b.buf
     }
+    /// The buffer, for an op that writes it in place (the contents get a new version).
+    fn buf_mut(&mut self) -> &wgpu::Buffer {
+        self.version = new_version();
+        &self.b.buf
+    }
 }
 
-/// A row set of f32 activations and which vec-dot conversions of it are already made.
+/// Rows of f32 activations to multiply: a tensor's version, its buffer and shape.
 struct ActIn<'a> {
     x: &'a wgpu::Buffer,
+    version: u64,
     cols: usize,
     n_tok: usize,
-    done: u8,
 }
 
 impl<'a> ActIn<'a> {
-    fn new(x: &'a wgpu::Buffer, cols: usize, n_tok: usize) -> Self {
-        Self { x, cols, n_tok, done: 0 }
+    fn new(t: &'a GpuT) -> Self {
+        Self { x: t.buf(), version: t.version, cols: t.cols, n_tok: t.rows }
     }
 }
 
@@ -388,6 +433,12 @@ pub struct GpuExec<'a> {
     rb_ms: f64,
     /// RoPE tables written in this forward: (n_rot, base and YaRN bits, pos0, rows).
     rope_pos: Vec<(usize, u32, usize, usize)>,
+    /// Quantized activations kept for reuse: (tensor version, type, buffer), most recent last.
+    quant: Vec<(u64, GgmlType, Pooled)>,
+    /// The device's counters when this forward began.
+    at_start: GpuCounts,
+    /// The most rows of any input of this forward (1: a decode token).
+    max_rows_seen: usize,
 }
 
 impl<'a> GpuExec<'a> {
@@ -409,9 +460,9 @@ impl<'a> GpuExec<'a> {
                         }
                         StateEvent::Restore => match saved.get(&key) {
                             Some(sv) => self.rec.encoder().copy_buffer_to_buffer(sv, 0, b, 0, b.size()),
-                            None => self.rec.encoder().clear_buffer(b, 0, None),
+                            None => self.rec.clear(b, 0, None),
                         },
-                        StateEvent::Clear => self.rec.encoder().clear_buffer(b, 0, None),
+                        StateEvent::Clear => self.rec.clear(b, 0, None),
                     }
                 }
             }
@@ -437,17 +488,28 @@ impl<'a> GpuExec<'a> {
     pub fn finish(mut self) -> Result<(), GpuError> {
         self.rec.submit();
         self.g.ctx.check()?;
+        let counts = self.g.ctx.counts().since(self.at_start);
         let mut st = self.g.stats.lock().unwrap();
         st.forwards += 1;
         st.readbacks += self.readbacks;
         st.readback_ms += self.rb_ms;
         st.submits += self.rec.queue_submits as u64;
         st.dispatches += self.rec.dispatches as u64;
+        st.counts.add(counts);
+        if self.max_rows_seen == 1 {
+            st.decode_forwards += 1;
+            st.decode.add(counts);
+        }
         Ok(())
     }
 
     fn alloc(&self, rows: usize, cols: usize) -> Result<GpuT, GpuError> {
-        let bytes = (4 * rows * cols).max(4) as u64;
+        Ok(GpuT { b: self.pooled((4 * rows * cols) as u64)?, rows, cols, version: new_version() })
+    }
+
+    /// A pooled buffer of at least `bytes` (power-of-two size classes).
+    fn pooled(&self, bytes: u64) -> Result<Pooled, GpuError> {
+        let bytes = bytes.max(4);
         let max = self.g.ctx.max_binding();
         let class = if bytes.next_power_of_two() <= max { bytes.next_power_of_two().max(256) } else { bytes };
         let reused = self.g.bufs.lock().unwrap().get_mut(&class).and_then(|v| v.pop());
@@ -455,7 +517,7 @@ impl<'a> GpuExec<'a> {
             Some(b) => b,
             None => self.g.ctx.scratch("activation", class as usize)?,
         };
-        Ok(GpuT { b: Pooled { buf, class, pool: self.g.bufs.clone() }, rows, cols })
+        Ok(Pooled { buf, class, pool: self.g.bufs.clone() })
     }
 
     fn mat(&self, m: Mat) -> Result<&'a GpuWeight, GpuError> {
@@ -467,32 +529,36 @@ impl<'a> GpuExec<'a> {
     }
 
     /// y = W · a for every part of W (rows split across buffers).
-    fn mm<'b>(&mut self, w: &GpuWeight, a: &mut ActIn<'b>, y: &wgpu::Buffer, y_stride: usize) -> Result<(), GpuError>
-    where
-        'a: 'b,
-    {
-        let (abuf, a_off) = self.act_for(w.ty, a)?;
+    fn mm(&mut self, w: &GpuWeight, a: &ActIn<'_>, y: &wgpu::Buffer, y_stride: usize) -> Result<(), GpuError> {
+        let abuf = self.act_for(w.ty, a)?;
         for (buf, r0, n) in &w.parts {
-            self.g.k.matvec(&mut self.rec, w.ty, w.cols, *n, buf, 0, abuf, a_off, y, *r0, y_stride, a.n_tok)?;
+            self.g.k.matvec(&mut self.rec, w.ty, w.cols, *n, buf, 0, &abuf, 0, y, *r0, y_stride, a.n_tok)?;
         }
         Ok(())
     }
 
-    /// The activation rows converted to `wty`'s vec_dot_type (made once per ActIn and type).
-    fn act_for<'b>(&mut self, wty: GgmlType, a: &mut ActIn<'b>) -> Result<(&'b wgpu::Buffer, u64), GpuError>
-    where
-        'a: 'b,
-    {
+    /// The activation rows converted to `wty`'s vec_dot_type: made once per tensor version and
+    /// type while it is among the last [`QUANT_KEPT`] conversions of this forward.
+    fn act_for(&mut self, wty: GgmlType, a: &ActIn<'_>) -> Result<wgpu::Buffer, GpuError> {
         let vty = vec_dot_type(wty);
         if vty == GgmlType::F32 {
-            return Ok((a.x, 0));
+            return Ok(a.x.clone());
         }
-        let i = ACT_TYPES.iter().position(|&t| t == vty).ok_or(GpuError::Unsupported(vty.name()))?;
-        if a.done & (1 << i) == 0 {
-            self.g.k.quant_act(&mut self.rec, vty, a.x, 0, a.cols, a.n_tok, &self.g.acts[i], 0)?;
-            a.done |= 1 << i;
+        if let Some(i) = self.quant.iter().position(|q| q.0 == a.version && q.1 == vty) {
+            let q = self.quant.remove(i);
+            let b = q.2.buf.clone();
+            self.quant.push(q);
+            return Ok(b);
         }
-        Ok((&self.g.acts[i], 0))
+        let row = vty.row_bytes(a.cols as u64).ok_or(GpuError::Unsupported(vty.name()))?;
+        let out = self.pooled(row * a.n_tok as u64 + 4)?;
+        self.g.k.quant_act(&mut self.rec, vty, a.x, 0, a.cols, a.n_tok, &out.buf, 0)?;
+        let b = out.buf.clone();
+        if self.quant.len() >= QUANT_KEPT {
+            self.quant.remove(0);
+        }
+        self.quant.push((a.version, vty, out));
+        Ok(b)
     }
 
     /// One routed expert (in GPU slot `slot`): gather its tokens' rows, SwiGLU FFN from the slot,
@@ -507,19 +573,19 @@ impl<'a> GpuExec<'a> {
         let n = slots.len();
         let gathered;
         let xin = if t_n == 1 {
-            x.buf()
+            x
         } else {
             gathered = self.alloc(n, e)?;
-            self.g.k.gather(&mut self.rec, x.buf(), gathered.buf(), e, &toks);
-            gathered.buf()
+            self.g.k.gather(&mut self.rec, x.buf(), gathered.buf(), e, &toks)?;
+            &gathered
         };
         let ff = layout.n_ff;
         let (g, u, h, ye) = (self.alloc(n, ff)?, self.alloc(n, ff)?, self.alloc(n, ff)?, self.alloc(n, e)?);
-        let mut a = ActIn::new(xin, e, n);
-        let (ab, ao) = self.act_for(layout.gate_ty, &mut a)?;
-        self.g.k.matvec(&mut self.rec, layout.gate_ty, e, ff, buf, lay.gate, ab, ao, g.buf(), 0, ff, n)?;
-        let (ab, ao) = self.act_for(layout.up_ty, &mut a)?;
-        self.g.k.matvec(&mut self.rec, layout.up_ty, e, ff, buf, lay.up, ab, ao, u.buf(), 0, ff, n)?;
+        let a = ActIn::new(xin);
+        let ab = self.act_for(layout.gate_ty, &a)?;
+        self.g.k.matvec(&mut self.rec, layout.gate_ty, e, ff, buf, lay.gate, &ab, 0, g.buf(), 0, ff, n)?;
+        let ab = self.act_for(layout.up_ty, &a)?;
+        self.g.k.matvec(&mut self.rec, layout.up_ty, e, ff, buf, lay.up, &ab, 0, u.buf(), 0, ff, n)?;
         let ex_at = ex as usize;
         if let Some([bg, bu, _]) = f.bias {
             // ggml `add_id`: expert ex's bias row added to each of its rows.
@@ -531,14 +597,14 @@ impl<'a> GpuExec<'a> {
             ExpertAct::Silu => self.g.k.swiglu(&mut self.rec, g.buf(), u.buf(), h.buf(), n * ff),
             ExpertAct::SwigluOai { alpha, limit } => self.g.k.swiglu_oai(&mut self.rec, g.buf(), u.buf(), h.buf(), n * ff, alpha, limit),
         }
-        let mut a = ActIn::new(h.buf(), ff, n);
-        let (ab, ao) = self.act_for(layout.down_ty, &mut a)?;
-        self.g.k.matvec(&mut self.rec, layout.down_ty, ff, e, buf, lay.down, ab, ao, ye.buf(), 0, e, n)?;
+        let a = ActIn::new(&h);
+        let ab = self.act_for(layout.down_ty, &a)?;
+        self.g.k.matvec(&mut self.rec, layout.down_ty, ff, e, buf, lay.down, &ab, 0, ye.buf(), 0, e, n)?;
         if let Some([_, _, bd]) = f.bias {
             let bd = self.vec(bd);
             self.g.k.add(&mut self.rec, bd, ex_at * e, ye.buf(), 0, n * e, e);
         }
-        self.g.k.scatter(&mut self.rec, ye.buf(), per.buf(), e, &slots, &w);
+        self.g.k.scatter(&mut self.rec, ye.buf(), per.buf(), e, &slots, &w)?;
         Ok(())
     }
 }
@@ -559,8 +625,9 @@ impl Ops for GpuExec<'_> {
         // `write_buffer` lands before the next submit: recorded commands that still use a
         // pooled buffer must run first.
         self.rec.submit();
+        self.max_rows_seen = self.max_rows_seen.max(rows);
         let t = self.alloc(rows, cols)?;
-        self.g.ctx.queue.write_buffer(t.buf(), 0, bytemuck::cast_slice(&x));
+        self.g.ctx.write(t.buf(), 0, bytemuck::cast_slice(&x));
         Ok(t)
     }
 
@@ -574,17 +641,18 @@ impl Ops for GpuExec<'_> {
     fn rms_norm_groups(&mut self, x: &mut GpuT, w: Vector, eps: f32) -> Result<(), OpError> {
         let n = self.g.vecs[Weights::vec_index(w)].1.max(1);
         let wb = self.vec(w);
-        self.g.k.rms_norm(&mut self.rec, x.buf(), 0, wb, n, x.rows * x.cols / n, eps, None);
+        let rows = x.rows * x.cols / n;
+        self.g.k.rms_norm(&mut self.rec, x.buf_mut(), 0, wb, n, rows, eps, None);
         Ok(())
     }
 
     fn matmul(&mut self, x: &GpuT, ws: &[Mat]) -> Result<Vec<GpuT>, OpError> {
-        let mut a = ActIn::new(x.buf(), x.cols, x.rows);
+        let a = ActIn::new(x);
         let mut out = Vec::with_capacity(ws.len());
         for &m in ws {
             let w = self.mat(m)?;
             let y = self.alloc(x.rows, w.rows)?;
-            self.mm(w, &mut a, y.buf(), w.rows)?;
+            self.mm(w, &a, y.buf(), w.rows)?;
             out.push(y);
         }
         Ok(out)
@@ -592,12 +660,14 @@ impl Ops for GpuExec<'_> {
 
     fn add_row(&mut self, x: &mut GpuT, b: Vector) -> Result<(), OpError> {
         let bb = self.vec(b);
-        self.g.k.add(&mut self.rec, bb, 0, x.buf(), 0, x.rows * x.cols, x.cols);
+        let (n, cols) = (x.rows * x.cols, x.cols);
+        self.g.k.add(&mut self.rec, bb, 0, x.buf_mut(), 0, n, cols);
         Ok(())
     }
 
     fn add(&mut self, x: &mut GpuT, y: &GpuT) -> Result<(), OpError> {
-        self.g.k.add(&mut self.rec, y.buf(), 0, x.buf(), 0, x.rows * x.cols, 0);
+        let n = x.rows * x.cols;
+        self.g.k.add(&mut self.rec, y.buf(), 0, x.buf_mut(), 0, n, 0);
         Ok(())
     }
 
@@ -625,12 +695,12 @@ impl Ops for GpuExec<'_> {
                 all.extend_from_slice(&one);
             }
             if !all.is_empty() {
-                self.g.ctx.queue.write_buffer(&cs, 0, bytemuck::cast_slice(&all));
+                self.g.ctx.write(&cs, 0, bytemuck::cast_slice(&all));
             }
             self.rope_pos.push((key.0, key.1, pos0, x.rows));
         }
-        let n_head = x.cols / p.head_dim;
-        self.g.k.rope(&mut self.rec, x.buf(), 0, &cs, n_head, p.head_dim, p.n_rot, p.kind == RopeKind::Neox, x.rows);
+        let (n_head, rows) = (x.cols / p.head_dim, x.rows);
+        self.g.k.rope(&mut self.rec, x.buf_mut(), 0, &cs, n_head, p.head_dim, p.n_rot, p.kind == RopeKind::Neox, rows);
         Ok(())
     }
 
@@ -659,12 +729,14 @@ impl Ops for GpuExec<'_> {
     }
 
     fn gate_add(&mut self, x: &mut GpuT, y: &GpuT, g: &GpuT, f: Sigmoid) -> Result<(), OpError> {
-        self.g.k.gate_add(&mut self.rec, y.buf(), g.buf(), x.buf(), x.cols, x.rows, f == Sigmoid::Exp);
+        let (cols, rows) = (x.cols, x.rows);
+        self.g.k.gate_add(&mut self.rec, y.buf(), g.buf(), x.buf_mut(), cols, rows, f == Sigmoid::Exp);
         Ok(())
     }
 
     fn mul_sigmoid(&mut self, x: &mut GpuT, g: &GpuT) -> Result<(), OpError> {
-        self.g.k.mul_sigmoid(&mut self.rec, g.buf(), x.buf(), x.rows * x.cols);
+        let n = x.rows * x.cols;
+        self.g.k.mul_sigmoid(&mut self.rec, g.buf(), x.buf_mut(), n);
         Ok(())
     }
 
@@ -684,13 +756,15 @@ impl Ops for GpuExec<'_> {
         let st = self.state(il, false, hv * s * s)?;
         let y = self.alloc(x.rows, hv * s)?;
         let (dt, a) = (self.vec(p.dt_bias), self.vec(p.a));
-        self.g.k.delta_net(&mut self.rec, x.buf(), alpha.buf(), beta.buf(), dt, a, &st, y.buf(), x.rows, p.n_group, hv, s, p.tiled, p.eps);
+        let rows = x.rows;
+        self.g.k.delta_net(&mut self.rec, x.buf_mut(), alpha.buf(), beta.buf(), dt, a, &st, y.buf(), rows, p.n_group, hv, s, p.tiled, p.eps);
         Ok(y)
     }
 
     fn norm_gated(&mut self, x: &mut GpuT, w: Vector, z: &GpuT, eps: f32) -> Result<(), OpError> {
         self.rms_norm_groups(x, w, eps)?;
-        self.g.k.mul_silu(&mut self.rec, z.buf(), x.buf(), x.rows * x.cols);
+        let n = x.rows * x.cols;
+        self.g.k.mul_silu(&mut self.rec, z.buf(), x.buf_mut(), n);
         Ok(())
     }
 
@@ -707,14 +781,15 @@ impl Ops for GpuExec<'_> {
                 if self.g.gelu_tab.get().is_none() {
                     let t = crate::backend::cpu::ops::gelu_tanh_table();
                     let buf = self.g.ctx.scratch("gelu-f16", 2 * t.len())?;
-                    self.g.ctx.queue.write_buffer(&buf, 0, bytemuck::cast_slice(&t));
+                    self.g.ctx.write(&buf, 0, bytemuck::cast_slice(&t));
                     let _ = self.g.gelu_tab.set(buf);
                 }
                 self.g.gelu_tab.get()
             }
             crate::backend::ops::Gelu::Erf => None,
         };
-        self.g.k.gelu(&mut self.rec, x.buf(), x.rows * x.cols, tab);
+        let n = x.rows * x.cols;
+        self.g.k.gelu(&mut self.rec, x.buf_mut(), n, tab);
         Ok(())
     }
 
@@ -740,7 +815,7 @@ impl Ops for GpuExec<'_> {
             return Err(OpError::Unsupported { backend: "wgpu", op: "gather_rows with an index past the rows" });
         }
         let y = self.alloc(idx.len(), x.cols)?;
-        self.g.k.gather(&mut self.rec, x.buf(), y.buf(), x.cols, idx);
+        self.g.k.gather(&mut self.rec, x.buf(), y.buf(), x.cols, idx)?;
         Ok(y)
     }
 
@@ -760,7 +835,8 @@ impl Ops for GpuExec<'_> {
     }
 
     fn scale(&mut self, x: &mut GpuT, s: f32) -> Result<(), OpError> {
-        self.g.k.scale(&mut self.rec, x.buf(), x.rows * x.cols, s);
+        let n = x.rows * x.cols;
+        self.g.k.scale(&mut self.rec, x.buf_mut(), n, s);
         Ok(())
     }
 

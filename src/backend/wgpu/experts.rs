@@ -126,7 +126,7 @@ impl GpuExpertPool {
     }
 
     fn slot(ctx: &GpuContext, i: usize, bytes: usize) -> wgpu::Buffer {
-        ctx.device.create_buffer(&wgpu::BufferDescriptor {
+        ctx.create_buffer(&wgpu::BufferDescriptor {
             label: Some(&format!("expert-slot-{i}")),
             size: bytes as u64,
             usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
@@ -192,7 +192,7 @@ impl GpuExpertPool {
             self.held.0.write().unwrap().remove(&old);
         }
         let (lay, _) = SlotLayout::of(blk);
-        let q = &rec.ctx.queue;
+        let q = rec.ctx;
         write_padded(q, &self.slots[s], lay.gate, &blk.file_bytes(0));
         write_padded(q, &self.slots[s], lay.up, &blk.file_bytes(1));
         write_padded(q, &self.slots[s], lay.down, &blk.file_bytes(2));

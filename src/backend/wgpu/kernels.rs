@@ -3,7 +3,7 @@
 //! `kv_store.wgsl`, `attention.wgsl`, `elementwise.wgsl`); its CPU reference is named in the
 //! shader's header and checked in `tests/suite/wgpu_kernels.rs`.
 
-use super::{GpuContext, GpuError, Recorder};
+use super::{GpuContext, GpuError, Recorder, LIST_BYTES, PARAM_BYTES};
 use crate::quant::{vec_dot_type, GgmlType};
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -57,26 +57,40 @@ pub fn supports(ty: GgmlType) -> bool {
     quant_source(ty).is_some()
 }
 
-#[derive(Clone, Copy)]
+/// A binding of a kernel's layout: a buffer the caller names, or the recorder's arena at a
+/// dynamic offset (the kernel's parameters, an index list), so one bind group serves every
+/// dispatch with the same buffers.
+#[derive(Clone, Copy, PartialEq)]
 enum Bind {
     Read,
     ReadWrite,
+    /// The parameters: a uniform of [`PARAM_BYTES`] in the arena.
     Uniform,
+    /// An index list: a storage read of [`LIST_BYTES`] in the arena.
+    List,
+}
+
+/// A bind group layout and what each of its bindings is.
+struct Layout {
+    id: u8,
+    layout: wgpu::BindGroupLayout,
+    binds: Vec<Bind>,
 }
 
 struct Kernel {
-    layout: wgpu::BindGroupLayout,
+    layout: Layout,
     pipelines: HashMap<&'static str, wgpu::ComputePipeline>,
 }
 
 impl Kernel {
-    fn new(ctx: &GpuContext, prelude: &str, name: &str, src: &str, binds: &[Bind], entries: &[&'static str]) -> Self {
-        let layout = bind_layout(ctx, name, binds);
+    fn new(ctx: &GpuContext, prelude: &str, name: &str, src: &str, binds: &[Bind], entries: &[&'static str], id: u8) -> Self {
+        let layout = Layout { id, layout: bind_layout(ctx, name, binds), binds: binds.to_vec() };
+        let layout_ref = &layout.layout;
         let module = ctx.device.create_shader_module(wgpu::ShaderModuleDescriptor {
             label: Some(name),
             source: wgpu::ShaderSource::Wgsl(format!("{prelude}\n{src}").into()),
         });
-        let pl = ctx.device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor { label: Some(name), bind_group_layouts: &[Some(&layout)], immediate_size: 0 });
+        let pl = ctx.device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor { label: Some(name), bind_group_layouts: &[Some(layout_ref)], immediate_size: 0 });
         let pipelines = entries
             .iter()
             .map(|&e| {
@@ -104,11 +118,11 @@ fn bind_layout(ctx: &GpuContext, name: &str, binds: &[Bind]) -> wgpu::BindGroupL
             visibility: wgpu::ShaderStages::COMPUTE,
             ty: wgpu::BindingType::Buffer {
                 ty: match b {
-                    Bind::Read => wgpu::BufferBindingType::Storage { read_only: true },
+                    Bind::Read | Bind::List => wgpu::BufferBindingType::Storage { read_only: true },
                     Bind::ReadWrite => wgpu::BufferBindingType::Storage { read_only: false },
                     Bind::Uniform => wgpu::BufferBindingType::Uniform,
                 },
-                has_dynamic_offset: false,
+                has_dynamic_offset: matches!(b, Bind::Uniform | Bind::List),
                 min_binding_size: None,
             },
             count: None,
@@ -122,7 +136,9 @@ pub type Buf<'a> = &'a wgpu::Buffer;
 
 /// All pipelines of the backend. Matvec pipelines are compiled on first use per weight type.
 pub struct Kernels {
-    matvec_layout: wgpu::BindGroupLayout,
+    matvec_layout: Layout,
+    /// Bind groups made so far, by layout, arena and buffers ([`BindCache`]).
+    pub bind_cache: BindCache,
     matvec: Mutex<HashMap<(GgmlType, Reduce), std::sync::Arc<wgpu::ComputePipeline>>>,
     act: Kernel,
     norm: Kernel,
@@ -161,12 +177,38 @@ enum Reduce {
     FloatSeq,
 }
 
+/// Bind groups by (layout, arena, buffers): made once, reused by every later dispatch with the
+/// same buffers (parameters come at dynamic offsets). A bind group keeps its buffers alive, so
+/// the cache is emptied when the expert pool drops slots ([`Self::clear`]) and when it grows
+/// past [`BIND_CACHE_MAX`] entries.
+#[derive(Clone, Default)]
+pub struct BindCache(std::sync::Arc<Mutex<HashMap<(u8, wgpu::Buffer, Vec<wgpu::Buffer>), wgpu::BindGroup>>>);
+
+/// Most cached bind groups (SmolMoE-32x2 resident uses ~3,000 after every expert has run).
+pub const BIND_CACHE_MAX: usize = 16384;
+
+impl BindCache {
+    pub fn clear(&self) {
+        self.0.lock().unwrap().clear();
+    }
+    pub fn len(&self) -> usize {
+        self.0.lock().unwrap().len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 fn bytes_of(words: &[u32]) -> Vec<u8> {
     bytemuck::cast_slice(words).to_vec()
 }
 
-fn entire(b: &wgpu::Buffer) -> wgpu::BindingResource<'_> {
-    b.as_entire_binding()
+/// An index list of `words` u32 fits one list binding ([`LIST_BYTES`]).
+fn list_fits(kernel: &str, words: usize) -> Result<(), GpuError> {
+    if 4 * words as u64 > LIST_BYTES {
+        return Err(GpuError::Limit { what: format!("the index list of '{kernel}'"), need: 4 * words as u64, have: LIST_BYTES });
+    }
+    Ok(())
 }
 
 /// Workgroups for `n` invocations of 64 threads, spread over x and y when x would exceed the limit.
@@ -194,16 +236,18 @@ impl Kernels {
         use Bind::*;
         let prelude = format!("{}\n{COMMON}", if f16 { F16_NATIVE } else { F16_EMUL });
         let p = prelude.as_str();
-        let act = Kernel::new(ctx, p, "act_quant", ACT_QUANT, &[Read, ReadWrite, Uniform], &["quant_q8_0", "quant_q8_1", "quant_q8_k", "quant_f16", "quant_bf16"]);
-        let norm = Kernel::new(ctx, p, "rms_norm", &format!("{EXACT}\n{RMS_NORM}"), &[ReadWrite, Read, ReadWrite, Uniform], &["main", "inplace"]);
-        let rope = Kernel::new(ctx, p, "rope", &format!("{EXACT}\n{ROPE}"), &[ReadWrite, Read, Uniform], &["main"]);
-        let kv = Kernel::new(ctx, p, "kv_store", KV_STORE, &[Read, Read, ReadWrite, ReadWrite, Uniform], &["main"]);
-        let attn = Kernel::new(ctx, p, "attention", &format!("{EXACT}\n{ATTENTION}"), &[Read, Read, Read, ReadWrite, ReadWrite, Uniform, Read], &["scores", "factors", "softmax_v"]);
-        let ew = Kernel::new(ctx, p, "elementwise", &format!("{EXACT}\n{ELEMENTWISE}"), &[Read, Read, ReadWrite, Read, Uniform], &["add", "swiglu", "swiglu_oai", "gather", "scatter", "combine", "gate_add", "expf", "gate_add_exp", "mul_sigmoid", "mul_silu"]);
-        let matvec_layout = bind_layout(ctx, "matvec", &[Read, Read, ReadWrite, Uniform]);
+        let act = Kernel::new(ctx, p, "act_quant", ACT_QUANT, &[Read, ReadWrite, Uniform], &["quant_q8_0", "quant_q8_1", "quant_q8_k", "quant_f16", "quant_bf16"], 1);
+        let norm = Kernel::new(ctx, p, "rms_norm", &format!("{EXACT}\n{RMS_NORM}"), &[ReadWrite, Read, ReadWrite, Uniform], &["main", "inplace"], 2);
+        let rope = Kernel::new(ctx, p, "rope", &format!("{EXACT}\n{ROPE}"), &[ReadWrite, Read, Uniform], &["main"], 3);
+        let kv = Kernel::new(ctx, p, "kv_store", KV_STORE, &[Read, Read, ReadWrite, ReadWrite, Uniform], &["main"], 4);
+        let attn = Kernel::new(ctx, p, "attention", &format!("{EXACT}\n{ATTENTION}"), &[Read, Read, Read, ReadWrite, ReadWrite, Uniform, Read], &["scores", "factors", "softmax_v"], 5);
+        let ew = Kernel::new(ctx, p, "elementwise", &format!("{EXACT}\n{ELEMENTWISE}"), &[Read, Read, ReadWrite, List, Uniform], &["add", "swiglu", "swiglu_oai", "gather", "scatter", "combine", "gate_add", "expf", "gate_add_exp", "mul_sigmoid", "mul_silu"], 6);
+        let mv_binds = [Read, Read, ReadWrite, Uniform];
+        let matvec_layout = Layout { id: 0, layout: bind_layout(ctx, "matvec", &mv_binds), binds: mv_binds.to_vec() };
         let mk = |l| ctx.device.create_buffer(&wgpu::BufferDescriptor { label: Some(l), size: 256, usage: wgpu::BufferUsages::STORAGE, mapped_at_creation: false });
         Self {
             matvec_layout,
+            bind_cache: BindCache::default(),
             matvec: Mutex::new(HashMap::new()),
             act,
             norm,
@@ -254,7 +298,7 @@ impl Kernels {
         };
         let src = format!("{}\n{EXACT}\n{MATVEC}\n{entry}\n{q}", self.prelude);
         let module = ctx.device.create_shader_module(wgpu::ShaderModuleDescriptor { label: Some("matvec"), source: wgpu::ShaderSource::Wgsl(src.into()) });
-        let pl = ctx.device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor { label: Some("matvec"), bind_group_layouts: &[Some(&self.matvec_layout)], immediate_size: 0 });
+        let pl = ctx.device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor { label: Some("matvec"), bind_group_layouts: &[Some(&self.matvec_layout.layout)], immediate_size: 0 });
         let p = std::sync::Arc::new(ctx.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: Some(ty.name()),
             layout: Some(&pl),
@@ -267,9 +311,35 @@ impl Kernels {
         Ok(p)
     }
 
-    fn bind(&self, rec: &Recorder<'_>, layout: &wgpu::BindGroupLayout, res: Vec<wgpu::BindingResource<'_>>) -> wgpu::BindGroup {
-        let entries: Vec<wgpu::BindGroupEntry> = res.into_iter().enumerate().map(|(i, r)| wgpu::BindGroupEntry { binding: i as u32, resource: r }).collect();
-        rec.ctx.device.create_bind_group(&wgpu::BindGroupDescriptor { label: None, layout, entries: &entries })
+    /// The bind group of `layout` with `bufs` (whole buffers, in binding order, the arena's
+    /// bindings left out), from the cache or made once.
+    fn bind(&self, rec: &Recorder<'_>, layout: &Layout, bufs: &[&wgpu::Buffer]) -> wgpu::BindGroup {
+        let arena = rec.arena();
+        let key = (layout.id, arena.clone(), bufs.iter().map(|&b| b.clone()).collect::<Vec<_>>());
+        let mut cache = self.bind_cache.0.lock().unwrap();
+        if let Some(bg) = cache.get(&key) {
+            return bg.clone();
+        }
+        let mut it = bufs.iter();
+        let entries: Vec<wgpu::BindGroupEntry> = layout
+            .binds
+            .iter()
+            .enumerate()
+            .map(|(i, b)| {
+                let resource = match b {
+                    Bind::Uniform => wgpu::BindingResource::Buffer(wgpu::BufferBinding { buffer: arena, offset: 0, size: wgpu::BufferSize::new(PARAM_BYTES) }),
+                    Bind::List => wgpu::BindingResource::Buffer(wgpu::BufferBinding { buffer: arena, offset: 0, size: wgpu::BufferSize::new(LIST_BYTES) }),
+                    _ => it.next().expect("a buffer for every binding").as_entire_binding(),
+                };
+                wgpu::BindGroupEntry { binding: i as u32, resource }
+            })
+            .collect();
+        let bg = rec.ctx.create_bind_group(&wgpu::BindGroupDescriptor { label: None, layout: &layout.layout, entries: &entries });
+        if cache.len() >= BIND_CACHE_MAX {
+            cache.clear();
+        }
+        cache.insert(key, bg.clone());
+        bg
     }
 
     /// `y[t * y_stride + y_off + r] = dot(W row r, A row t)` for `rows` rows and `n_tok` tokens.
@@ -298,8 +368,8 @@ impl Kernels {
         let grid_x = groups.min(65535);
         let grid_y = groups.div_ceil(grid_x);
         let prm = rec.push(&bytes_of(&[rows as u32, n_blocks as u32, w_row, a_row, w_off as u32, a_off as u32, y_off as u32, y_stride as u32, grid_x as u32, n_tok as u32, tpr as u32, 0]));
-        let bg = self.bind(rec, &self.matvec_layout, vec![entire(w), entire(a), entire(y), rec.arena_binding(prm)]);
-        rec.dispatch(&p, &bg, (grid_x as u32, grid_y as u32, n_tok as u32));
+        let bg = self.bind(rec, &self.matvec_layout, &[w, a, y]);
+        rec.dispatch(&p, &bg, &[prm.0 as u32], (grid_x as u32, grid_y as u32, n_tok as u32));
         Ok(())
     }
 
@@ -315,12 +385,11 @@ impl Kernels {
             GgmlType::BF16 => "quant_bf16",
             _ => return Err(GpuError::Unsupported(act_ty.name())),
         };
+        // No clear: each row's workgroup zeroes its own bytes first (act_quant.wgsl).
         let row = act_ty.row_bytes(cols as u64).unwrap_or(0);
-        let size = super::pad4((row * n_tok as u64) as usize + (o_off as usize & 3)) as u64;
-        rec.encoder().clear_buffer(o, o_off & !3, Some(size));
         let prm = rec.push(&bytes_of(&[cols as u32, n_tok as u32, x_off as u32, o_off as u32, row as u32, 0, 0, 0]));
-        let bg = self.bind(rec, &self.act.layout, vec![entire(x), entire(o), rec.arena_binding(prm)]);
-        rec.dispatch(&self.act.pipelines[entry], &bg, (n_tok as u32, 1, 1));
+        let bg = self.bind(rec, &self.act.layout, &[x, o]);
+        rec.dispatch(&self.act.pipelines[entry], &bg, &[prm.0 as u32], (n_tok as u32, 1, 1));
         Ok(())
     }
 
@@ -336,16 +405,16 @@ impl Kernels {
 
     fn norm_rows(&self, rec: &mut Recorder<'_>, entry: &str, x: Buf, w: Buf, y: Buf, words: [u32; 12]) {
         let prm = rec.push(&bytes_of(&words));
-        let bg = self.bind(rec, &self.norm.layout, vec![entire(x), entire(w), entire(y), rec.arena_binding(prm)]);
-        rec.dispatch(&self.norm.pipelines[entry], &bg, (words[1], 1, 1));
+        let bg = self.bind(rec, &self.norm.layout, &[x, w, y]);
+        rec.dispatch(&self.norm.pipelines[entry], &bg, &[prm.0 as u32], (words[1], 1, 1));
     }
 
     /// RoPE in place on `n_tok` rows of `n_head` heads; `cs` holds (cos, sin) per token and pair.
     #[allow(clippy::too_many_arguments)]
     pub fn rope(&self, rec: &mut Recorder<'_>, x: Buf, x_off: usize, cs: Buf, n_head: usize, head_dim: usize, n_rot: usize, neox: bool, n_tok: usize) {
         let prm = rec.push(&bytes_of(&[n_head as u32, head_dim as u32, n_rot as u32, neox as u32, x_off as u32, n_tok as u32, 0, 0]));
-        let bg = self.bind(rec, &self.rope.layout, vec![entire(x), entire(cs), rec.arena_binding(prm)]);
-        rec.dispatch(&self.rope.pipelines["main"], &bg, (n_tok as u32, 1, 1));
+        let bg = self.bind(rec, &self.rope.layout, &[x, cs]);
+        rec.dispatch(&self.rope.pipelines["main"], &bg, &[prm.0 as u32], (n_tok as u32, 1, 1));
     }
 
     /// Store K/V rows (`n_tok` rows of `n_head_kv * head_dim`) at positions `pos0..` of the slot
@@ -354,8 +423,8 @@ impl Kernels {
     #[allow(clippy::too_many_arguments)]
     pub fn kv_store(&self, rec: &mut Recorder<'_>, k: Buf, v: Buf, kc: Buf, vc: Buf, n_head_kv: usize, head_dim: usize, cells: usize, off: usize, pos0: usize, n_tok: usize) {
         let prm = rec.push(&bytes_of(&[n_head_kv as u32, head_dim as u32, cells as u32, off as u32, pos0 as u32, n_tok as u32, 0, 0]));
-        let bg = self.bind(rec, &self.kv.layout, vec![entire(k), entire(v), entire(kc), entire(vc), rec.arena_binding(prm)]);
-        rec.dispatch(&self.kv.pipelines["main"], &bg, (n_tok as u32, 1, 1));
+        let bg = self.bind(rec, &self.kv.layout, &[k, v, kc, vc]);
+        rec.dispatch(&self.kv.pipelines["main"], &bg, &[prm.0 as u32], (n_tok as u32, 1, 1));
     }
 
     /// Causal attention for `n_tok` query rows at positions `pos0..` over the KV slot at u32 word
@@ -375,19 +444,20 @@ impl Kernels {
         let [n_head, n_head_kv, head_dim, cells, off, pos0, n_tok] = dims;
         let words = [n_head as u32, n_head_kv as u32, head_dim as u32, cells as u32, off as u32, pos0 as u32, n_tok as u32, scale.to_bits(), 0, 0, 0, 0, window as u32, sinks.is_some() as u32, block as u32, 0];
         let prm = rec.push(&bytes_of(&words));
-        let bg = self.bind(rec, &self.attn.layout, vec![entire(q), entire(kc), entire(vc), entire(o), entire(scores), rec.arena_binding(prm), entire(sinks.unwrap_or(&self.dummy))]);
-        rec.dispatch(&self.attn.pipelines["scores"], &bg, groups_1d(n_tok * n_head * (pos0 + n_tok)));
-        rec.dispatch(&self.attn.pipelines["factors"], &bg, groups_1d(n_tok * n_head));
-        rec.dispatch(&self.attn.pipelines["softmax_v"], &bg, (n_tok as u32, n_head as u32, 1));
+        let bg = self.bind(rec, &self.attn.layout, &[q, kc, vc, o, scores, sinks.unwrap_or(&self.dummy)]);
+        let off = [prm.0 as u32];
+        rec.dispatch(&self.attn.pipelines["scores"], &bg, &off, groups_1d(n_tok * n_head * (pos0 + n_tok)));
+        rec.dispatch(&self.attn.pipelines["factors"], &bg, &off, groups_1d(n_tok * n_head));
+        rec.dispatch(&self.attn.pipelines["softmax_v"], &bg, &off, (n_tok as u32, n_head as u32, 1));
     }
 
     #[allow(clippy::too_many_arguments)]
     fn vision(&self, rec: &mut Recorder<'_>, entry: &str, x: Buf, a: Buf, b: Buf, y: Buf, words: [u32; 8], groups: (u32, u32, u32)) {
         use Bind::*;
-        let k = self.vis.get_or_init(|| Kernel::new(rec.ctx, &self.prelude, "vision", &format!("{EXACT}\n{VISION}"), &[Read, Read, Read, ReadWrite, Uniform], &["layer_norm", "gelu_tanh", "gelu_erf", "place", "scale"]));
+        let k = self.vis.get_or_init(|| Kernel::new(rec.ctx, &self.prelude, "vision", &format!("{EXACT}\n{VISION}"), &[Read, Read, Read, ReadWrite, Uniform], &["layer_norm", "gelu_tanh", "gelu_erf", "place", "scale"], 7));
         let prm = rec.push(&bytes_of(&words));
-        let bg = self.bind(rec, &k.layout, vec![entire(x), entire(a), entire(b), entire(y), rec.arena_binding(prm)]);
-        rec.dispatch(&k.pipelines[entry], &bg, groups);
+        let bg = self.bind(rec, &k.layout, &[x, a, b, y]);
+        rec.dispatch(&k.pipelines[entry], &bg, &[prm.0 as u32], groups);
     }
 
     /// Layer norm of `rows` rows of `n` (shaders/vision.wgsl): `y = norm(x) · w (+ b)`.
@@ -415,25 +485,19 @@ impl Kernels {
         self.vision(rec, "scale", &self.dummy, &self.dummy, &self.dummy, y, [n as u32, 1, s.to_bits(), 0, 0, 0, 0, 0], groups_1d(n));
     }
 
+    /// An element-wise kernel; `extra`: its index list (at most [`LIST_BYTES`]: [`list_fits`]),
+    /// 256 bytes after the parameters in one arena item.
     #[allow(clippy::too_many_arguments)]
     fn ew(&self, rec: &mut Recorder<'_>, entry: &str, x: Buf, x2: Buf, y: Buf, words: [u32; 8], extra: &[u32], count: usize) {
-        // Parameters and index list in one arena item (params first, the list 256 bytes in).
         let mut item = bytes_of(&words);
-        let idx = if extra.is_empty() {
-            None
-        } else {
+        if !extra.is_empty() {
             item.resize(256, 0);
             item.extend_from_slice(&bytes_of(extra));
-            Some(())
-        };
+        }
         let at = rec.push(&item);
-        let prm = rec.arena_binding((at.0, 32));
-        let list = match idx {
-            Some(()) => rec.arena_binding((at.0 + 256, at.1 - 256)),
-            None => entire(&self.dummy2),
-        };
-        let bg = self.bind(rec, &self.ew.layout, vec![entire(x), entire(x2), entire(y), list, prm]);
-        rec.dispatch(&self.ew.pipelines[entry], &bg, groups_1d(count));
+        let bg = self.bind(rec, &self.ew.layout, &[x, x2, y]);
+        let list = if extra.is_empty() { 0 } else { at.0 + 256 };
+        rec.dispatch(&self.ew.pipelines[entry], &bg, &[list as u32, at.0 as u32], groups_1d(count));
     }
 
     /// `y[y_off + i] += x[x_off + (i % period or i)]` for `n` values (period 0: none).
@@ -458,15 +522,19 @@ impl Kernels {
     }
 
     /// `y[r] = x[idx[r]]`, rows of `n`.
-    pub fn gather(&self, rec: &mut Recorder<'_>, x: Buf, y: Buf, n: usize, idx: &[u32]) {
+    pub fn gather(&self, rec: &mut Recorder<'_>, x: Buf, y: Buf, n: usize, idx: &[u32]) -> Result<(), GpuError> {
+        list_fits("gather", idx.len())?;
         self.ew(rec, "gather", x, &self.dummy, y, [n as u32, idx.len() as u32, 0, 0, 0, 0, 0, 0], idx, n * idx.len());
+        Ok(())
     }
 
     /// `y[idx[r]] = x[r] * w[r]`, rows of `n`.
-    pub fn scatter(&self, rec: &mut Recorder<'_>, x: Buf, y: Buf, n: usize, idx: &[u32], w: &[f32]) {
+    pub fn scatter(&self, rec: &mut Recorder<'_>, x: Buf, y: Buf, n: usize, idx: &[u32], w: &[f32]) -> Result<(), GpuError> {
+        list_fits("scatter", 2 * idx.len())?;
         let mut list = idx.to_vec();
         list.extend(w.iter().map(|v| v.to_bits()));
         self.ew(rec, "scatter", x, &self.dummy, y, [n as u32, idx.len() as u32, 0, 0, 0, 0, 0, 0], &list, n * idx.len());
+        Ok(())
     }
 
     /// `y[t] = sum_r x[t * k + r]` in rank order, `rows` tokens of `n`.
@@ -495,13 +563,11 @@ impl Kernels {
     fn dn(&self, rec: &mut Recorder<'_>, entry: &str, bufs: [Buf; 7], words: [u32; 12], groups: (u32, u32, u32)) {
         use Bind::*;
         let dn = self.dn.get_or_init(|| {
-            Kernel::new(rec.ctx, &self.prelude, "delta_net", &format!("{EXACT}\n{DELTA_NET}"), &[Read, Read, Read, Read, Read, ReadWrite, ReadWrite, Uniform], &["conv_silu", "delta_net"])
+            Kernel::new(rec.ctx, &self.prelude, "delta_net", &format!("{EXACT}\n{DELTA_NET}"), &[Read, Read, Read, Read, Read, ReadWrite, ReadWrite, Uniform], &["conv_silu", "delta_net"], 8)
         });
         let prm = rec.push(&bytes_of(&words));
-        let mut res: Vec<wgpu::BindingResource<'_>> = bufs.iter().map(|b| entire(b)).collect();
-        res.push(rec.arena_binding(prm));
-        let bg = self.bind(rec, &dn.layout, res);
-        rec.dispatch(&dn.pipelines[entry], &bg, groups);
+        let bg = self.bind(rec, &dn.layout, &bufs);
+        rec.dispatch(&dn.pipelines[entry], &bg, &[prm.0 as u32], groups);
     }
 
     /// Causal conv1d + SiLU over `n_tok` rows of `cols` channels (shaders/delta_net.wgsl
