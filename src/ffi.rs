@@ -299,7 +299,7 @@ fn plan_json(path: &str, opts: &str) -> Result<String, String> {
         None => crate::expert::stream::Policy::NextUse,
         Some(p) => crate::expert::stream::Policy::parse(p).ok_or_else(|| format!("unknown policy '{p}'"))?,
     };
-    let po = PlanOptions { budget: parse_bytes(&o.memory_budget)?, n_ctx: o.n_ctx.unwrap_or(2048), profile, routes, policy, probe: o.probe.unwrap_or(true), prompt_tokens: o.prompt_tokens.unwrap_or(512) };
+    let po = PlanOptions { budget: parse_bytes(&o.memory_budget)?, n_ctx: o.n_ctx.unwrap_or(2048), profile, routes, policy, probe: o.probe.unwrap_or(true), prompt_tokens: o.prompt_tokens.unwrap_or(512), gpu_devices: Vec::new() };
     let f = plan(path, &po).map_err(|e| e.to_string())?;
     serde_json::to_string(&f).map_err(|e| e.to_string())
 }

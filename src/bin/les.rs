@@ -135,6 +135,16 @@ struct PlanArgs {
     /// Print the forecast as JSON.
     #[arg(long)]
     json: bool,
+    /// `wgpu`: also forecast a decode token on GPU devices (`--device`): the backend's calls
+    /// per token are counted on this machine's adapter (lavapipe will do) and priced with each
+    /// device's per-call costs (src/engine/gpu_cost.rs).
+    #[arg(long, default_value = "cpu")]
+    backend: String,
+    /// GPU device profiles, comma-separated: iphone-metal, chrome-apple-silicon,
+    /// chrome-discrete, firefox-apple-silicon, this-adapter (measured now by the GPU probe);
+    /// default: all but this-adapter.
+    #[arg(long, value_delimiter = ',')]
+    device: Vec<String>,
 }
 
 fn cmd_plan(a: PlanArgs) -> Res {
@@ -152,7 +162,31 @@ fn cmd_plan(a: PlanArgs) -> Res {
     };
     let policy = les::expert::stream::Policy::parse(&a.policy).ok_or_else(|| format!("unknown --policy '{}' (lru, lfu, next-use)", a.policy))?;
     let budget = les::engine::stream::parse_bytes(&a.memory_budget)?;
-    let f = plan(&a.model, &PlanOptions { budget, n_ctx: a.ctx_size, profile, routes, policy, probe: !a.no_probe, prompt_tokens: a.prompt_tokens })?;
+    let gpu_devices = match a.backend.as_str() {
+        "cpu" if a.device.is_empty() => Vec::new(),
+        "cpu" => return Err("--device needs --backend wgpu".into()),
+        "wgpu" => {
+            use les::engine::gpu_cost::{profiles, GpuDevice};
+            let names: Vec<String> = if a.device.is_empty() { profiles().into_iter().map(|p| p.name).collect() } else { a.device.clone() };
+            let mut v = Vec::new();
+            for n in &names {
+                v.push(match n.as_str() {
+                    "this-adapter" => {
+                        let ctx = les::backend::wgpu::GpuContext::new()?;
+                        let (main, cols) = plan_main_type(&a.model)?;
+                        GpuDevice::measured(&les::backend::wgpu::probe::probe(&ctx, main, cols)?, profile.map(|p| p.name).unwrap_or("laptop-nvme"))
+                    }
+                    n => GpuDevice::by_name(n).ok_or_else(|| format!("unknown --device '{n}' ({}, this-adapter)", profiles().iter().map(|p| p.name.clone()).collect::<Vec<_>>().join(", ")))?,
+                });
+            }
+            if a.no_probe {
+                return Err("--backend wgpu counts the GPU's calls on a probe run: drop --no-probe".into());
+            }
+            v
+        }
+        b => return Err(format!("unknown --backend '{b}' (cpu, wgpu)").into()),
+    };
+    let f = plan(&a.model, &PlanOptions { budget, n_ctx: a.ctx_size, profile, routes, policy, probe: !a.no_probe, prompt_tokens: a.prompt_tokens, gpu_devices })?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&f)?);
         return Ok(());
@@ -199,7 +233,28 @@ fn cmd_plan(a: PlanArgs) -> Res {
             f.prompt_bound.unwrap_or("-")
         );
     }
+    if let Some(g) = &f.gpu {
+        println!("GPU decode token, counted on {} ({:.1} ms/token measured there): {}", g.adapter, g.measured_ms_per_token, g.per_token);
+        println!("  weights per token: {:.1} MB (most of them {})", g.weight_bytes / 1e6, g.main_type);
+        println!("  | device | syncs ms | submits ms | dispatches ms | bind groups ms | bandwidth ms | reads ms | total ms | tokens/s | bandwidth floor tokens/s |");
+        for b in &g.forecasts {
+            println!(
+                "  | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.1} |",
+                b.device, b.sync_ms, b.submit_ms, b.dispatch_ms, b.bind_group_ms, b.bandwidth_ms, b.read_ms, b.total_ms, b.tokens_per_s, b.floor_tokens_per_s
+            );
+        }
+    }
     Ok(())
+}
+
+/// The weight type and width `les plan --device this-adapter` times: the type of the most bytes
+/// among the first layer's experts (the bulk of a MoE token's reads), and n_embd.
+fn plan_main_type(model: &str) -> Result<(les::quant::GgmlType, usize), Box<dyn std::error::Error>> {
+    let src: std::sync::Arc<dyn les::store::ByteSource> = std::sync::Arc::new(les::store::FileSource::open(model)?);
+    let parts = les::engine::stream::open_parts(src.clone(), src.clone(), src, model)?;
+    let l = parts.store.layout(0);
+    let t = [(l.gate_ty, l.gate_bytes), (l.up_ty, l.up_bytes), (l.down_ty, l.down_bytes)].into_iter().max_by_key(|x| x.1).map(|x| x.0);
+    Ok((t.unwrap_or(les::quant::GgmlType::Q8_0), l.n_embd))
 }
 
 #[derive(Subcommand)]
@@ -528,6 +583,18 @@ impl GenArgs {
 
 #[derive(Subcommand)]
 enum BenchCmd {
+    /// The GPU cost model's constants measured on this machine's adapter (src/backend/wgpu/
+    /// probe.rs): idle sync, one dispatch, a one-token matvec's bandwidth.
+    GpuProbe {
+        /// Weight type of the matvec timed (e.g. Q4_1, Q4_K, MXFP4).
+        #[arg(long, default_value = "Q4_1")]
+        r#type: String,
+        /// Columns of the matrix timed (a model's n_embd).
+        #[arg(long, default_value_t = 4096)]
+        cols: usize,
+        #[arg(long)]
+        json: bool,
+    },
     /// The ladder: resident → on-demand (no prefetch, LRU) → + lookahead → + packed bundle →
     /// + speculative, same prompts in one process, plus oracle and pure-I/O bounds from the
     /// recorded routing trace.
@@ -691,6 +758,17 @@ fn run(cli: Cli) -> Res {
             }
         }
         Cmd::Bench(BenchCmd::Decode { m, n_predict, reps, json }) => cmd_bench_decode(&m, n_predict, reps, json),
+        Cmd::Bench(BenchCmd::GpuProbe { r#type, cols, json }) => (|| -> Res {
+            let ty = les::quant::GgmlType::from_name(&r#type).ok_or_else(|| format!("unknown --type '{type}'", type = r#type))?;
+            let ctx = les::backend::wgpu::GpuContext::new()?;
+            let p = les::backend::wgpu::probe::probe(&ctx, ty, cols)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&p)?);
+            } else {
+                println!("les bench gpu-probe: {} | idle sync {:.3} ms | one dispatch {:.2} µs | {} matvec {:.2} GB/s", p.adapter, p.sync_ms, p.dispatch_us, p.matvec_type, p.bandwidth / 1e9);
+            }
+            Ok(())
+        })(),
         Cmd::Bench(BenchCmd::PpTg { m, s, n_prompt, n_gen, reps, profile }) => cmd_bench_pp_tg(&m, &s, &n_prompt, &n_gen, reps, profile),
         Cmd::Bench(BenchCmd::Chat { m, s, n_predict, reps, messages }) => cmd_bench_chat(&m, &s, n_predict, reps, &messages),
         Cmd::Pack { input, output, expert_types, mixed_precision, target_bytes, calibration, calib_tokens, order, routes } => {

@@ -5,6 +5,7 @@ pub mod chat;
 pub mod draft;
 pub mod eval;
 pub mod generation;
+pub mod gpu_cost;
 pub mod sampling;
 pub mod speculative;
 #[cfg(not(target_arch = "wasm32"))]

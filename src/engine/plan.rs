@@ -12,7 +12,9 @@
 //! reads behind compute; the forecast also gives that bound (perfect overlap).
 
 use super::stream::{open_parts, BudgetPlan, Footprint, OpenError, StreamOptions, PREFILL_BATCH};
+use super::gpu_cost::{price, GpuBreakdown, GpuDevice};
 use super::{EngineError, Session};
+use crate::backend::wgpu::GpuRates;
 use crate::expert::policy::{Policy, FREQ_DECAY};
 use crate::expert::store::ExpertStore;
 use crate::expert::{ExpertBlock, ExpertError, ExpertLayout, ExpertSource};
@@ -37,6 +39,24 @@ pub struct PlanOptions {
     pub probe: bool,
     /// Tokens of the prompt whose speed is forecast (a session's first prompt: cold cache).
     pub prompt_tokens: usize,
+    /// GPU devices to forecast a decode token on ([`super::gpu_cost`]); the calls per token are
+    /// counted on this machine's adapter (needs one; lavapipe will do). Empty: none.
+    pub gpu_devices: Vec<GpuDevice>,
+}
+
+/// The GPU's side of a forecast: the calls of one decode token counted on a real forward of the
+/// model on this machine's adapter (every expert served from one resident block per layer, as
+/// the compute probe does), the weights it reads, and the token priced on each device.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct GpuPlan {
+    pub adapter: String,
+    pub per_token: GpuRates,
+    pub weight_bytes: f64,
+    /// The weight type with the most bytes per token (what `les bench gpu-probe` should time).
+    pub main_type: &'static str,
+    /// Decode ms per token on this adapter, measured on the same forwards.
+    pub measured_ms_per_token: f64,
+    pub forecasts: Vec<GpuBreakdown>,
 }
 
 /// How fast reads are: a device profile, or this machine's file measured.
@@ -104,6 +124,8 @@ pub struct Forecast {
     pub prompt_tokens: usize,
     pub prompt_tokens_per_s: Option<f64>,
     pub prompt_bound: Option<&'static str>,
+    /// Decode on the GPU devices asked for (`PlanOptions::gpu_devices`).
+    pub gpu: Option<GpuPlan>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -214,7 +236,24 @@ pub fn plan_source(src: Arc<dyn ByteSource>, name: &str, o: &PlanOptions, measur
         prompt = Some(b / (batch_comp + batch_read));
         prompt_bound = Some(if batch_comp >= batch_read { "compute" } else { "reads" });
     }
+    let gpu = if o.gpu_devices.is_empty() || !fits || !o.probe {
+        None
+    } else {
+        let (adapter, per_token, weight_bytes, main_type, measured) = probe_gpu(&parts.dense_src, parts.store.clone(), c.n_layer, o.n_ctx)?;
+        let forecasts = o
+            .gpu_devices
+            .iter()
+            .map(|d| {
+                // The device's own storage: its reads per token as above.
+                let rm = DeviceProfile::by_name(d.store).map(|p| ReadModel { source: p.name.into(), latency_s: p.latency, bandwidth: p.bandwidth }).unwrap_or_else(|| read.clone());
+                let rs: f64 = fp.expert_bytes.iter().map(|&b| rm.layer_time(k * miss, b as f64, p_any)).sum();
+                price(d, per_token, weight_bytes, rs * 1000.0)
+            })
+            .collect();
+        Some(GpuPlan { adapter, per_token, weight_bytes, main_type, measured_ms_per_token: measured, forecasts })
+    };
     Ok(Forecast {
+        gpu,
         arch: c.arch.name().into(),
         n_layer: c.n_layer,
         n_expert: c.n_expert,
@@ -405,6 +444,72 @@ fn probe_compute(dense: &Arc<dyn ByteSource>, store: Arc<dyn ExpertStore>, n_lay
     }
     times.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
     Ok(ComputeProbe { source: "probe", decode_ms_per_token: times[times.len() / 2], prompt_ms_per_token: prompt_ms, prompt_batch: PREFILL_BATCH, threads: crate::backend::cpu::par::n_threads() })
+}
+
+/// One decode token on this machine's GPU adapter ([`ProbeExperts`], so no reads): the calls
+/// counted by the backend (after warm-up tokens), the weight bytes a token reads (the matrices on
+/// the device, and the routed experts' per MoE layer), the type with the most of them, and the
+/// measured ms per token (median).
+#[cfg(not(target_arch = "wasm32"))]
+pub fn probe_gpu(dense: &Arc<dyn ByteSource>, store: Arc<dyn ExpertStore>, n_layer: usize, n_ctx: usize) -> Result<(String, GpuRates, f64, &'static str, f64), PlanError> {
+    use crate::backend::wgpu::{exec::GpuOptions, GpuContext};
+    let mut blocks = Vec::with_capacity(n_layer);
+    for l in 0..n_layer {
+        let mut data = Vec::new();
+        store.read_expert(l, 0, &mut data)?;
+        blocks.push(ExpertBlock::new(data, store.layout(l).clone()));
+    }
+    let mut s = Session::load_streaming_dense(&**dense, ExpertMode::External(Arc::new(ProbeExperts { blocks })), n_ctx.max(128), PREFILL_BATCH, None)?;
+    let ctx = GpuContext::new().map_err(EngineError::from)?;
+    let adapter = format!("{} ({:?}, {:?})", ctx.info.name, ctx.info.backend, ctx.info.device_type);
+    // Every expert in a slot where 2 GiB holds them (a resident token's calls), else the default pool.
+    let c = &s.model.cfg;
+    let all = c.n_layer * c.n_expert;
+    let slot = (0..n_layer).map(|l| crate::backend::wgpu::experts::SlotLayout::bytes_for(store.layout(l))).max().unwrap_or(1).max(1);
+    let opts = GpuOptions { expert_slots: (all * slot <= 2 << 30).then_some(all), ..Default::default() };
+    s.use_gpu(ctx, &opts)?;
+    // Bytes per decode token by type: every device matrix (the host-only embedding lookup
+    // aside), and k routed experts per MoE layer.
+    let mut by_type: HashMap<&'static str, f64> = HashMap::new();
+    let w = &s.model.weights;
+    for (i, m) in w.mats().iter().enumerate() {
+        if !w.host_only(i) {
+            *by_type.entry(m.ty.name()).or_default() += m.ty.row_bytes(m.cols as u64).unwrap_or(0) as f64 * m.rows as f64;
+        }
+    }
+    let k = s.model.cfg.n_expert_used as f64;
+    for l in 0..n_layer {
+        if s.model.cfg.is_moe() {
+            let lay = store.layout(l);
+            for (ty, b) in [(lay.gate_ty, lay.gate_bytes), (lay.up_ty, lay.up_bytes), (lay.down_ty, lay.down_bytes)] {
+                *by_type.entry(ty.name()).or_default() += k * b as f64;
+            }
+        }
+    }
+    let weight_bytes = by_type.values().sum();
+    let main_type = by_type.iter().max_by(|a, b| a.1.partial_cmp(b.1).unwrap_or(std::cmp::Ordering::Equal)).map(|(t, _)| *t).unwrap_or("F32");
+    let n_vocab = s.model.cfg.n_vocab as u32;
+    let prompt: Vec<u32> = (0..8u32).map(|i| (i * 7919 + 13) % n_vocab).collect();
+    s.prefill(&prompt)?;
+    let mut times = Vec::new();
+    for i in 0..12u32 {
+        if i == 4 {
+            s.gpu.as_ref().expect("on the GPU").reset_stats();
+        }
+        let t0 = Instant::now();
+        s.forward(&[(i * 104729 + 7) % n_vocab], Logits::Last)?;
+        if i >= 4 {
+            times.push(t0.elapsed().as_secs_f64() * 1000.0);
+        }
+    }
+    times.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+    let per_token = s.gpu.as_ref().expect("on the GPU").stats().per_token();
+    Ok((adapter, per_token, weight_bytes, main_type, times[times.len() / 2]))
+}
+
+#[cfg(target_arch = "wasm32")]
+pub fn probe_gpu(_: &Arc<dyn ByteSource>, _: Arc<dyn ExpertStore>, _: usize, _: usize) -> Result<(String, GpuRates, f64, &'static str, f64), PlanError> {
+    Err(PlanError::Engine(EngineError::Gpu(crate::backend::wgpu::GpuError::NoAdapter("the plan's GPU probe runs natively".into()))))
 }
 
 #[cfg(test)]

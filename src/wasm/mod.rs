@@ -696,7 +696,7 @@ impl Engine {
                 threads: crate::backend::cpu::par::n_threads(),
             }
         });
-        let po = crate::engine::plan::PlanOptions { budget, n_ctx: o.n_ctx.unwrap_or(g.session.kv.n_ctx), profile, routes, policy: Policy::NextUse, probe: false, prompt_tokens: o.prompt_tokens.unwrap_or(512) };
+        let po = crate::engine::plan::PlanOptions { budget, n_ctx: o.n_ctx.unwrap_or(g.session.kv.n_ctx), profile, routes, policy: Policy::NextUse, probe: false, prompt_tokens: o.prompt_tokens.unwrap_or(512), gpu_devices: Vec::new() };
         let f = crate::engine::plan::plan_source(g.src.clone(), &g.name, &po, compute).map_err(err)?;
         serde_json::to_string(&f).map_err(err)
     }

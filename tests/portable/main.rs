@@ -10,6 +10,7 @@
 mod common;
 
 mod conversation;
+mod gpu_counts;
 mod ops;
 mod repack;
 mod serve;

@@ -15,7 +15,7 @@ fn opts(budget: u64, n_ctx: usize, cache: StreamConfig) -> StreamOptions {
 }
 
 fn popts(budget: u64, n_ctx: usize) -> PlanOptions {
-    PlanOptions { budget, n_ctx, profile: None, routes: None, policy: Policy::NextUse, probe: false, prompt_tokens: 512 }
+    PlanOptions { budget, n_ctx, profile: None, routes: None, policy: Policy::NextUse, probe: false, prompt_tokens: 512, gpu_devices: Vec::new() }
 }
 
 #[test]

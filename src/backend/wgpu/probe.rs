@@ -33,7 +33,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 /// Measure the cost model's constants on `ctx` (native: it blocks on each readback).
 #[cfg(not(target_arch = "wasm32"))]
-pub fn probe(ctx: &GpuContext, ty: GgmlType) -> Result<GpuProbe, GpuError> {
+pub fn probe(ctx: &GpuContext, ty: GgmlType, cols: usize) -> Result<GpuProbe, GpuError> {
     let k = Kernels::new(ctx);
     let arena = Recorder::arena_buffer(ctx);
     let mut rec = Recorder::new(ctx, &arena);
@@ -60,8 +60,9 @@ pub fn probe(ctx: &GpuContext, ty: GgmlType) -> Result<GpuProbe, GpuError> {
         per.push(((now_ms() - t0 - sync_ms).max(0.0)) * 1000.0 / N as f64);
     }
     let dispatch_us = median(per);
-    // Matvec bandwidth: 16 MiB of `ty` weights, one token.
-    let cols = 4096;
+    // Matvec bandwidth: 16 MiB of `ty` weights of `cols` columns (a model's n_embd: matrices
+    // that narrow run below a wide one's rate on some adapters), one token.
+    let cols = cols.div_ceil(256).max(1) * 256;
     let row = ty.row_bytes(cols as u64).ok_or(GpuError::Unsupported(ty.name()))? as usize;
     let rows = ((16usize << 20) / row).max(1);
     let mut wq = Vec::new();
