@@ -93,6 +93,33 @@ fn combine(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroup
     Y[P.y_off + i] = o;
 }
 
+// A decode token's routed experts weighted and combined in rank order: X holds P.k rows of P.n
+// (rank order), IDX the k weights' bits. Each product rounded to f32 before the sum, as scatter
+// (x * w stored) then combine compute it, and llama.cpp's `build_moe_ffn` (ggml_mul by the
+// weights, then ggml_add over the experts in order).
+@compute @workgroup_size(64)
+fn combine_w(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
+    let c = gid.x + gid.y * nw.x * 64u;
+    if (c >= P.n) { return; }
+    var o = keep(X[P.x_off + c] * bitcast<f32>(IDX[P.idx_off]));
+    for (var r = 1u; r < P.k; r++) {
+        o = keep(o + keep(X[P.x_off + r * P.n + c] * bitcast<f32>(IDX[P.idx_off + r])));
+    }
+    Y[P.y_off + c] = o;
+}
+
+// ggml `add_id`: for each pair r of IDX (row, expert), Y row `row` += X row `expert` (a routed
+// expert's bias row), P.rows pairs, rows of P.n.
+@compute @workgroup_size(64)
+fn add_rows(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
+    let i = gid.x + gid.y * nw.x * 64u;
+    if (i >= P.n * P.rows) { return; }
+    let r = i / P.n;
+    let c = i % P.n;
+    let yi = P.y_off + IDX[P.idx_off + 2u * r] * P.n + c;
+    Y[yi] = Y[yi] + X[P.x_off + IDX[P.idx_off + 2u * r + 1u] * P.n + c];
+}
+
 @compute @workgroup_size(64)
 fn gate_add(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
     let i = gid.x + gid.y * nw.x * 64u;

@@ -28,12 +28,31 @@ struct Params {
     n_tok: u32,
     tpr: u32,
     zero: u32,
+    // 1: the `mul_mat_id` form (ggml-cpu `ggml_compute_forward_mul_mat_id`): grid z runs over a
+    // list of (slot byte offset, row) pairs in IDS, one expert each; its weights start at
+    // w_off + IDS[2z] and its activation and output rows are IDS[2z + 1] (a_row_bytes 0: one
+    // activation row for all, a decode token's FFN input).
+    ids: u32,
+    _p0: u32,
+    _p1: u32,
+    _p2: u32,
 }
 
 @group(0) @binding(0) var<storage, read> W: array<u32>;
 @group(0) @binding(1) var<storage, read> A: array<u32>;
 @group(0) @binding(2) var<storage, read_write> Y: array<f32>;
 @group(0) @binding(3) var<uniform> P: Params;
+@group(0) @binding(4) var<storage, read> IDS: array<u32>;
+
+// Where grid slice t's weights start, and its activation / output row.
+fn w_base(t: u32) -> u32 {
+    if (P.ids == 0u) { return P.w_off; }
+    return P.w_off + IDS[2u * t];
+}
+fn t_row(t: u32) -> u32 {
+    if (P.ids == 0u) { return t; }
+    return IDS[2u * t + 1u];
+}
 
 fn wb(o: u32) -> u32 { return (W[o >> 2u] >> ((o & 3u) << 3u)) & 0xffu; }
 fn wi8(o: u32) -> i32 { return (i32(wb(o)) << 24u) >> 24u; }

@@ -10,8 +10,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     if (row >= P.rows) {
         return;
     }
-    let wbase = P.w_off + row * P.w_row_bytes;
-    let abase = P.a_off + t * P.a_row_bytes;
+    let wbase = w_base(t) + row * P.w_row_bytes;
+    let abase = P.a_off + t_row(t) * P.a_row_bytes;
     let n = P.n_blocks * 4u;
     let n8 = n & ~7u;
     var acc: array<f32, 8>;
@@ -27,5 +27,5 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     for (var i = n8; i < n; i++) {
         sum = keep(sum + keep(w_el(wbase + i * ES) * a_el(abase + i * ES)));
     }
-    Y[P.y_off + t * P.y_stride + row] = sum;
+    Y[P.y_off + t_row(t) * P.y_stride + row] = sum;
 }

@@ -13,8 +13,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let t = wid.z;
     var acc = 0.0;
     if (row < P.rows) {
-        let wbase = P.w_off + row * P.w_row_bytes;
-        let abase = P.a_off + t * P.a_row_bytes;
+        let wbase = w_base(t) + row * P.w_row_bytes;
+        let abase = P.a_off + t_row(t) * P.a_row_bytes;
         for (var b = lid; b < P.n_blocks; b = b + WG) {
             acc = keep(acc + keep(block_dot(wbase + b * WB, abase + b * AB)));
         }
@@ -29,6 +29,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         for (var i = 0u; i < WG / ssz; i++) {
             total += partial[i];
         }
-        Y[P.y_off + t * P.y_stride + row] = total;
+        Y[P.y_off + t_row(t) * P.y_stride + row] = total;
     }
 }

@@ -10,8 +10,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let t = wid.z;
     var acc = 0.0;
     if (row < P.rows) {
-        let wbase = P.w_off + row * P.w_row_bytes;
-        let abase = P.a_off + t * P.a_row_bytes;
+        let wbase = w_base(t) + row * P.w_row_bytes;
+        let abase = P.a_off + t_row(t) * P.a_row_bytes;
         for (var b = lane; b < P.n_blocks; b = b + tpr) {
             acc = keep(acc + keep(block_dot(wbase + b * WB, abase + b * AB)));
         }
@@ -25,6 +25,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         workgroupBarrier();
     }
     if (lane == 0u && row < P.rows) {
-        Y[P.y_off + t * P.y_stride + row] = partial[lid];
+        Y[P.y_off + t_row(t) * P.y_stride + row] = partial[lid];
     }
 }

@@ -509,3 +509,73 @@ fn f16_conversion_rounds_to_nearest_even() {
         assert!(bad.is_empty(), "f16 variant {}: {} of {} conversions differ, e.g. {:?}", g.k.uses_f16(), bad.len(), x.len(), &bad[..bad.len().min(5)]);
     }
 }
+
+/// The decode token's expert kernels (issue 55): `matvec_id` (ggml `mul_mat_id`: experts' slots
+/// at byte offsets of one slab, each into its own output row, from one shared activation row or
+/// one row each) equals the CPU's `vec_dot` bit for bit on every weight type; `add_rows` (ggml
+/// `add_id`) and `combine_w` (the weighted sum in rank order, each product rounded first) equal
+/// the CPU's f32 arithmetic.
+#[test]
+fn matvec_id_add_rows_and_combine_w_match_cpu() {
+    for g in variants() {
+        let arena = Recorder::arena_buffer(&g.ctx);
+        let x = f32s("act_x.f32");
+        let (cols, rows) = (512, 2);
+        for ty in WEIGHT_TYPES {
+            let w = fixture(&format!("weights_{}.bin", ty.name()));
+            let rb = ty.row_bytes(cols as u64).unwrap() as usize;
+            let vty = quant::vec_dot_type(ty);
+            let ab = vty.row_bytes(cols as u64).unwrap() as usize;
+            // A slab of two slots: slot 0 holds rows (0, 1), slot 1 rows (1, 0), each at a 4-byte
+            // aligned offset after 8 bytes of padding.
+            let slot = (2 * rb).div_ceil(4) * 4;
+            let mut slab = vec![0u8; 8 + 2 * slot];
+            slab[8..8 + 2 * rb].copy_from_slice(&w[..2 * rb]);
+            slab[8 + slot..8 + slot + rb].copy_from_slice(&w[rb..2 * rb]);
+            slab[8 + slot + rb..8 + slot + 2 * rb].copy_from_slice(&w[..rb]);
+            let mut acts = Vec::new();
+            let mut tmp = Vec::new();
+            for t in 0..3 {
+                quant::quantize_activation(vty, &x[t * cols..(t + 1) * cols], &mut tmp).unwrap();
+                acts.extend_from_slice(&tmp);
+            }
+            let (sb, abuf) = (up(g, &slab), up(g, &acts));
+            let y = g.ctx.scratch("y", 4 * rows * 3).unwrap();
+            let mut rec = Recorder::new(&g.ctx, &arena);
+            let cpu = |wrow: &[u8], t: usize| quant::vec_dot_with(quant::Simd::Scalar, ty, cols, wrow, &acts[t * ab..(t + 1) * ab]);
+            // Shared activation row 0: slot 1 into output row 0, slot 0 into output row 2.
+            g.k.matvec_id(&mut rec, ty, cols, rows, &sb, 8, &abuf, false, &y, 0, rows, &[(slot as u32, 0), (0, 2)]).unwrap();
+            let got = read(g, &mut rec, &y, rows * 3);
+            let want = [cpu(&w[rb..2 * rb], 0), cpu(&w[..rb], 0), got[2], got[3], cpu(&w[..rb], 0), cpu(&w[rb..2 * rb], 0)];
+            for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(a.to_bits(), b.to_bits(), "{ty:?} shared row, output {i}: gpu {a} cpu {b}");
+            }
+            // One activation row each (a decode token's down projection: row = rank).
+            g.k.matvec_id(&mut rec, ty, cols, rows, &sb, 8, &abuf, true, &y, 0, rows, &[(0, 1), (slot as u32, 2)]).unwrap();
+            let got = read(g, &mut rec, &y, rows * 3);
+            let want = [cpu(&w[..rb], 1), cpu(&w[rb..2 * rb], 1), cpu(&w[rb..2 * rb], 2), cpu(&w[..rb], 2)];
+            for (i, (a, b)) in got[2..].iter().zip(&want).enumerate() {
+                assert_eq!(a.to_bits(), b.to_bits(), "{ty:?} row per expert, output {}: gpu {a} cpu {b}", i + 2);
+            }
+        }
+        let n = 64;
+        let mut rec = Recorder::new(&g.ctx, &arena);
+        // add_rows: bias rows 2 and 0 of a 3-row bias into rows 1 and 0.
+        let (bias, yb) = (upf(g, &x[..3 * n]), upf(g, &x[3 * n..5 * n]));
+        g.k.add_rows(&mut rec, &bias, &yb, n, &[(1, 2), (0, 0)]).unwrap();
+        let got = read(g, &mut rec, &yb, 2 * n);
+        for i in 0..n {
+            assert_eq!(got[i], x[3 * n + i] + x[i], "add_rows row 0 [{i}]");
+            assert_eq!(got[n + i], x[4 * n + i] + x[2 * n + i], "add_rows row 1 [{i}]");
+        }
+        // combine_w over 3 ranks.
+        let wts = [0.25f32, -2.0, 1.5];
+        let (per, cy) = (upf(g, &x[..3 * n]), g.ctx.scratch("cy", 4 * n).unwrap());
+        g.k.combine_w(&mut rec, &per, &cy, n, &wts).unwrap();
+        let got = read(g, &mut rec, &cy, n);
+        for i in 0..n {
+            let want = (x[i] * wts[0] + x[n + i] * wts[1]) + x[2 * n + i] * wts[2];
+            assert_eq!(got[i].to_bits(), want.to_bits(), "combine_w [{i}]");
+        }
+    }
+}

@@ -165,7 +165,7 @@ struct RecStates {
 pub struct PoolHandle {
     pool: Arc<Mutex<Option<GpuExpertPool>>>,
     ctx: Arc<GpuContext>,
-    /// Emptied on a resize: cached bind groups would keep dropped slots alive.
+    /// Emptied on a resize: cached bind groups would keep dropped slabs alive.
     binds: BindCache,
 }
 
@@ -179,7 +179,8 @@ impl PoolHandle {
         let mut g = self.pool.lock().unwrap();
         match g.as_mut() {
             Some(p) => {
-                if n.max(1) < p.n_slots() {
+                // Resized slabs are new buffers: cached bind groups would keep the old ones alive.
+                if n.max(1) != p.n_slots() {
                     self.binds.clear();
                 }
                 p.resize(&self.ctx, n);
@@ -425,6 +426,36 @@ impl<'a> ActIn<'a> {
     }
 }
 
+/// Ask `src` for the routed experts of `union` not `held` in GPU slots and `run` each as it
+/// arrives, after checking its shape against (n_embd, the layer's n_ff); the first error wins
+/// (the source still hands over the rest: its reads are not wasted).
+fn with_misses(il: usize, src: &dyn ExpertSource, union: &[u32], held: &[bool], (e, ff): (usize, Option<usize>), mut run: impl FnMut(u32, &crate::expert::ExpertBlock) -> Result<(), GpuError>) -> Result<(), OpError> {
+    let mut err: Option<OpError> = None;
+    let held_fn = |ex: u32| union.iter().position(|&u| u == ex).is_some_and(|i| held[i]);
+    src.with_experts_except(il, union, &held_fn, &mut |ui, blk| {
+        if err.is_some() {
+            return;
+        }
+        let ex = union[ui];
+        if blk.gate().cols != e || blk.down().rows != e || ff.is_some_and(|f| blk.layout.n_ff != f) {
+            err = Some(ExpertError::Invalid { layer: il, expert: ex as usize, why: "expert shape does not match the layer's".into() }.into());
+            return;
+        }
+        if let Err(er) = run(ex, blk) {
+            err = Some(er.into());
+        }
+    })?;
+    err.map_or(Ok(()), Err)
+}
+
+/// A decode token's per-rank rows of its routed experts: gate, up, activation, output.
+struct DecodeRows {
+    g: GpuT,
+    u: GpuT,
+    h: GpuT,
+    ye: GpuT,
+}
+
 /// One forward pass's recording on the GPU.
 pub struct GpuExec<'a> {
     g: &'a GpuBackend,
@@ -564,9 +595,10 @@ impl<'a> GpuExec<'a> {
     /// One routed expert (in GPU slot `slot`): gather its tokens' rows, SwiGLU FFN from the slot,
     /// scatter the outputs times the router weights into their (token, rank) rows of `per`.
     #[allow(clippy::too_many_arguments)]
-    fn run_expert(&mut self, buf: &wgpu::Buffer, layout: &ExpertLayout, x: &GpuT, per: &GpuT, ex: u32, r: &Route<'_>, f: &ExpertFfn) -> Result<(), GpuError> {
+    fn run_expert(&mut self, (buf, base): (&wgpu::Buffer, u64), layout: &ExpertLayout, x: &GpuT, per: &GpuT, ex: u32, r: &Route<'_>, f: &ExpertFfn) -> Result<(), GpuError> {
         let (e, t_n, kk) = (x.cols, x.rows, r.k);
-        let lay = SlotLayout::of_layout(layout);
+        let mut lay = SlotLayout::of_layout(layout);
+        (lay.gate, lay.up, lay.down) = (base + lay.gate, base + lay.up, base + lay.down);
         let slots: Vec<u32> = (0..t_n * kk).filter(|&i| r.sel[i] == ex).map(|i| i as u32).collect();
         let toks: Vec<u32> = slots.iter().map(|&i| i / kk as u32).collect();
         let w: Vec<f32> = slots.iter().map(|&i| r.wts[i as usize]).collect();
@@ -605,6 +637,88 @@ impl<'a> GpuExec<'a> {
             self.g.k.add(&mut self.rec, bd, ex_at * e, ye.buf(), 0, n * e, e);
         }
         self.g.k.scatter(&mut self.rec, ye.buf(), per.buf(), e, &slots, &w)?;
+        Ok(())
+    }
+
+    /// A decode token's routed experts, `mul_mat_id`-style: those held in GPU slots run first,
+    /// one group per slab (gate, up, activation, down of every expert of the group in one
+    /// dispatch each; [`Kernels::matvec_id`]), then each miss as its source hands it over; the
+    /// outputs, one row per rank, weighted and combined in rank order ([`Kernels::combine_w`]),
+    /// so the result never depends on which experts were held.
+    fn experts_decode(&mut self, il: usize, src: &dyn ExpertSource, x: &GpuT, r: Route<'_>, f: &ExpertFfn) -> Result<GpuT, OpError> {
+        let (e, k) = (x.cols, r.k);
+        let ff = src.layout(il).n_ff;
+        let mut rows = DecodeRows { g: self.alloc(k, ff)?, u: self.alloc(k, ff)?, h: self.alloc(k, ff)?, ye: self.alloc(k, e)? };
+        let union = r.union();
+        let rank_of = |ex: u32| r.sel[..k].iter().position(|&s| s == ex).unwrap_or(0) as u32;
+        let g: &GpuBackend = self.g;
+        let mut pool_g = g.pool.lock().unwrap();
+        let pool = pool_g.as_mut().ok_or(GpuError::Validation("no expert pool".into()))?;
+        let held: Vec<bool> = union.iter().map(|&ex| pool.holds(il, ex as usize)).collect();
+        // (slab, layout, [(slot offset, rank)], [(rank, expert)])
+        let mut groups: Vec<(usize, ExpertLayout, Vec<(u32, u32)>, Vec<(u32, u32)>)> = Vec::new();
+        for (ui, &ex) in union.iter().enumerate() {
+            if held[ui] {
+                let (slot, lay) = pool.hit(&self.rec, il, ex as usize).ok_or(GpuError::Validation("slot vanished".into()))?;
+                let (_, slab, base) = pool.buffer(slot);
+                let rank = rank_of(ex);
+                match groups.iter_mut().find(|gr| gr.0 == slab && gr.1 == lay) {
+                    Some(gr) => {
+                        gr.2.push((base as u32, rank));
+                        gr.3.push((rank, ex));
+                    }
+                    None => groups.push((slab, lay, vec![(base as u32, rank)], vec![(rank, ex)])),
+                }
+            }
+        }
+        for (slab, lay, list, pairs) in &groups {
+            let (b, _, _) = pool.buffer_of_slab(*slab);
+            self.run_group(b, lay, x, &mut rows, list, pairs, f)?;
+        }
+        with_misses(il, src, &union, &held, (e, Some(ff)), |ex, blk| {
+            let rank = rank_of(ex);
+            let slot = pool.ensure(&mut self.rec, il, ex as usize, blk, &|l, x| src.retention(l, x))?;
+            let (b, _, base) = pool.buffer(slot);
+            self.run_group(b, &blk.layout, x, &mut rows, &[(base as u32, rank)], &[(rank, ex)], f)
+        })?;
+        drop(pool_g);
+        let out = self.alloc(1, e)?;
+        self.g.k.combine_w(&mut self.rec, rows.ye.buf(), out.buf(), e, &r.wts[..k])?;
+        Ok(out)
+    }
+
+    /// Experts of one slab for a decode token: `list` their (slot offset, rank), `pairs` their
+    /// (rank, expert id). Gate and up from the token's FFN input (quantized once per layer),
+    /// the activation over all k rows (rows of other groups are recomputed by their own group,
+    /// from their own gate and up), down into the ranks' rows of `ye`.
+    #[allow(clippy::too_many_arguments)]
+    fn run_group(&mut self, slab: &wgpu::Buffer, layout: &ExpertLayout, x: &GpuT, rows: &mut DecodeRows, list: &[(u32, u32)], pairs: &[(u32, u32)], f: &ExpertFfn) -> Result<(), GpuError> {
+        let (e, ff, k) = (x.cols, layout.n_ff, rows.g.rows);
+        let lay = SlotLayout::of_layout(layout);
+        let kk = &self.g.k;
+        let a = ActIn::new(x);
+        let ab = self.act_for(layout.gate_ty, &a)?;
+        kk.matvec_id(&mut self.rec, layout.gate_ty, e, ff, slab, lay.gate, &ab, false, rows.g.buf(), 0, ff, list)?;
+        let ab = self.act_for(layout.up_ty, &a)?;
+        kk.matvec_id(&mut self.rec, layout.up_ty, e, ff, slab, lay.up, &ab, false, rows.u.buf(), 0, ff, list)?;
+        if let Some([bg, bu, _]) = f.bias {
+            // ggml `add_id`: each expert's bias row added to its own rows.
+            let (bg, bu) = (self.vec(bg), self.vec(bu));
+            kk.add_rows(&mut self.rec, bg, rows.g.buf(), ff, pairs)?;
+            kk.add_rows(&mut self.rec, bu, rows.u.buf(), ff, pairs)?;
+        }
+        let h = rows.h.buf_mut().clone();
+        match f.act {
+            ExpertAct::Silu => kk.swiglu(&mut self.rec, rows.g.buf(), rows.u.buf(), &h, k * ff),
+            ExpertAct::SwigluOai { alpha, limit } => kk.swiglu_oai(&mut self.rec, rows.g.buf(), rows.u.buf(), &h, k * ff, alpha, limit),
+        }
+        let a = ActIn::new(&rows.h);
+        let ab = self.act_for(layout.down_ty, &a)?;
+        kk.matvec_id(&mut self.rec, layout.down_ty, ff, e, slab, lay.down, &ab, true, rows.ye.buf(), 0, e, list)?;
+        if let Some([_, _, bd]) = f.bias {
+            let bd = self.vec(bd);
+            kk.add_rows(&mut self.rec, bd, rows.ye.buf(), e, pairs)?;
+        }
         Ok(())
     }
 }
@@ -852,6 +966,9 @@ impl Ops for GpuExec<'_> {
 
     fn experts(&mut self, il: usize, src: &dyn ExpertSource, x: &GpuT, r: Route<'_>, f: &ExpertFfn, _partial: Option<&GpuT>) -> Result<GpuT, OpError> {
         let (e, t_n) = (x.cols, x.rows);
+        if t_n == 1 {
+            return self.experts_decode(il, src, x, r, f);
+        }
         let union = r.union();
         let per = self.alloc(t_n * r.k, e)?;
         let g: &GpuBackend = self.g;
@@ -863,29 +980,16 @@ impl Ops for GpuExec<'_> {
         for (ui, &ex) in union.iter().enumerate() {
             if held[ui] {
                 let (slot, lay) = pool.hit(&self.rec, il, ex as usize).ok_or(GpuError::Validation("slot vanished".into()))?;
-                self.run_expert(pool.buffer(slot), &lay, x, &per, ex, &r, f)?;
+                let (b, _, base) = pool.buffer(slot);
+                self.run_expert((b, base), &lay, x, &per, ex, &r, f)?;
             }
         }
-        let mut err: Option<OpError> = None;
-        let held_fn = |ex: u32| union.iter().position(|&u| u == ex).is_some_and(|i| held[i]);
-        src.with_experts_except(il, &union, &held_fn, &mut |ui, blk| {
-            if err.is_some() {
-                return;
-            }
-            let ex = union[ui];
-            if blk.gate().cols != e || blk.down().rows != e {
-                err = Some(ExpertError::Invalid { layer: il, expert: ex as usize, why: "expert shape does not match n_embd".into() }.into());
-                return;
-            }
-            let res = pool.ensure(&mut self.rec, il, ex as usize, blk, &|l, x| src.retention(l, x)).and_then(|slot| self.run_expert(pool.buffer(slot), &blk.layout, x, &per, ex, &r, f));
-            if let Err(er) = res {
-                err = Some(er.into());
-            }
+        with_misses(il, src, &union, &held, (e, None), |ex, blk| {
+            let slot = pool.ensure(&mut self.rec, il, ex as usize, blk, &|l, x| src.retention(l, x))?;
+            let (b, _, base) = pool.buffer(slot);
+            self.run_expert((b, base), &blk.layout, x, &per, ex, &r, f)
         })?;
         drop(pool_g);
-        if let Some(er) = err {
-            return Err(er);
-        }
         let out = self.alloc(t_n, e)?;
         self.g.k.combine(&mut self.rec, per.buf(), out.buf(), e, t_n, r.k);
         Ok(out)

@@ -1,6 +1,9 @@
-//! Experts on the GPU: a pool of fixed-size slots, each its own storage buffer (so each stays
-//! within `maxStorageBufferBindingSize`; no whole-model buffers), holding one expert's gate, up and
-//! down matrices back to back (4-byte aligned). The model asks the [`crate::expert::ExpertSource`]
+//! Experts on the GPU: a pool of fixed-size slots in a few large slab buffers (each slab within
+//! `maxStorageBufferBindingSize`, so one binding reaches every slot of it; no whole-model
+//! buffers), each slot holding one expert's gate, up and down matrices back to back (4-byte
+//! aligned). A decode token's routed experts in one slab run together: the expert kernels take
+//! their slots' byte offsets from a list ([`crate::backend::wgpu::kernels::Kernels::matvec_id`],
+//! as ggml's `mul_mat_id` takes expert ids). The model asks the [`crate::expert::ExpertSource`]
 //! for the routed experts exactly as on the CPU (hits first, misses as they arrive); each block it
 //! hands over is uploaded into a slot unless that slot already holds it. Uploads go through
 //! `queue.write_buffer` (wgpu copies through its staging belt in small chunks).
@@ -59,7 +62,10 @@ pub struct GpuExpertPool {
     /// Mirror of `map`'s keys for the expert source.
     pub held: std::sync::Arc<HeldSet>,
     slot_bytes: usize,
-    slots: Vec<wgpu::Buffer>,
+    /// Slots per slab (the last slab may hold fewer).
+    per_slab: usize,
+    slabs: Vec<wgpu::Buffer>,
+    n_slots: usize,
     owner: Vec<Option<(usize, usize)>>,
     /// Shapes and types of the expert each slot holds.
     layouts: Vec<Option<crate::expert::ExpertLayout>>,
@@ -79,11 +85,14 @@ impl GpuExpertPool {
             return Err(GpuError::Limit { what: "one expert slot (gate + up + down)".into(), need: slot_bytes as u64, have: ctx.max_binding() });
         }
         let n_slots = n_slots.max(1);
-        let slots = (0..n_slots).map(|i| Self::slot(ctx, i, slot_bytes)).collect();
+        let per_slab = ((ctx.max_binding() as usize) / slot_bytes).max(1);
+        let slabs = Self::slabs(ctx, 0, n_slots, per_slab, slot_bytes);
         Ok(Self {
             held: Default::default(),
             slot_bytes,
-            slots,
+            per_slab,
+            slabs,
+            n_slots,
             owner: vec![None; n_slots],
             layouts: vec![None; n_slots],
             map: HashMap::new(),
@@ -95,51 +104,66 @@ impl GpuExpertPool {
     }
 
     pub fn n_slots(&self) -> usize {
-        self.slots.len()
+        self.n_slots
     }
 
-    /// Resize to `n` slots (at least 1): fewer drop the last slots and the experts in them
-    /// (commands already recorded keep their buffers alive until they have run: wgpu counts the
-    /// references), more add empty ones.
+    /// Resize to `n` slots (at least 1). The slabs from the first one whose size changes are
+    /// made anew, and the experts they held dropped (commands already recorded keep the old
+    /// buffers alive until they have run: wgpu counts the references); the others keep theirs.
     pub fn resize(&mut self, ctx: &GpuContext, n: usize) {
         let n = n.max(1);
-        while self.slots.len() > n {
-            let s = self.slots.len() - 1;
+        if n == self.n_slots {
+            return;
+        }
+        let keep_slabs = n.min(self.n_slots) / self.per_slab;
+        let first = keep_slabs * self.per_slab;
+        for s in first..self.n_slots {
             if let Some(old) = self.owner[s].take() {
                 self.map.remove(&old);
                 self.held.0.write().unwrap().remove(&old);
             }
-            self.slots.pop();
-            self.owner.pop();
-            self.layouts.pop();
-            self.last_use.pop();
-            self.used_in.pop();
         }
-        while self.slots.len() < n {
-            let i = self.slots.len();
-            self.slots.push(Self::slot(ctx, i, self.slot_bytes));
-            self.owner.push(None);
-            self.layouts.push(None);
-            self.last_use.push(0);
-            self.used_in.push(None);
+        self.slabs.truncate(keep_slabs);
+        self.slabs.extend(Self::slabs(ctx, first, n, self.per_slab, self.slot_bytes));
+        self.owner.resize(n, None);
+        self.layouts.resize(n, None);
+        self.last_use.resize(n, 0);
+        self.used_in.resize(n, None);
+        for s in first..n {
+            (self.owner[s], self.layouts[s], self.last_use[s], self.used_in[s]) = (None, None, 0, None);
         }
+        self.n_slots = n;
     }
 
-    fn slot(ctx: &GpuContext, i: usize, bytes: usize) -> wgpu::Buffer {
-        ctx.create_buffer(&wgpu::BufferDescriptor {
-            label: Some(&format!("expert-slot-{i}")),
-            size: bytes as u64,
-            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        })
+    /// Slab buffers for slots `from..to` (`from` a multiple of `per_slab`).
+    fn slabs(ctx: &GpuContext, from: usize, to: usize, per_slab: usize, slot_bytes: usize) -> Vec<wgpu::Buffer> {
+        (from..to)
+            .step_by(per_slab)
+            .map(|s| {
+                let n = per_slab.min(to - s);
+                ctx.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some(&format!("expert-slab-{}", s / per_slab)),
+                    size: (n * slot_bytes) as u64,
+                    usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                })
+            })
+            .collect()
     }
 
     pub fn slot_bytes(&self) -> usize {
         self.slot_bytes
     }
 
-    pub fn buffer(&self, slot: usize) -> &wgpu::Buffer {
-        &self.slots[slot]
+    /// Slab `b`'s buffer, its index and offset 0.
+    pub fn buffer_of_slab(&self, b: usize) -> (&wgpu::Buffer, usize, u64) {
+        (&self.slabs[b], b, 0)
+    }
+
+    /// The slab holding `slot`, its index, and the slot's byte offset in it.
+    pub fn buffer(&self, slot: usize) -> (&wgpu::Buffer, usize, u64) {
+        let b = slot / self.per_slab;
+        (&self.slabs[b], b, ((slot % self.per_slab) * self.slot_bytes) as u64)
     }
 
     /// Whether expert `ex` of `layer` is in a slot.
@@ -177,7 +201,7 @@ impl GpuExpertPool {
                 let score = me.owner[s].and_then(|(l, e)| retention(l, e)).unwrap_or(0.0);
                 (me.owner[s].is_some(), score, me.last_use[s])
             };
-            (0..me.slots.len()).filter(|&s| me.used_in[s] != Some(now)).min_by(|&a, &b| key(a).partial_cmp(&key(b)).unwrap_or(std::cmp::Ordering::Equal))
+            (0..me.n_slots).filter(|&s| me.used_in[s] != Some(now)).min_by(|&a, &b| key(a).partial_cmp(&key(b)).unwrap_or(std::cmp::Ordering::Equal))
         };
         let s = match pick(self, rec.submits) {
             Some(s) => s,
@@ -193,9 +217,10 @@ impl GpuExpertPool {
         }
         let (lay, _) = SlotLayout::of(blk);
         let q = rec.ctx;
-        write_padded(q, &self.slots[s], lay.gate, &blk.file_bytes(0));
-        write_padded(q, &self.slots[s], lay.up, &blk.file_bytes(1));
-        write_padded(q, &self.slots[s], lay.down, &blk.file_bytes(2));
+        let (slab, _, base) = self.buffer(s);
+        write_padded(q, slab, base + lay.gate, &blk.file_bytes(0));
+        write_padded(q, slab, base + lay.up, &blk.file_bytes(1));
+        write_padded(q, slab, base + lay.down, &blk.file_bytes(2));
         self.owner[s] = Some((layer, ex));
         self.layouts[s] = Some(blk.layout.clone());
         self.map.insert((layer, ex), s);

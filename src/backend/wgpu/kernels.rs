@@ -241,8 +241,8 @@ impl Kernels {
         let rope = Kernel::new(ctx, p, "rope", &format!("{EXACT}\n{ROPE}"), &[ReadWrite, Read, Uniform], &["main"], 3);
         let kv = Kernel::new(ctx, p, "kv_store", KV_STORE, &[Read, Read, ReadWrite, ReadWrite, Uniform], &["main"], 4);
         let attn = Kernel::new(ctx, p, "attention", &format!("{EXACT}\n{ATTENTION}"), &[Read, Read, Read, ReadWrite, ReadWrite, Uniform, Read], &["scores", "factors", "softmax_v"], 5);
-        let ew = Kernel::new(ctx, p, "elementwise", &format!("{EXACT}\n{ELEMENTWISE}"), &[Read, Read, ReadWrite, List, Uniform], &["add", "swiglu", "swiglu_oai", "gather", "scatter", "combine", "gate_add", "expf", "gate_add_exp", "mul_sigmoid", "mul_silu"], 6);
-        let mv_binds = [Read, Read, ReadWrite, Uniform];
+        let ew = Kernel::new(ctx, p, "elementwise", &format!("{EXACT}\n{ELEMENTWISE}"), &[Read, Read, ReadWrite, List, Uniform], &["add", "swiglu", "swiglu_oai", "gather", "scatter", "combine", "combine_w", "add_rows", "gate_add", "expf", "gate_add_exp", "mul_sigmoid", "mul_silu"], 6);
+        let mv_binds = [Read, Read, ReadWrite, Uniform, List];
         let matvec_layout = Layout { id: 0, layout: bind_layout(ctx, "matvec", &mv_binds), binds: mv_binds.to_vec() };
         let mk = |l| ctx.device.create_buffer(&wgpu::BufferDescriptor { label: Some(l), size: 256, usage: wgpu::BufferUsages::STORAGE, mapped_at_creation: false });
         Self {
@@ -347,6 +347,22 @@ impl Kernels {
     /// vec_dot_type (see [`Self::quant_act`]).
     #[allow(clippy::too_many_arguments)]
     pub fn matvec(&self, rec: &mut Recorder<'_>, ty: GgmlType, cols: usize, rows: usize, w: Buf, w_off: u64, a: Buf, a_off: u64, y: Buf, y_off: usize, y_stride: usize, n_tok: usize) -> Result<(), GpuError> {
+        self.matvec_any(rec, ty, cols, rows, w, w_off, a, a_off, None, y, y_off, y_stride, n_tok, &[])
+    }
+
+    /// The `mul_mat_id` form: for each `(base, row)` of `experts`, `y[row * y_stride + y_off + r]
+    /// = dot(W row r at byte w_off + base, A row a)`, where `a` is `row` when `a_per_row`, else 0
+    /// (one activation row for every expert) — the routed experts of a decode token in one
+    /// dispatch, from the slots of one slab.
+    #[allow(clippy::too_many_arguments)]
+    pub fn matvec_id(&self, rec: &mut Recorder<'_>, ty: GgmlType, cols: usize, rows: usize, w: Buf, w_off: u64, a: Buf, a_per_row: bool, y: Buf, y_off: usize, y_stride: usize, experts: &[(u32, u32)]) -> Result<(), GpuError> {
+        let list: Vec<u32> = experts.iter().flat_map(|&(b, r)| [b, r]).collect();
+        list_fits("matvec_id", list.len())?;
+        self.matvec_any(rec, ty, cols, rows, w, w_off, a, 0, Some(a_per_row), y, y_off, y_stride, experts.len(), &list)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn matvec_any(&self, rec: &mut Recorder<'_>, ty: GgmlType, cols: usize, rows: usize, w: Buf, w_off: u64, a: Buf, a_off: u64, a_per_row: Option<bool>, y: Buf, y_off: usize, y_stride: usize, n_tok: usize, list: &[u32]) -> Result<(), GpuError> {
         let float = matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);
         if float && cols % 4 != 0 {
             return Err(GpuError::Validation(format!("{} matvec needs a multiple of 4 columns, got {cols}", ty.name())));
@@ -364,12 +380,21 @@ impl Kernels {
         };
         let p = self.matvec_pipeline(rec.ctx, ty, reduce)?;
         let w_row = ty.row_bytes(cols as u64).unwrap_or(0) as u32;
-        let a_row = vec_dot_type(ty).row_bytes(cols as u64).unwrap_or(0) as u32;
+        let a_row = match a_per_row {
+            Some(false) => 0,
+            _ => vec_dot_type(ty).row_bytes(cols as u64).unwrap_or(0) as u32,
+        };
         let grid_x = groups.min(65535);
         let grid_y = groups.div_ceil(grid_x);
-        let prm = rec.push(&bytes_of(&[rows as u32, n_blocks as u32, w_row, a_row, w_off as u32, a_off as u32, y_off as u32, y_stride as u32, grid_x as u32, n_tok as u32, tpr as u32, 0]));
+        let mut item = bytes_of(&[rows as u32, n_blocks as u32, w_row, a_row, w_off as u32, a_off as u32, y_off as u32, y_stride as u32, grid_x as u32, n_tok as u32, tpr as u32, 0, a_per_row.is_some() as u32, 0, 0, 0]);
+        if !list.is_empty() {
+            item.resize(256, 0);
+            item.extend_from_slice(&bytes_of(list));
+        }
+        let at = rec.push(&item);
+        let list_off = if list.is_empty() { 0 } else { at.0 + 256 };
         let bg = self.bind(rec, &self.matvec_layout, &[w, a, y]);
-        rec.dispatch(&p, &bg, &[prm.0 as u32], (grid_x as u32, grid_y as u32, n_tok as u32));
+        rec.dispatch(&p, &bg, &[at.0 as u32, list_off as u32], (grid_x as u32, grid_y as u32, n_tok as u32));
         Ok(())
     }
 
@@ -534,6 +559,25 @@ impl Kernels {
         let mut list = idx.to_vec();
         list.extend(w.iter().map(|v| v.to_bits()));
         self.ew(rec, "scatter", x, &self.dummy, y, [n as u32, idx.len() as u32, 0, 0, 0, 0, 0, 0], &list, n * idx.len());
+        Ok(())
+    }
+
+    /// `y = sum_r x[r] * w[r]` over the `w.len()` rows of `x` in rank order (each product
+    /// rounded to f32 first, as `scatter` then `combine` compute it): a decode token's routed
+    /// experts weighted and combined, `n` values.
+    pub fn combine_w(&self, rec: &mut Recorder<'_>, x: Buf, y: Buf, n: usize, w: &[f32]) -> Result<(), GpuError> {
+        list_fits("combine_w", w.len())?;
+        let list: Vec<u32> = w.iter().map(|v| v.to_bits()).collect();
+        self.ew(rec, "combine_w", x, &self.dummy, y, [n as u32, 1, 0, 0, 0, w.len() as u32, 0, 0], &list, n);
+        Ok(())
+    }
+
+    /// `y[row * n + c] += b[ex * n + c]` for each `(row, ex)` of `pairs` (ggml `add_id`: each
+    /// routed expert's bias row added to its own output row).
+    pub fn add_rows(&self, rec: &mut Recorder<'_>, b: Buf, y: Buf, n: usize, pairs: &[(u32, u32)]) -> Result<(), GpuError> {
+        let list: Vec<u32> = pairs.iter().flat_map(|&(r, e)| [r, e]).collect();
+        list_fits("add_rows", list.len())?;
+        self.ew(rec, "add_rows", b, &self.dummy, y, [n as u32, pairs.len() as u32, 0, 0, 0, 0, 0, 0], &list, n * pairs.len());
         Ok(())
     }
 
