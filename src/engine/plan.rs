@@ -446,8 +446,9 @@ fn probe_compute(dense: &Arc<dyn ByteSource>, store: Arc<dyn ExpertStore>, n_lay
     Ok(ComputeProbe { source: "probe", decode_ms_per_token: times[times.len() / 2], prompt_ms_per_token: prompt_ms, prompt_batch: PREFILL_BATCH, threads: crate::backend::cpu::par::n_threads() })
 }
 
-/// One decode token on this machine's GPU adapter ([`ProbeExperts`], so no reads): the calls
-/// counted by the backend (after warm-up tokens), the weight bytes a token reads (the matrices on
+/// One decode token on this machine's GPU adapter ([`ProbeExperts`], so no reads; every expert
+/// in a GPU slot first where 2 GiB of slots hold them): the calls counted by the backend (after
+/// warm-up tokens), the weight bytes a token reads (the matrices on
 /// the device, and the routed experts' per MoE layer), the type with the most of them, and the
 /// measured ms per token (median).
 #[cfg(not(target_arch = "wasm32"))]
@@ -464,10 +465,23 @@ pub fn probe_gpu(dense: &Arc<dyn ByteSource>, store: Arc<dyn ExpertStore>, n_lay
     let adapter = format!("{} ({:?}, {:?})", ctx.info.name, ctx.info.backend, ctx.info.device_type);
     // Every expert in a slot where 2 GiB holds them (a resident token's calls), else the default pool.
     let c = &s.model.cfg;
-    let all = c.n_layer * c.n_expert;
+    let (all, c_n_expert) = (c.n_layer * c.n_expert, c.n_expert);
     let slot = (0..n_layer).map(|l| crate::backend::wgpu::experts::SlotLayout::bytes_for(store.layout(l))).max().unwrap_or(1).max(1);
-    let opts = GpuOptions { expert_slots: (all * slot <= 2 << 30).then_some(all), ..Default::default() };
+    let resident = all * slot <= 2 << 30;
+    let opts = GpuOptions { expert_slots: resident.then_some(all), ..Default::default() };
     s.use_gpu(ctx, &opts)?;
+    if resident {
+        // Every expert uploaded first: the tokens measured are a resident model's.
+        let g = s.gpu.as_ref().expect("on the GPU");
+        for l in 0..n_layer {
+            let mut data = Vec::new();
+            store.read_expert(l, 0, &mut data)?;
+            let blk = ExpertBlock::new(data, store.layout(l).clone());
+            for e in 0..c_n_expert {
+                g.preload(l, e, &blk).map_err(EngineError::from)?;
+            }
+        }
+    }
     // Bytes per decode token by type: every device matrix (the host-only embedding lookup
     // aside), and k routed experts per MoE layer.
     let mut by_type: HashMap<&'static str, f64> = HashMap::new();

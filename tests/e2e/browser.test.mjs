@@ -93,6 +93,16 @@ for (const arch of ['qwen35moe', 'qwen3next', 'gpt-oss']) {
         const r = await runDemo(page, base, { model: `/models/rand-${arch}.les`, budget: '64', slots: '10', backend, prompt: SMALL_PROMPT, n: String(n) }, 600_000);
         assert.equal(r.error, null, JSON.stringify(r.error));
         assert.deepEqual(r.last.tokens, want, `${backend} path vs native`);
+        if (backend === 'webgpu') {
+          // WebGPU's calls per decode token (issue 55): one mapAsync per MoE layer and one for the
+          // logits, one compute pass per submit at most, no clearBuffer.
+          const g = r.last.stats.gpu;
+          const info = await page.evaluate(() => window.les.engine.info);
+          assert.ok(g && g.decode_forwards > 0, JSON.stringify(g));
+          assert.equal(g.per_token.readbacks, info.n_layer + 1, JSON.stringify(g.per_token));
+          assert.equal(g.per_token.clears, 0, JSON.stringify(g.per_token));
+          assert.ok(g.per_token.passes <= g.per_token.submits, JSON.stringify(g.per_token));
+        }
       }
     } finally {
       await ctx.close();

@@ -203,6 +203,25 @@ export interface EngineStats {
    * image prefill's (ms, part of `prompt_ms`). null for a text prompt.
    */
   images: { image_rows: number; encoded: number; encode_ms: number; prefill_ms: number } | null;
+  /** On WebGPU: the backend's calls (null on the CPU). `per_token` is one decode token's mean. */
+  gpu: { forwards: number; decode_forwards: number; per_token: GpuRates; bind_groups_cached: number; [k: string]: unknown } | null;
+}
+
+/**
+ * WebGPU calls per decode token (issue 55): `queue.submit`s, readbacks (each a `mapAsync` the
+ * engine awaits), dispatches, compute passes, bind groups and buffers created, `clearBuffer`s,
+ * `writeBuffer` calls and bytes.
+ */
+export interface GpuRates {
+  submits: number;
+  readbacks: number;
+  dispatches: number;
+  passes: number;
+  bind_groups: number;
+  buffers: number;
+  clears: number;
+  writes: number;
+  write_bytes: number;
 }
 
 /** Counters of the page's asynchronous expert reads (null: none, e.g. prefetch off or all resident). */

@@ -84,6 +84,9 @@ pub struct GpuStats {
     /// per-token cost the cost model prices (`engine::gpu_cost`).
     pub decode_forwards: u64,
     pub decode: GpuCounts,
+    /// `decode` per decode forward (as [`GpuStats::per_token`]), for JSON readers (the C ABI's
+    /// `les_stats_json`, the browser's stats).
+    pub per_token: GpuRates,
     /// Bind groups held for reuse.
     pub bind_groups_cached: usize,
     pub experts: PoolStats,
@@ -317,6 +320,7 @@ impl GpuBackend {
     pub fn stats(&self) -> GpuStats {
         let mut s = self.stats.lock().unwrap().clone();
         s.bind_groups_cached = self.k.bind_cache.len();
+        s.per_token = s.per_token();
         if let Some(p) = self.pool.lock().unwrap().as_ref() {
             s.experts = p.stats.clone();
         }
@@ -342,6 +346,17 @@ impl GpuBackend {
         if let Some(p) = self.pool.lock().unwrap().as_mut() {
             p.stats = Default::default();
         }
+    }
+
+    /// Put expert `ex` of layer `il` (`blk`) in a GPU slot now, evicting the least recently used
+    /// if none is free (a warm-up: every later token that routes to it is a hit).
+    pub fn preload(&self, il: usize, ex: usize, blk: &crate::expert::ExpertBlock) -> Result<(), GpuError> {
+        let mut rec = Recorder::new(&self.ctx, &self.arena);
+        if let Some(p) = self.pool.lock().unwrap().as_mut() {
+            p.ensure(&mut rec, il, ex, blk, &|_, _| None)?;
+        }
+        rec.submit();
+        Ok(())
     }
 
     pub fn expert_slots(&self) -> usize {

@@ -8,9 +8,11 @@
 //! - the bandwidth a matvec reaches: one token times a weight matrix of a given type (16 MiB),
 //!   repeated in one submit, bytes of weights per second.
 
-use super::kernels::Kernels;
-use super::{GpuContext, GpuError, Recorder};
+#[cfg(not(target_arch = "wasm32"))]
+use super::{kernels::Kernels, GpuContext, GpuError, Recorder};
+#[cfg(not(target_arch = "wasm32"))]
 use crate::clock::now_ms;
+#[cfg(not(target_arch = "wasm32"))]
 use crate::quant::{vec_dot_type, GgmlType};
 
 /// What [`probe`] measured.
@@ -26,6 +28,7 @@ pub struct GpuProbe {
     pub matvec_type: &'static str,
 }
 
+#[cfg(not(target_arch = "wasm32"))]
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
     v[v.len() / 2]
