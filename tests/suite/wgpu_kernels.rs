@@ -562,7 +562,7 @@ fn matvec_id_add_rows_and_combine_w_match_cpu() {
         let mut rec = Recorder::new(&g.ctx, &arena);
         // add_rows: bias rows 2 and 0 of a 3-row bias into rows 1 and 0.
         let (bias, yb) = (upf(g, &x[..3 * n]), upf(g, &x[3 * n..5 * n]));
-        g.k.add_rows(&mut rec, &bias, &yb, n, &[(1, 2), (0, 0)]).unwrap();
+        g.k.add_rows(&mut rec, &bias, &yb, 0, n, &[(1, 2), (0, 0)]).unwrap();
         let got = read(g, &mut rec, &yb, 2 * n);
         for i in 0..n {
             assert_eq!(got[i], x[3 * n + i] + x[i], "add_rows row 0 [{i}]");

@@ -465,8 +465,8 @@ fn with_misses(il: usize, src: &dyn ExpertSource, union: &[u32], held: &[bool], 
 
 /// A decode token's per-rank rows of its routed experts: gate, up, activation, output.
 struct DecodeRows {
-    g: GpuT,
-    u: GpuT,
+    /// Gate rows (one per rank), then up rows.
+    gu: GpuT,
     h: GpuT,
     ye: GpuT,
 }
@@ -663,7 +663,7 @@ impl<'a> GpuExec<'a> {
     fn experts_decode(&mut self, il: usize, src: &dyn ExpertSource, x: &GpuT, r: Route<'_>, f: &ExpertFfn) -> Result<GpuT, OpError> {
         let (e, k) = (x.cols, r.k);
         let ff = src.layout(il).n_ff;
-        let mut rows = DecodeRows { g: self.alloc(k, ff)?, u: self.alloc(k, ff)?, h: self.alloc(k, ff)?, ye: self.alloc(k, e)? };
+        let mut rows = DecodeRows { gu: self.alloc(2 * k, ff)?, h: self.alloc(k, ff)?, ye: self.alloc(k, e)? };
         let union = r.union();
         let rank_of = |ex: u32| r.sel[..k].iter().position(|&s| s == ex).unwrap_or(0) as u32;
         let g: &GpuBackend = self.g;
@@ -703,36 +703,45 @@ impl<'a> GpuExec<'a> {
     }
 
     /// Experts of one slab for a decode token: `list` their (slot offset, rank), `pairs` their
-    /// (rank, expert id). Gate and up from the token's FFN input (quantized once per layer),
-    /// the activation over all k rows (rows of other groups are recomputed by their own group,
-    /// from their own gate and up), down into the ranks' rows of `ye`.
+    /// (rank, expert id). Gate and up from the token's FFN input (quantized once per layer; one
+    /// dispatch for both where their types agree: up's slices listed as more experts, their rows
+    /// k further on), the activation over all k rows (rows of other groups are recomputed by
+    /// their own group, from their own gate and up), down into the ranks' rows of `ye`.
     #[allow(clippy::too_many_arguments)]
     fn run_group(&mut self, slab: &wgpu::Buffer, layout: &ExpertLayout, x: &GpuT, rows: &mut DecodeRows, list: &[(u32, u32)], pairs: &[(u32, u32)], f: &ExpertFfn) -> Result<(), GpuError> {
-        let (e, ff, k) = (x.cols, layout.n_ff, rows.g.rows);
+        let (e, ff, k) = (x.cols, layout.n_ff, rows.h.rows);
         let lay = SlotLayout::of_layout(layout);
         let kk = &self.g.k;
         let a = ActIn::new(x);
         let ab = self.act_for(layout.gate_ty, &a)?;
-        kk.matvec_id(&mut self.rec, layout.gate_ty, e, ff, slab, lay.gate, &ab, false, rows.g.buf(), 0, ff, list)?;
-        let ab = self.act_for(layout.up_ty, &a)?;
-        kk.matvec_id(&mut self.rec, layout.up_ty, e, ff, slab, lay.up, &ab, false, rows.u.buf(), 0, ff, list)?;
+        let gu = rows.gu.buf().clone();
+        if layout.gate_ty == layout.up_ty {
+            let up = (lay.up - lay.gate) as u32;
+            let both: Vec<(u32, u32)> = list.iter().copied().chain(list.iter().map(|&(b, r)| (b + up, k as u32 + r))).collect();
+            kk.matvec_id(&mut self.rec, layout.gate_ty, e, ff, slab, lay.gate, &ab, false, &gu, 0, ff, &both)?;
+        } else {
+            kk.matvec_id(&mut self.rec, layout.gate_ty, e, ff, slab, lay.gate, &ab, false, &gu, 0, ff, list)?;
+            let ab = self.act_for(layout.up_ty, &a)?;
+            kk.matvec_id(&mut self.rec, layout.up_ty, e, ff, slab, lay.up, &ab, false, &gu, k * ff, ff, list)?;
+        }
         if let Some([bg, bu, _]) = f.bias {
             // ggml `add_id`: each expert's bias row added to its own rows.
             let (bg, bu) = (self.vec(bg), self.vec(bu));
-            kk.add_rows(&mut self.rec, bg, rows.g.buf(), ff, pairs)?;
-            kk.add_rows(&mut self.rec, bu, rows.u.buf(), ff, pairs)?;
+            kk.add_rows(&mut self.rec, bg, &gu, 0, ff, pairs)?;
+            kk.add_rows(&mut self.rec, bu, &gu, k * ff, ff, pairs)?;
         }
         let h = rows.h.buf_mut().clone();
-        match f.act {
-            ExpertAct::Silu => kk.swiglu(&mut self.rec, rows.g.buf(), rows.u.buf(), &h, k * ff),
-            ExpertAct::SwigluOai { alpha, limit } => kk.swiglu_oai(&mut self.rec, rows.g.buf(), rows.u.buf(), &h, k * ff, alpha, limit),
-        }
+        let oai = match f.act {
+            ExpertAct::Silu => None,
+            ExpertAct::SwigluOai { alpha, limit } => Some((alpha, limit)),
+        };
+        kk.swiglu_split(&mut self.rec, &gu, k * ff, &h, k * ff, oai);
         let a = ActIn::new(&rows.h);
         let ab = self.act_for(layout.down_ty, &a)?;
         kk.matvec_id(&mut self.rec, layout.down_ty, ff, e, slab, lay.down, &ab, true, rows.ye.buf(), 0, e, list)?;
         if let Some([_, _, bd]) = f.bias {
             let bd = self.vec(bd);
-            kk.add_rows(&mut self.rec, bd, rows.ye.buf(), e, pairs)?;
+            kk.add_rows(&mut self.rec, bd, rows.ye.buf(), 0, e, pairs)?;
         }
         Ok(())
     }

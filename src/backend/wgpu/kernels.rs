@@ -546,6 +546,15 @@ impl Kernels {
         self.ew(rec, "swiglu_oai", g, u, y, [n as u32, 1, 0, 0, 0, alpha.to_bits(), limit.to_bits(), 0], &[], n);
     }
 
+    /// [`Self::swiglu`] (`oai`: None) or [`Self::swiglu_oai`] (`oai`: alpha, limit) of gate
+    /// values at the start of `gu` and up values `u_off` values further on, `n` of each.
+    pub fn swiglu_split(&self, rec: &mut Recorder<'_>, gu: Buf, u_off: usize, y: Buf, n: usize, oai: Option<(f32, f32)>) {
+        match oai {
+            None => self.ew(rec, "swiglu", gu, gu, y, [n as u32, 1, 0, 0, u_off as u32, 0, 0, 0], &[], n),
+            Some((alpha, limit)) => self.ew(rec, "swiglu_oai", gu, gu, y, [n as u32, 1, 0, 0, u_off as u32, alpha.to_bits(), limit.to_bits(), 0], &[], n),
+        }
+    }
+
     /// `y[r] = x[idx[r]]`, rows of `n`.
     pub fn gather(&self, rec: &mut Recorder<'_>, x: Buf, y: Buf, n: usize, idx: &[u32]) -> Result<(), GpuError> {
         list_fits("gather", idx.len())?;
@@ -572,12 +581,12 @@ impl Kernels {
         Ok(())
     }
 
-    /// `y[row * n + c] += b[ex * n + c]` for each `(row, ex)` of `pairs` (ggml `add_id`: each
-    /// routed expert's bias row added to its own output row).
-    pub fn add_rows(&self, rec: &mut Recorder<'_>, b: Buf, y: Buf, n: usize, pairs: &[(u32, u32)]) -> Result<(), GpuError> {
+    /// `y[y_off + row * n + c] += b[ex * n + c]` for each `(row, ex)` of `pairs` (ggml `add_id`:
+    /// each routed expert's bias row added to its own output row).
+    pub fn add_rows(&self, rec: &mut Recorder<'_>, b: Buf, y: Buf, y_off: usize, n: usize, pairs: &[(u32, u32)]) -> Result<(), GpuError> {
         let list: Vec<u32> = pairs.iter().flat_map(|&(r, e)| [r, e]).collect();
         list_fits("add_rows", list.len())?;
-        self.ew(rec, "add_rows", b, &self.dummy, y, [n as u32, pairs.len() as u32, 0, 0, 0, 0, 0, 0], &list, n * pairs.len());
+        self.ew(rec, "add_rows", b, &self.dummy, y, [n as u32, pairs.len() as u32, 0, y_off as u32, 0, 0, 0, 0], &list, n * pairs.len());
         Ok(())
     }
 
