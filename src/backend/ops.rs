@@ -334,6 +334,18 @@ impl Route<'_> {
     }
 }
 
+/// How a router turns logits into experts and weights ([`crate::model`]'s `route`, llama.cpp
+/// `build_moe_ffn`): softmax then top-k (`softmax_weight` false; weights normalised when
+/// `norm_topk`) or top-k then softmax of the k (gpt-oss); then times `scale` (unless 0 or 1).
+#[derive(Clone, Copy, Debug)]
+pub struct RouteSpec {
+    pub n_expert: usize,
+    pub k: usize,
+    pub softmax_weight: bool,
+    pub norm_topk: bool,
+    pub scale: f32,
+}
+
 /// The ops a forward pass is written against. Every op keeps the CPU backend's bits on the CPU
 /// (llama.cpp's orders with AVX2, portable orders elsewhere) and the wgpu backend's exact path
 /// reproduces the portable orders bit for bit (`tests/portable/ops.rs`, `tests/portable/wgpu_model.rs`).
@@ -390,6 +402,19 @@ pub trait Ops {
     /// [`ExpertSource::on_partial`] with it plus the first expert's output (the CPU does; wgpu
     /// does not, as it would cost a synchronisation).
     fn experts(&mut self, il: usize, src: &dyn ExpertSource, x: &Self::T, r: Route<'_>, f: &ExpertFfn, partial: Option<&Self::T>) -> Result<Self::T, OpError>;
+    /// Whether [`Self::experts_routed`] runs layer `il`'s decode token on this backend: the
+    /// router's choice made where the logits are, with no synchronisation (a GPU holding every
+    /// one of the layer's `n_expert` experts in one slab). The default: no.
+    fn routes_on_device(&mut self, _il: usize, _n_expert: usize) -> bool {
+        false
+    }
+    /// One decode row: route `logits` (one row of `spec.n_expert`) as `model::route` does, bit
+    /// for bit, then run and combine the chosen experts of `x` as [`Self::experts`] does: the
+    /// same output without bringing the logits to the host. Only where
+    /// [`Self::routes_on_device`] said yes.
+    fn experts_routed(&mut self, _il: usize, _src: &dyn ExpertSource, _x: &Self::T, _logits: &Self::T, _spec: &RouteSpec, _f: &ExpertFfn) -> Result<Self::T, OpError> {
+        Err(OpError::Unsupported { backend: Self::BACKEND, op: "routing on the device" })
+    }
     /// The backend's name in errors (`cpu`, `wgpu`).
     const BACKEND: &'static str;
 

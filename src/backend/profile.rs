@@ -5,7 +5,7 @@
 //! name, and matrix products by count and shape (`matmul ×3 576→576`: three products of a
 //! 576-wide input, the first 576 wide), which tells attention, FFN, router and output apart.
 
-use super::ops::{Attn, DeltaNet, ExpertFfn, Gelu, Mat, OpError, Ops, Rope, Route, SelfAttn, Sigmoid, Vector};
+use super::ops::{Attn, DeltaNet, ExpertFfn, Gelu, Mat, OpError, Ops, Rope, Route, RouteSpec, SelfAttn, Sigmoid, Vector};
 use crate::expert::ExpertSource;
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -120,6 +120,12 @@ impl<B: Ops> Ops for Profiled<'_, B> {
     }
     fn experts(&mut self, il: usize, src: &dyn ExpertSource, x: &B::T, r: Route<'_>, f: &ExpertFfn, partial: Option<&B::T>) -> Result<B::T, OpError> {
         timed("experts", || self.0.experts(il, src, x, r, f, partial))
+    }
+    fn routes_on_device(&mut self, il: usize, n_expert: usize) -> bool {
+        self.0.routes_on_device(il, n_expert)
+    }
+    fn experts_routed(&mut self, il: usize, src: &dyn ExpertSource, x: &B::T, logits: &B::T, spec: &RouteSpec, f: &ExpertFfn) -> Result<B::T, OpError> {
+        timed("experts_routed", || self.0.experts_routed(il, src, x, logits, spec, f))
     }
     fn layer_norm(&mut self, x: &B::T, w: Vector, b: Option<Vector>, eps: f32) -> Result<B::T, OpError> {
         timed("layer_norm", || self.0.layer_norm(x, w, b, eps))

@@ -216,6 +216,11 @@ pub trait ExpertSource: Send + Sync {
     /// forward will process. Schedulers may route these rows with the target's own routers to
     /// prefetch that forward's experts; the default ignores them.
     fn on_draft_hidden(&self, _rows: &[Vec<f32>]) {}
+    /// Every expert is in memory here (no reads): a consumer with room for all of them (a GPU
+    /// slot pool) may take them all at once.
+    fn resident(&self) -> bool {
+        false
+    }
 }
 
 /// Which experts a consumer already holds (see [`ExpertSource::set_holder`]).
@@ -275,6 +280,9 @@ impl ResidentExperts {
 impl ExpertSource for ResidentExperts {
     fn layout(&self, layer: usize) -> &ExpertLayout {
         &self.layers[layer].0
+    }
+    fn resident(&self) -> bool {
+        true
     }
     fn with_experts(&self, layer: usize, ids: &[u32], f: &mut dyn FnMut(usize, &ExpertBlock)) -> Result<(), ExpertError> {
         let experts = &self.layers[layer].1;

@@ -315,8 +315,10 @@ impl<'a, B: Ops> Fwd<'a, B> {
     }
 
     /// A MoE FFN of `cur` (`build_moe_ffn`): router logits → softmax → top-k → weights (on the
-    /// host, [`route`]) → the routed experts combined in rank order → plus the shared expert.
-    /// `x`: the residual entering this FFN (for the scheduler's refinement).
+    /// host, [`route`], or for a decode row on a device that holds every expert of the layer,
+    /// there: [`Ops::experts_routed`], the same bits) → the routed experts combined in rank order
+    /// → plus the shared expert. `x`: the residual entering this FFN (for the scheduler's
+    /// refinement).
     pub async fn moe(&mut self, il: usize, cur: &B::T, x: &B::T, w: &Moe) -> Result<B::T, ModelError> {
         let c = &self.m.cfg;
         let src = self.experts.clone().ok_or(ModelError::NoExperts)?;
@@ -324,6 +326,10 @@ impl<'a, B: Ops> Fwd<'a, B> {
         let [mut logits] = self.matmuls(cur, [w.router])?;
         if let Some(b) = w.router_b {
             self.b.add_row(&mut logits, b)?;
+        }
+        if t_n == 1 && c.n_expert_used <= 8 && self.b.routes_on_device(il, c.n_expert) {
+            let out = self.b.experts_routed(il, &*src, cur, &logits, &c.route_spec(), &w.ffn)?;
+            return self.shared_expert(il, cur, out, w).await;
         }
         // One synchronisation: the router logits, and when decoding the FFN input too (the
         // lookahead predictor's input).
@@ -338,7 +344,13 @@ impl<'a, B: Ops> Fwd<'a, B> {
         dump("ffn_moe_weights", il, &wts);
         dump("ffn_moe_topk", il, &sel.iter().map(|&v| v as f32).collect::<Vec<_>>());
         let r = Route { sel: &sel, wts: &wts, k: c.n_expert_used };
-        let mut out = self.b.experts(il, &*src, cur, r, &w.ffn, (t_n == 1).then_some(x))?;
+        let out = self.b.experts(il, &*src, cur, r, &w.ffn, (t_n == 1).then_some(x))?;
+        self.shared_expert(il, cur, out, w).await
+    }
+
+    /// `out` (the routed experts' sum) plus the layer's shared expert of `cur`, if it has one
+    /// (gated by `ffn_gate_inp_shexp` where present).
+    async fn shared_expert(&mut self, il: usize, cur: &B::T, mut out: B::T, w: &Moe) -> Result<B::T, ModelError> {
         if let Some(sh) = &w.shared {
             self.dump("ffn_moe_out", il, &out).await?;
             let y = self.ffn(il, cur, &sh.ffn).await?;

@@ -339,6 +339,10 @@ impl Config {
     pub fn is_moe(&self) -> bool {
         self.n_expert > 0
     }
+    /// The router's rule ([`crate::model::route`]).
+    pub fn route_spec(&self) -> crate::backend::ops::RouteSpec {
+        crate::backend::ops::RouteSpec { n_expert: self.n_expert, k: self.n_expert_used, softmax_weight: self.gating == Gating::SoftmaxWeight, norm_topk: self.norm_topk, scale: self.expert_weights_scale }
+    }
     pub fn n_embd_q(&self) -> usize {
         self.n_head * self.head_dim
     }

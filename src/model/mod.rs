@@ -729,13 +729,19 @@ impl Model {
 /// the raw logits → softmax over those k; then scaled by `expert_weights_scale`. Shared by every
 /// backend so routing is identical.
 pub(crate) fn route(c: &Config, logits: &[f32], t_n: usize) -> (Vec<u32>, Vec<f32>) {
-    let k = c.n_expert_used;
+    route_with(&c.route_spec(), logits, t_n)
+}
+
+/// [`route`] for a router described by `c` ([`RouteSpec`]): the host's reference for the
+/// device's router (shaders/route.wgsl).
+pub fn route_with(c: &crate::backend::ops::RouteSpec, logits: &[f32], t_n: usize) -> (Vec<u32>, Vec<f32>) {
+    let k = c.k;
     let mut sel = vec![0u32; t_n * k];
     let mut wts = vec![0f32; t_n * k];
     let mut probs = vec![0f32; c.n_expert];
     for t in 0..t_n {
         let row = &logits[t * c.n_expert..(t + 1) * c.n_expert];
-        if c.gating == config::Gating::SoftmaxWeight {
+        if c.softmax_weight {
             let top = cpu_ops::top_k(row, k);
             let picked: Vec<f32> = top.iter().map(|&ex| row[ex]).collect();
             cpu_ops::softmax(&picked, &mut wts[t * k..(t + 1) * k]);
@@ -759,9 +765,9 @@ pub(crate) fn route(c: &Config, logits: &[f32], t_n: usize) -> (Vec<u32>, Vec<f3
                 }
             }
         }
-        if c.expert_weights_scale != 0.0 && c.expert_weights_scale != 1.0 {
+        if c.scale != 0.0 && c.scale != 1.0 {
             for w in &mut wts[t * k..(t + 1) * k] {
-                *w *= c.expert_weights_scale;
+                *w *= c.scale;
             }
         }
     }

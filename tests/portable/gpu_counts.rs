@@ -7,8 +7,9 @@
 //! - no bind groups, no buffers created, no `clear_buffer`: bind groups are cached (the arena's
 //!   parameters at dynamic offsets), pooled buffers handed out in a fixed order, act_quant.wgsl
 //!   zeroes its own rows;
-//! - one readback per MoE layer (its router logits) plus one for the logits, one submit each,
-//!   and one compute pass per submit;
+//! - one submit, one readback (the logits) and one compute pass: every expert is in a GPU slot
+//!   (a resident source's experts are uploaded when the backend is made), so each MoE layer
+//!   routes on the device (shaders/route.wgsl) instead of reading its router logits back;
 //! - dispatches at most the counts of the current encoding (before it: 246 on rand-qwen35moe,
 //!   291 on rand-gpt-oss, issue 55): the FFN input quantized once per layer, and the routed
 //!   experts `mul_mat_id`-style (gate, up, activation, down of all k in one dispatch each, then
@@ -30,12 +31,11 @@ fn argmax(v: &[f32]) -> u32 {
 fn resident_decode_calls_per_token_on_lavapipe() {
     les::quant::Simd::force(les::quant::Simd::Scalar);
     // (fixture, most dispatches per decode token)
-    for (name, max_dispatches) in [("rand-qwen35moe", 123.0), ("rand-qwen3next", 126.0), ("rand-gpt-oss", 125.0), ("rand-llama-moe", 96.0)] {
+    for (name, max_dispatches) in [("rand-qwen35moe", 127.0), ("rand-qwen3next", 130.0), ("rand-gpt-oss", 129.0), ("rand-llama-moe", 100.0)] {
         let src = FileSource::open(model(&format!("{name}.gguf"))).unwrap();
         let mut s = Session::load(&src, ExpertMode::Resident, 256).unwrap();
         s.set_backend(BackendKind::Wgpu, &GpuOptions { exact: Some(true), ..Default::default() }).unwrap();
         let prompt = s.tokenize("The capital of France is");
-        let n_layer = s.model.cfg.n_layer as f64;
         let run = |s: &mut Session, toks: &[u32]| -> (Vec<u32>, Vec<Vec<f32>>) {
             s.reset();
             let mut logits = vec![s.prefill(&prompt).unwrap()];
@@ -57,9 +57,9 @@ fn resident_decode_calls_per_token_on_lavapipe() {
         let r = st.per_token();
         eprintln!("{name}: {r}");
         assert_eq!((r.bind_groups, r.buffers, r.clears), (0.0, 0.0, 0.0), "{name}: {r}");
-        assert_eq!(r.readbacks, n_layer + 1.0, "{name}: one readback per MoE layer and one for the logits: {r}");
-        assert_eq!(r.submits, r.readbacks, "{name}: {r}");
-        assert_eq!(r.passes, r.submits, "{name}: one compute pass per submit: {r}");
+        // Every expert in a GPU slot: each layer routes on the device, so the token is one submit
+        // and one readback (the logits), in one compute pass.
+        assert_eq!((r.readbacks, r.submits, r.passes), (1.0, 1.0, 1.0), "{name}: {r}");
         assert!(r.dispatches <= max_dispatches, "{name}: {r}");
         assert_eq!(st.experts.uploads, 0, "{name}: the third pass uploads nothing");
     }

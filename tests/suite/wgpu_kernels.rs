@@ -579,3 +579,53 @@ fn matvec_id_add_rows_and_combine_w_match_cpu() {
         }
     }
 }
+
+/// The router on the device (shaders/route.wgsl, issue 55 item 3) equals the host's
+/// `model::route_with` bit for bit: softmax (f64 sums and reciprocal emulated in integers; blocks
+/// of 16 plus a tail), top-k with ties to the lower index, norm_topk, gpt-oss's top-k then
+/// softmax, the weight scale; and it lists each chosen expert's slot from the slot table.
+#[test]
+fn route_matches_cpu_router() {
+    use les::backend::ops::RouteSpec;
+    let x = f32s("act_x.f32");
+    for g in variants() {
+        let arena = Recorder::arena_buffer(&g.ctx);
+        let mut cases = 0;
+        for (n_expert, k) in [(8usize, 2usize), (32, 2), (60, 4), (64, 8), (128, 8), (256, 8), (40, 1)] {
+            for (softmax_weight, norm_topk, scale) in [(false, true, 1.0f32), (false, false, 0.0), (true, false, 1.0), (false, true, 2.5)] {
+                for variant in 0..4 {
+                    // Logits: activations at three scales, and rows with ties (equal maxima).
+                    let mut row: Vec<f32> = (0..n_expert).map(|i| x[(i * 7 + variant * 131) % x.len()] * [1.0, 8.0, 40.0, 3.0][variant]).collect();
+                    if variant == 3 {
+                        for i in (0..n_expert).step_by(3) {
+                            row[i] = 0.75;
+                        }
+                    }
+                    let spec = RouteSpec { n_expert, k, softmax_weight, norm_topk, scale };
+                    let (sel, wts) = les::model::route_with(&spec, &row, 1);
+                    let slots: Vec<u32> = (0..n_expert as u32).map(|e| if e % 5 == 4 { u32::MAX } else { 4096 * e + 8 }).collect();
+                    let (lb, sb) = (upf(g, &row), up(g, bytemuck::cast_slice(&slots)));
+                    let out = g.ctx.scratch("route", 4 * 128).unwrap();
+                    let mut rec = Recorder::new(&g.ctx, &arena);
+                    g.k.route(&mut rec, &lb, 0, &sb, 0, &out, 32, &spec, 100);
+                    let got: Vec<u32> = read(g, &mut rec, &out, 128).iter().map(|v| v.to_bits()).collect();
+                    let r = &got[32..];
+                    let at = format!("n_expert {n_expert} k {k} softmax_weight {softmax_weight} norm {norm_topk} scale {scale} variant {variant}");
+                    let mut missing = 0;
+                    for j in 0..k {
+                        let ex = sel[j] as usize;
+                        let slot = if slots[ex] == u32::MAX { missing = 1; 0 } else { slots[ex] };
+                        assert_eq!(r[7 * k + j], sel[j], "{at}: expert of rank {j}");
+                        assert_eq!(r[4 * k + j], wts[j].to_bits(), "{at}: weight of rank {j}: gpu {} cpu {}", f32::from_bits(r[4 * k + j]), wts[j]);
+                        assert_eq!((r[2 * j], r[2 * j + 1]), (slot, j as u32), "{at}: list entry {j}");
+                        assert_eq!((r[2 * k + 2 * j], r[2 * k + 2 * j + 1]), (slot + 100, (k + j) as u32), "{at}: up entry {j}");
+                        assert_eq!((r[5 * k + 2 * j], r[5 * k + 2 * j + 1]), (j as u32, sel[j]), "{at}: bias pair {j}");
+                    }
+                    assert_eq!(r[8 * k], missing, "{at}: the no-slot flag");
+                    cases += 1;
+                }
+            }
+        }
+        eprintln!("route: {cases} cases equal to the host's router");
+    }
+}

@@ -15,7 +15,7 @@ use crate::backend::cpu::matmul::Weight;
 use crate::backend::cpu::kv::StateEvent;
 use crate::backend::cpu::ops::rope_cache_ext;
 use crate::backend::rope::RopeKind;
-use crate::backend::ops::{Attn, DeltaNet, ExpertAct, ExpertFfn, Mat, OpError, Ops, Rope, Route, Sigmoid, Vector, Weights};
+use crate::backend::ops::{Attn, DeltaNet, ExpertAct, ExpertFfn, Mat, OpError, Ops, Rope, Route, RouteSpec, Sigmoid, Vector, Weights};
 use crate::clock::now_ms;
 use crate::expert::{ExpertError, ExpertLayout, ExpertSource};
 use crate::quant::{vec_dot_type, GgmlType};
@@ -152,6 +152,9 @@ pub struct GpuBackend {
     gelu_tab: std::sync::OnceLock<wgpu::Buffer>,
     /// Most rows in one forward ([`GPU_BATCH`] unless made [`Self::with_rows`]).
     max_rows: usize,
+    /// The router's output on the device (route.wgsl): one 256-byte region per MoE layer.
+    routes: wgpu::Buffer,
+    n_expert: usize,
 }
 
 /// Per layer: conv state and delta-rule state buffers, and the saved copy of each.
@@ -235,13 +238,36 @@ impl GpuBackend {
             Some(src) => (0..s.n_layer).map(|l| src.layout(l)).collect(),
             None => Vec::new(),
         };
+        let arena = Recorder::arena_buffer(g);
         let pool = match experts {
             Some(src) => {
                 let slot_bytes = layouts.iter().map(|l| SlotLayout::bytes_for(l)).max().unwrap_or(0);
                 let all = s.n_layer * s.n_expert;
                 let n = opts.expert_slots.unwrap_or_else(|| all.min(((1usize << 30) / slot_bytes.max(1)).max(s.n_expert_used * 2)));
-                let pool = GpuExpertPool::new(g, n.min(all), slot_bytes)?;
+                let mut pool = GpuExpertPool::new(g, n.min(all), slot_bytes)?;
+                pool.set_table(g, s.n_layer, s.n_expert)?;
                 src.set_holder(pool.held.clone());
+                // A resident source whose experts all fit: every one in a slot now, so decode
+                // tokens route on the device from the first (no readback per layer).
+                if src.resident() && n >= all && all > 0 {
+                    let mut rec = Recorder::new(g, &arena);
+                    let ids: Vec<u32> = (0..s.n_expert as u32).collect();
+                    let mut err = None;
+                    for il in 0..s.n_layer {
+                        src.with_experts(il, &ids, &mut |i, blk| {
+                            if err.is_none() {
+                                if let Err(e) = pool.ensure(&mut rec, il, i, blk, &|_, _| None) {
+                                    err = Some(e);
+                                }
+                            }
+                        })
+                        .map_err(|e| GpuError::Validation(e.to_string()))?;
+                        rec.submit();
+                    }
+                    if let Some(e) = err {
+                        return Err(e);
+                    }
+                }
                 Some(pool)
             }
             None => None,
@@ -257,7 +283,9 @@ impl GpuBackend {
             swa_layers: s.swa_layers,
             swa_cells,
             n_ctx: s.n_ctx,
-            arena: Recorder::arena_buffer(g),
+            arena,
+            routes: g.scratch("routes", s.n_layer * 256 + super::LIST_BYTES as usize)?,
+            n_expert: s.n_expert,
             rope: Mutex::new(HashMap::new()),
             probe: g.scratch("probe", 4)?,
             bufs: Default::default(),
@@ -1016,6 +1044,60 @@ impl Ops for GpuExec<'_> {
         drop(pool_g);
         let out = self.alloc(t_n, e)?;
         self.g.k.combine(&mut self.rec, per.buf(), out.buf(), e, t_n, r.k);
+        Ok(out)
+    }
+
+    fn routes_on_device(&mut self, il: usize, n_expert: usize) -> bool {
+        n_expert == self.g.n_expert && self.g.pool.lock().unwrap().as_ref().is_some_and(|p| p.holds_layer(il, n_expert))
+    }
+
+    fn experts_routed(&mut self, il: usize, src: &dyn ExpertSource, x: &GpuT, logits: &GpuT, spec: &RouteSpec, f: &ExpertFfn) -> Result<GpuT, OpError> {
+        let (e, k) = (x.cols, spec.k);
+        if x.rows != 1 || k == 0 || k > 8 || logits.cols != spec.n_expert {
+            return Err(OpError::Unsupported { backend: "wgpu", op: "routing on the device for this shape" });
+        }
+        let layout = src.layout(il).clone();
+        let (ff, lay) = (layout.n_ff, SlotLayout::of_layout(&layout));
+        let g: &GpuBackend = self.g;
+        let pool_g = g.pool.lock().unwrap();
+        let pool = pool_g.as_ref().filter(|p| p.holds_layer(il, spec.n_expert)).ok_or(OpError::Unsupported { backend: "wgpu", op: "routing on the device without every expert in one slab" })?;
+        let (slab, table) = (pool.buffer_of_slab(0).0, pool.table().expect("holds_layer checks the table"));
+        let kk = &g.k;
+        let (region, list) = (il * 64, (&g.routes, (il * 256) as u32));
+        kk.route(&mut self.rec, logits.buf(), 0, table, il * spec.n_expert, &g.routes, region, spec, (lay.up - lay.gate) as u32);
+        let gu = self.alloc(2 * k, ff)?;
+        let mut h = self.alloc(k, ff)?;
+        let ye = self.alloc(k, e)?;
+        let a = ActIn::new(x);
+        let ab = self.act_for(layout.gate_ty, &a)?;
+        if layout.gate_ty == layout.up_ty {
+            kk.matvec_id_dev(&mut self.rec, layout.gate_ty, e, ff, slab, lay.gate, &ab, false, gu.buf(), 0, ff, list, 2 * k)?;
+        } else {
+            kk.matvec_id_dev(&mut self.rec, layout.gate_ty, e, ff, slab, lay.gate, &ab, false, gu.buf(), 0, ff, list, k)?;
+            let ab = self.act_for(layout.up_ty, &a)?;
+            kk.matvec_id_dev(&mut self.rec, layout.up_ty, e, ff, slab, lay.up, &ab, false, gu.buf(), k * ff, ff, list, k)?;
+        }
+        if let Some([bg, bu, _]) = f.bias {
+            let (bg, bu) = (self.vec(bg), self.vec(bu));
+            kk.add_rows_dev(&mut self.rec, bg, gu.buf(), 0, ff, k, list, 5 * k);
+            kk.add_rows_dev(&mut self.rec, bu, gu.buf(), k * ff, ff, k, list, 5 * k);
+        }
+        let hb = h.buf_mut().clone();
+        let oai = match f.act {
+            ExpertAct::Silu => None,
+            ExpertAct::SwigluOai { alpha, limit } => Some((alpha, limit)),
+        };
+        kk.swiglu_split(&mut self.rec, gu.buf(), k * ff, &hb, k * ff, oai);
+        let a = ActIn::new(&h);
+        let ab = self.act_for(layout.down_ty, &a)?;
+        kk.matvec_id_dev(&mut self.rec, layout.down_ty, ff, e, slab, lay.down, &ab, true, ye.buf(), 0, e, list, k)?;
+        if let Some([_, _, bd]) = f.bias {
+            let bd = self.vec(bd);
+            kk.add_rows_dev(&mut self.rec, bd, ye.buf(), 0, e, k, list, 5 * k);
+        }
+        drop(pool_g);
+        let out = self.alloc(1, e)?;
+        kk.combine_w_dev(&mut self.rec, ye.buf(), out.buf(), e, k, list, 4 * k);
         Ok(out)
     }
 

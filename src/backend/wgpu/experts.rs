@@ -75,6 +75,10 @@ pub struct GpuExpertPool {
     used_in: Vec<Option<usize>>,
     tick: u64,
     pub stats: PoolStats,
+    /// `slot_of[layer * n_expert + expert]`: the slot's byte offset in its slab, or `u32::MAX`
+    /// (route.wgsl reads it), and how many experts each layer has in slots.
+    table: Option<(wgpu::Buffer, usize)>,
+    per_layer: Vec<usize>,
 }
 
 impl GpuExpertPool {
@@ -100,7 +104,50 @@ impl GpuExpertPool {
             used_in: vec![None; n_slots],
             tick: 0,
             stats: PoolStats::default(),
+            table: None,
+            per_layer: Vec::new(),
         })
+    }
+
+    /// Keep a device table of where each (layer, expert) is (`slot_of`, for routing on the GPU).
+    pub fn set_table(&mut self, ctx: &GpuContext, n_layer: usize, n_expert: usize) -> Result<(), GpuError> {
+        let mut init = vec![u32::MAX; (n_layer * n_expert).max(1)];
+        self.per_layer = vec![0; n_layer];
+        for (&(l, e), &s) in &self.map {
+            if l < n_layer && e < n_expert {
+                init[l * n_expert + e] = self.buffer(s).2 as u32;
+                self.per_layer[l] += 1;
+            }
+        }
+        let buf = ctx.upload("expert-slot-table", bytemuck::cast_slice(&init))?;
+        self.table = Some((buf, n_expert));
+        Ok(())
+    }
+
+    /// The slot table (see [`Self::set_table`]).
+    pub fn table(&self) -> Option<&wgpu::Buffer> {
+        self.table.as_ref().map(|t| &t.0)
+    }
+
+    /// Whether every one of layer `layer`'s `n_expert` experts is in a slot of a single slab
+    /// (the pool's only one), so a kernel can reach any of them through one binding.
+    pub fn holds_layer(&self, layer: usize, n_expert: usize) -> bool {
+        self.slabs.len() == 1 && self.table.is_some() && self.per_layer.get(layer) == Some(&n_expert)
+    }
+
+    /// Record in the table that (layer, ex) is at `slot`, or gone (`None`).
+    fn set_entry(&mut self, ctx: &GpuContext, layer: usize, ex: usize, slot: Option<usize>) {
+        let off = slot.map(|s| self.buffer(s).2 as u32);
+        if let Some((buf, n_expert)) = &self.table {
+            if ex < *n_expert && layer < self.per_layer.len() {
+                ctx.write(buf, 4 * (layer * n_expert + ex) as u64, bytemuck::bytes_of(&off.unwrap_or(u32::MAX)));
+                if off.is_some() {
+                    self.per_layer[layer] += 1;
+                } else {
+                    self.per_layer[layer] -= 1;
+                }
+            }
+        }
     }
 
     pub fn n_slots(&self) -> usize {
@@ -121,6 +168,7 @@ impl GpuExpertPool {
             if let Some(old) = self.owner[s].take() {
                 self.map.remove(&old);
                 self.held.0.write().unwrap().remove(&old);
+                self.set_entry(ctx, old.0, old.1, None);
             }
         }
         self.slabs.truncate(keep_slabs);
@@ -214,6 +262,7 @@ impl GpuExpertPool {
         if let Some(old) = self.owner[s].take() {
             self.map.remove(&old);
             self.held.0.write().unwrap().remove(&old);
+            self.set_entry(rec.ctx, old.0, old.1, None);
         }
         let (lay, _) = SlotLayout::of(blk);
         let q = rec.ctx;
@@ -225,6 +274,7 @@ impl GpuExpertPool {
         self.layouts[s] = Some(blk.layout.clone());
         self.map.insert((layer, ex), s);
         self.held.0.write().unwrap().insert((layer, ex));
+        self.set_entry(rec.ctx, layer, ex, Some(s));
         self.last_use[s] = self.tick;
         self.used_in[s] = Some(rec.submits);
         self.stats.uploads += 1;

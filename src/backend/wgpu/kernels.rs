@@ -26,6 +26,7 @@ const ATTENTION: &str = include_str!("../../../shaders/attention.wgsl");
 const ELEMENTWISE: &str = include_str!("../../../shaders/elementwise.wgsl");
 const DELTA_NET: &str = include_str!("../../../shaders/delta_net.wgsl");
 const VISION: &str = include_str!("../../../shaders/vision.wgsl");
+const ROUTE: &str = include_str!("../../../shaders/route.wgsl");
 
 /// The WGSL block-dot source for a weight type (appended to matvec.wgsl).
 fn quant_source(ty: GgmlType) -> Option<String> {
@@ -150,6 +151,8 @@ pub struct Kernels {
     dn: std::sync::OnceLock<Kernel>,
     /// Vision encoder kernels (shaders/vision.wgsl), compiled on first use.
     vis: std::sync::OnceLock<Kernel>,
+    /// The router on the device (shaders/route.wgsl), compiled on first use.
+    route: std::sync::OnceLock<Kernel>,
     /// Bound where a kernel does not use a binding.
     pub dummy: wgpu::Buffer,
     pub dummy2: wgpu::Buffer,
@@ -201,6 +204,13 @@ impl BindCache {
 
 fn bytes_of(words: &[u32]) -> Vec<u8> {
     bytemuck::cast_slice(words).to_vec()
+}
+
+/// Where a kernel's index list is: in the arena (written by the host), or in a device buffer at
+/// a byte offset (written by an earlier kernel).
+enum ListAt<'a> {
+    Arena(&'a [u32]),
+    Device(&'a wgpu::Buffer, u32),
 }
 
 /// An index list of `words` u32 fits one list binding ([`LIST_BYTES`]).
@@ -257,6 +267,7 @@ impl Kernels {
             ew,
             dn: std::sync::OnceLock::new(),
             vis: std::sync::OnceLock::new(),
+            route: std::sync::OnceLock::new(),
             dummy: mk("dummy"),
             dummy2: mk("dummy2"),
             max_tpr: Self::default_tpr(ctx),
@@ -314,8 +325,16 @@ impl Kernels {
     /// The bind group of `layout` with `bufs` (whole buffers, in binding order, the arena's
     /// bindings left out), from the cache or made once.
     fn bind(&self, rec: &Recorder<'_>, layout: &Layout, bufs: &[&wgpu::Buffer]) -> wgpu::BindGroup {
+        self.bind_list(rec, layout, bufs, None)
+    }
+
+    /// [`Self::bind`] with the list binding on `list` (a device buffer: the router's output)
+    /// instead of the arena.
+    fn bind_list(&self, rec: &Recorder<'_>, layout: &Layout, bufs: &[&wgpu::Buffer], list: Option<&wgpu::Buffer>) -> wgpu::BindGroup {
         let arena = rec.arena();
-        let key = (layout.id, arena.clone(), bufs.iter().map(|&b| b.clone()).collect::<Vec<_>>());
+        let mut key_bufs: Vec<wgpu::Buffer> = bufs.iter().map(|&b| b.clone()).collect();
+        key_bufs.extend(list.cloned());
+        let key = (layout.id | if list.is_some() { 0x80 } else { 0 }, arena.clone(), key_bufs);
         let mut cache = self.bind_cache.0.lock().unwrap();
         if let Some(bg) = cache.get(&key) {
             return bg.clone();
@@ -328,7 +347,7 @@ impl Kernels {
             .map(|(i, b)| {
                 let resource = match b {
                     Bind::Uniform => wgpu::BindingResource::Buffer(wgpu::BufferBinding { buffer: arena, offset: 0, size: wgpu::BufferSize::new(PARAM_BYTES) }),
-                    Bind::List => wgpu::BindingResource::Buffer(wgpu::BufferBinding { buffer: arena, offset: 0, size: wgpu::BufferSize::new(LIST_BYTES) }),
+                    Bind::List => wgpu::BindingResource::Buffer(wgpu::BufferBinding { buffer: list.unwrap_or(arena), offset: 0, size: wgpu::BufferSize::new(LIST_BYTES) }),
                     _ => it.next().expect("a buffer for every binding").as_entire_binding(),
                 };
                 wgpu::BindGroupEntry { binding: i as u32, resource }
@@ -347,7 +366,7 @@ impl Kernels {
     /// vec_dot_type (see [`Self::quant_act`]).
     #[allow(clippy::too_many_arguments)]
     pub fn matvec(&self, rec: &mut Recorder<'_>, ty: GgmlType, cols: usize, rows: usize, w: Buf, w_off: u64, a: Buf, a_off: u64, y: Buf, y_off: usize, y_stride: usize, n_tok: usize) -> Result<(), GpuError> {
-        self.matvec_any(rec, ty, cols, rows, w, w_off, a, a_off, None, y, y_off, y_stride, n_tok, &[])
+        self.matvec_any(rec, ty, cols, rows, w, w_off, a, a_off, None, y, y_off, y_stride, n_tok, ListAt::Arena(&[]))
     }
 
     /// The `mul_mat_id` form: for each `(base, row)` of `experts`, `y[row * y_stride + y_off + r]
@@ -358,11 +377,18 @@ impl Kernels {
     pub fn matvec_id(&self, rec: &mut Recorder<'_>, ty: GgmlType, cols: usize, rows: usize, w: Buf, w_off: u64, a: Buf, a_per_row: bool, y: Buf, y_off: usize, y_stride: usize, experts: &[(u32, u32)]) -> Result<(), GpuError> {
         let list: Vec<u32> = experts.iter().flat_map(|&(b, r)| [b, r]).collect();
         list_fits("matvec_id", list.len())?;
-        self.matvec_any(rec, ty, cols, rows, w, w_off, a, 0, Some(a_per_row), y, y_off, y_stride, experts.len(), &list)
+        self.matvec_any(rec, ty, cols, rows, w, w_off, a, 0, Some(a_per_row), y, y_off, y_stride, experts.len(), ListAt::Arena(&list))
+    }
+
+    /// [`Self::matvec_id`] with its `n` (slot offset, row) pairs in a device buffer at byte
+    /// offset `at` (a multiple of 256): the router's output (route.wgsl).
+    #[allow(clippy::too_many_arguments)]
+    pub fn matvec_id_dev(&self, rec: &mut Recorder<'_>, ty: GgmlType, cols: usize, rows: usize, w: Buf, w_off: u64, a: Buf, a_per_row: bool, y: Buf, y_off: usize, y_stride: usize, list: (Buf, u32), n: usize) -> Result<(), GpuError> {
+        self.matvec_any(rec, ty, cols, rows, w, w_off, a, 0, Some(a_per_row), y, y_off, y_stride, n, ListAt::Device(list.0, list.1))
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn matvec_any(&self, rec: &mut Recorder<'_>, ty: GgmlType, cols: usize, rows: usize, w: Buf, w_off: u64, a: Buf, a_off: u64, a_per_row: Option<bool>, y: Buf, y_off: usize, y_stride: usize, n_tok: usize, list: &[u32]) -> Result<(), GpuError> {
+    fn matvec_any(&self, rec: &mut Recorder<'_>, ty: GgmlType, cols: usize, rows: usize, w: Buf, w_off: u64, a: Buf, a_off: u64, a_per_row: Option<bool>, y: Buf, y_off: usize, y_stride: usize, n_tok: usize, list: ListAt<'_>) -> Result<(), GpuError> {
         let float = matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);
         if float && cols % 4 != 0 {
             return Err(GpuError::Validation(format!("{} matvec needs a multiple of 4 columns, got {cols}", ty.name())));
@@ -387,13 +413,21 @@ impl Kernels {
         let grid_x = groups.min(65535);
         let grid_y = groups.div_ceil(grid_x);
         let mut item = bytes_of(&[rows as u32, n_blocks as u32, w_row, a_row, w_off as u32, a_off as u32, y_off as u32, y_stride as u32, grid_x as u32, n_tok as u32, tpr as u32, 0, a_per_row.is_some() as u32, 0, 0, 0]);
-        if !list.is_empty() {
+        let (arena_list, dev) = match list {
+            ListAt::Arena(l) => (l, None),
+            ListAt::Device(b, off) => (&[][..], Some((b, off))),
+        };
+        if !arena_list.is_empty() {
             item.resize(256, 0);
-            item.extend_from_slice(&bytes_of(list));
+            item.extend_from_slice(&bytes_of(arena_list));
         }
         let at = rec.push(&item);
-        let list_off = if list.is_empty() { 0 } else { at.0 + 256 };
-        let bg = self.bind(rec, &self.matvec_layout, &[w, a, y]);
+        let list_off = match dev {
+            Some((_, off)) => off as u64,
+            None if arena_list.is_empty() => 0,
+            None => at.0 + 256,
+        };
+        let bg = self.bind_list(rec, &self.matvec_layout, &[w, a, y], dev.map(|d| d.0));
         rec.dispatch(&p, &bg, &[at.0 as u32, list_off as u32], (grid_x as u32, grid_y as u32, n_tok as u32));
         Ok(())
     }
@@ -569,6 +603,39 @@ impl Kernels {
         list.extend(w.iter().map(|v| v.to_bits()));
         self.ew(rec, "scatter", x, &self.dummy, y, [n as u32, idx.len() as u32, 0, 0, 0, 0, 0, 0], &list, n * idx.len());
         Ok(())
+    }
+
+    /// An element-wise kernel whose list is `list` (buffer, byte offset, a multiple of 256) and
+    /// `words[6]` (idx_off) words into it.
+    #[allow(clippy::too_many_arguments)]
+    fn ew_dev(&self, rec: &mut Recorder<'_>, entry: &str, x: Buf, y: Buf, words: [u32; 8], list: (Buf, u32), count: usize) {
+        let at = rec.push(&bytes_of(&words));
+        let bg = self.bind_list(rec, &self.ew.layout, &[x, &self.dummy, y], Some(list.0));
+        rec.dispatch(&self.ew.pipelines[entry], &bg, &[list.1, at.0 as u32], groups_1d(count));
+    }
+
+    /// [`Self::combine_w`] with the `k` weights at word `w_word` of the device list `list`.
+    pub fn combine_w_dev(&self, rec: &mut Recorder<'_>, x: Buf, y: Buf, n: usize, k: usize, list: (Buf, u32), w_word: usize) {
+        self.ew_dev(rec, "combine_w", x, y, [n as u32, 1, 0, 0, 0, k as u32, w_word as u32, 0], list, n);
+    }
+
+    /// [`Self::add_rows`] with the `k` (row, expert) pairs at word `pairs_word` of `list`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn add_rows_dev(&self, rec: &mut Recorder<'_>, b: Buf, y: Buf, y_off: usize, n: usize, k: usize, list: (Buf, u32), pairs_word: usize) {
+        self.ew_dev(rec, "add_rows", b, y, [n as u32, k as u32, 0, y_off as u32, 0, 0, pairs_word as u32, 0], list, n * k);
+    }
+
+    /// The router of a decode token on the device (shaders/route.wgsl): logits at element
+    /// `logits_off` of `logits` → the layer's region (word `out_word`) of `out`: the expert
+    /// kernels' lists, the weights, the ids. `slot_of`: the pool's table (from word `table_off`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn route(&self, rec: &mut Recorder<'_>, logits: Buf, logits_off: usize, slot_of: Buf, table_off: usize, out: Buf, out_word: usize, spec: &crate::backend::ops::RouteSpec, up_delta: u32) {
+        use Bind::*;
+        let k = self.route.get_or_init(|| Kernel::new(rec.ctx, &self.prelude, "route", &format!("{EXACT}\n{ROUTE}"), &[Read, Read, ReadWrite, Uniform], &["main"], 9));
+        let words = [spec.n_expert as u32, spec.k as u32, spec.softmax_weight as u32, spec.norm_topk as u32, spec.scale.to_bits(), table_off as u32, out_word as u32, up_delta, logits_off as u32, 0, 0, 0];
+        let prm = rec.push(&bytes_of(&words));
+        let bg = self.bind(rec, &k.layout, &[logits, slot_of, out]);
+        rec.dispatch(&k.pipelines["main"], &bg, &[prm.0 as u32], (1, 1, 1));
     }
 
     /// `y = sum_r x[r] * w[r]` over the `w.len()` rows of `x` in rank order (each product
