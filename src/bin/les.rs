@@ -328,7 +328,7 @@ impl ModelArgs {
     }
 
     fn apply_backend_with(&self, s: &mut Session, budget_slots: Option<usize>) -> Res {
-        let line = s.set_backend(self.backend, &les::backend::wgpu::exec::GpuOptions { expert_slots: self.gpu_expert_slots.or(budget_slots), exact: self.gpu_exact })?;
+        let line = s.set_backend(self.backend, &les::backend::wgpu::exec::GpuOptions { expert_slots: self.gpu_expert_slots.or(budget_slots), exact: self.gpu_exact, device_routing: None })?;
         eprintln!("les: {line}");
         Ok(())
     }

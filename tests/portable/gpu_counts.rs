@@ -34,7 +34,7 @@ fn resident_decode_calls_per_token_on_lavapipe() {
     for (name, max_dispatches) in [("rand-qwen35moe", 127.0), ("rand-qwen3next", 130.0), ("rand-gpt-oss", 129.0), ("rand-llama-moe", 100.0)] {
         let src = FileSource::open(model(&format!("{name}.gguf"))).unwrap();
         let mut s = Session::load(&src, ExpertMode::Resident, 256).unwrap();
-        s.set_backend(BackendKind::Wgpu, &GpuOptions { exact: Some(true), ..Default::default() }).unwrap();
+        s.set_backend(BackendKind::Wgpu, &GpuOptions { exact: Some(true), device_routing: Some(true), ..Default::default() }).unwrap();
         let prompt = s.tokenize("The capital of France is");
         let run = |s: &mut Session, toks: &[u32]| -> (Vec<u32>, Vec<Vec<f32>>) {
             s.reset();

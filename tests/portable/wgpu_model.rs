@@ -89,7 +89,8 @@ fn compare(model: &str, n_prompts: usize, steps: usize) -> (usize, usize, f32) {
 fn cpu_and_gpu(src: &FileSource, n_ctx: usize) -> (Session, Session) {
     let cpu = Session::load(src, ExpertMode::Resident, n_ctx).unwrap();
     let mut gpu = Session::load(src, ExpertMode::Resident, n_ctx).unwrap();
-    gpu.set_backend(BackendKind::Wgpu, &GpuOptions { exact: Some(true), ..Default::default() }).unwrap();
+    // Routing on the device (every expert resident in one slab): the token in one submit.
+    gpu.set_backend(BackendKind::Wgpu, &GpuOptions { exact: Some(true), device_routing: Some(true), ..Default::default() }).unwrap();
     (cpu, gpu)
 }
 

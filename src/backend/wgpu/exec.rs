@@ -68,6 +68,21 @@ pub struct GpuOptions {
     /// where one thread per row is also the fastest; up to 64 threads per row (another summation
     /// order) on hardware GPUs.
     pub exact: Option<bool>,
+    /// Route a decode token on the GPU when every expert of the layer is in a slot of one slab
+    /// (shaders/route.wgsl: one submit and one readback per token). `None`: on hardware GPUs,
+    /// off on software adapters (on lavapipe the one-invocation router took 68 ms per layer on
+    /// rand-llama-moe's 8 experts, 0.1 ms on others: not understood yet); `LES_GPU_ROUTE=1` /
+    /// `=0` override.
+    pub device_routing: Option<bool>,
+}
+
+/// [`GpuOptions::device_routing`]'s default on this adapter.
+fn default_device_routing(info: &wgpu::AdapterInfo) -> bool {
+    match std::env::var("LES_GPU_ROUTE").ok().as_deref() {
+        Some("1") => true,
+        Some("0") => false,
+        _ => info.device_type != wgpu::DeviceType::Cpu,
+    }
 }
 
 /// Counters of the GPU forward (readbacks are the GPU→CPU synchronisations).
@@ -155,6 +170,8 @@ pub struct GpuBackend {
     /// The router's output on the device (route.wgsl): one 256-byte region per MoE layer.
     routes: wgpu::Buffer,
     n_expert: usize,
+    /// Route decode tokens on the device where the pool allows ([`GpuOptions::device_routing`]).
+    device_routing: bool,
 }
 
 /// Per layer: conv state and delta-rule state buffers, and the saved copy of each.
@@ -286,6 +303,7 @@ impl GpuBackend {
             arena,
             routes: g.scratch("routes", s.n_layer * 256 + super::LIST_BYTES as usize)?,
             n_expert: s.n_expert,
+            device_routing: opts.device_routing.unwrap_or_else(|| default_device_routing(&ctx.info)),
             rope: Mutex::new(HashMap::new()),
             probe: g.scratch("probe", 4)?,
             bufs: Default::default(),
@@ -1048,7 +1066,7 @@ impl Ops for GpuExec<'_> {
     }
 
     fn routes_on_device(&mut self, il: usize, n_expert: usize) -> bool {
-        n_expert == self.g.n_expert && self.g.pool.lock().unwrap().as_ref().is_some_and(|p| p.holds_layer(il, n_expert))
+        self.g.device_routing && n_expert == self.g.n_expert && self.g.pool.lock().unwrap().as_ref().is_some_and(|p| p.holds_layer(il, n_expert))
     }
 
     fn experts_routed(&mut self, il: usize, src: &dyn ExpertSource, x: &GpuT, logits: &GpuT, spec: &RouteSpec, f: &ExpertFfn) -> Result<GpuT, OpError> {
