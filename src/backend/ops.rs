@@ -405,7 +405,7 @@ pub trait Ops {
     /// Whether [`Self::experts_routed`] runs layer `il`'s decode token on this backend: the
     /// router's choice made where the logits are, with no synchronisation (a GPU holding every
     /// one of the layer's `n_expert` experts in one slab). The default: no.
-    fn routes_on_device(&mut self, _il: usize, _n_expert: usize) -> bool {
+    fn routes_on_device(&mut self, _il: usize, _src: &dyn ExpertSource, _n_expert: usize) -> bool {
         false
     }
     /// One decode row: route `logits` (one row of `spec.n_expert`) as `model::route` does, bit

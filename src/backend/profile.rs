@@ -121,8 +121,8 @@ impl<B: Ops> Ops for Profiled<'_, B> {
     fn experts(&mut self, il: usize, src: &dyn ExpertSource, x: &B::T, r: Route<'_>, f: &ExpertFfn, partial: Option<&B::T>) -> Result<B::T, OpError> {
         timed("experts", || self.0.experts(il, src, x, r, f, partial))
     }
-    fn routes_on_device(&mut self, il: usize, n_expert: usize) -> bool {
-        self.0.routes_on_device(il, n_expert)
+    fn routes_on_device(&mut self, il: usize, src: &dyn ExpertSource, n_expert: usize) -> bool {
+        self.0.routes_on_device(il, src, n_expert)
     }
     fn experts_routed(&mut self, il: usize, src: &dyn ExpertSource, x: &B::T, logits: &B::T, spec: &RouteSpec, f: &ExpertFfn) -> Result<B::T, OpError> {
         timed("experts_routed", || self.0.experts_routed(il, src, x, logits, spec, f))

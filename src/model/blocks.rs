@@ -327,7 +327,7 @@ impl<'a, B: Ops> Fwd<'a, B> {
         if let Some(b) = w.router_b {
             self.b.add_row(&mut logits, b)?;
         }
-        if t_n == 1 && c.n_expert_used <= 8 && self.b.routes_on_device(il, c.n_expert) {
+        if t_n == 1 && c.n_expert_used <= 8 && self.b.routes_on_device(il, &*src, c.n_expert) {
             let out = self.b.experts_routed(il, &*src, cur, &logits, &c.route_spec(), &w.ffn)?;
             return self.shared_expert(il, cur, out, w).await;
         }

@@ -1065,8 +1065,8 @@ impl Ops for GpuExec<'_> {
         Ok(out)
     }
 
-    fn routes_on_device(&mut self, il: usize, n_expert: usize) -> bool {
-        self.g.device_routing && n_expert == self.g.n_expert && self.g.pool.lock().unwrap().as_ref().is_some_and(|p| p.holds_layer(il, n_expert))
+    fn routes_on_device(&mut self, il: usize, src: &dyn ExpertSource, n_expert: usize) -> bool {
+        self.g.device_routing && n_expert == self.g.n_expert && self.g.pool.lock().unwrap().as_ref().is_some_and(|p| p.holds_layer(il, n_expert, src.layout(il)))
     }
 
     fn experts_routed(&mut self, il: usize, src: &dyn ExpertSource, x: &GpuT, logits: &GpuT, spec: &RouteSpec, f: &ExpertFfn) -> Result<GpuT, OpError> {
@@ -1078,7 +1078,7 @@ impl Ops for GpuExec<'_> {
         let (ff, lay) = (layout.n_ff, SlotLayout::of_layout(&layout));
         let g: &GpuBackend = self.g;
         let pool_g = g.pool.lock().unwrap();
-        let pool = pool_g.as_ref().filter(|p| p.holds_layer(il, spec.n_expert)).ok_or(OpError::Unsupported { backend: "wgpu", op: "routing on the device without every expert in one slab" })?;
+        let pool = pool_g.as_ref().filter(|p| p.holds_layer(il, spec.n_expert, &layout)).ok_or(OpError::Unsupported { backend: "wgpu", op: "routing on the device without every expert in one slab" })?;
         let (slab, table) = (pool.buffer_of_slab(0).0, pool.table().expect("holds_layer checks the table"));
         let kk = &g.k;
         let (region, list) = (il * 64, (&g.routes, (il * 256) as u32));

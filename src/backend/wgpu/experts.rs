@@ -130,9 +130,13 @@ impl GpuExpertPool {
     }
 
     /// Whether every one of layer `layer`'s `n_expert` experts is in a slot of a single slab
-    /// (the pool's only one), so a kernel can reach any of them through one binding.
-    pub fn holds_layer(&self, layer: usize, n_expert: usize) -> bool {
-        self.slabs.len() == 1 && self.table.is_some() && self.per_layer.get(layer) == Some(&n_expert)
+    /// (the pool's only one), so a kernel can reach any of them through one binding, each with
+    /// the layer's `layout` (the offsets and types the kernels are given).
+    pub fn holds_layer(&self, layer: usize, n_expert: usize, layout: &crate::expert::ExpertLayout) -> bool {
+        self.slabs.len() == 1
+            && self.table.is_some()
+            && self.per_layer.get(layer) == Some(&n_expert)
+            && (0..n_expert).all(|e| self.map.get(&(layer, e)).is_some_and(|&s| self.layouts[s].as_ref() == Some(layout)))
     }
 
     /// Record in the table that (layer, ex) is at `slot`, or gone (`None`).
