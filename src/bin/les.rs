@@ -1648,7 +1648,7 @@ fn cmd_bench_decode(m: &ModelArgs, n: usize, reps: usize, json: bool) -> Res {
         println!(
             "  wgpu: {} forwards, readbacks wait {:.3} ms for the GPU on average (an idle sync costs {:.3} ms), expert slots {} ({} uploads, {} hits)\n  per decode token: {}",
             st.forwards,
-            st.readback_ms / st.readbacks.max(1) as f64,
+            st.readback_ms / st.counts.readbacks.max(1) as f64,
             sync,
             slots,
             st.experts.uploads,

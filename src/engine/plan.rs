@@ -472,15 +472,8 @@ pub fn probe_gpu(dense: &Arc<dyn ByteSource>, store: Arc<dyn ExpertStore>, n_lay
     s.use_gpu(ctx, &opts)?;
     if resident {
         // Every expert uploaded first: the tokens measured are a resident model's.
-        let g = s.gpu.as_ref().expect("on the GPU");
-        for l in 0..n_layer {
-            let mut data = Vec::new();
-            store.read_expert(l, 0, &mut data)?;
-            let blk = ExpertBlock::new(data, store.layout(l).clone());
-            for e in 0..c_n_expert {
-                g.preload(l, e, &blk).map_err(EngineError::from)?;
-            }
-        }
+        let src = s.model.experts().expect("a MoE model").clone();
+        s.gpu.as_ref().expect("on the GPU").preload_all(&*src, n_layer, c_n_expert).map_err(EngineError::from)?;
     }
     // Bytes per decode token by type: every device matrix (the host-only embedding lookup
     // aside), and k routed experts per MoE layer.

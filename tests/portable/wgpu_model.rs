@@ -275,7 +275,7 @@ fn gpu_lossless(model_file: &str, n: usize) {
         let gs = st.session.gpu.as_ref().unwrap().stats();
         assert!(gs.experts.uploads > gs.experts.hits / 100, "the small GPU pool must have reloaded experts");
         assert!(st.experts.stats().bytes_read > 0, "nothing was streamed");
-        eprintln!("{model_file}: {:.0}% slots ({gpu_slots} GPU + {} CPU staging): bit-identical on the GPU; {} uploads, {} GPU hits, {} readbacks ({:.2} ms each)", frac * 100.0, cpu_slots, gs.experts.uploads, gs.experts.hits, gs.readbacks, gs.readback_ms / gs.readbacks.max(1) as f64);
+        eprintln!("{model_file}: {:.0}% slots ({gpu_slots} GPU + {} CPU staging): bit-identical on the GPU; {} uploads, {} GPU hits, {} readbacks ({:.2} ms each)", frac * 100.0, cpu_slots, gs.experts.uploads, gs.experts.hits, gs.counts.readbacks, gs.readback_ms / gs.counts.readbacks.max(1) as f64);
     }
 }
 

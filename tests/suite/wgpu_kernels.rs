@@ -8,7 +8,7 @@
 
 use crate::common::WEIGHT_TYPES;
 use les::backend::cpu::ops;
-use les::backend::wgpu::kernels::Kernels;
+use les::backend::wgpu::kernels::{Kernels, List};
 use les::backend::wgpu::{block_on, GpuContext, Recorder};
 use les::quant::{self, GgmlType};
 use std::path::PathBuf;
@@ -544,14 +544,14 @@ fn matvec_id_add_rows_and_combine_w_match_cpu() {
             let mut rec = Recorder::new(&g.ctx, &arena);
             let cpu = |wrow: &[u8], t: usize| quant::vec_dot_with(quant::Simd::Scalar, ty, cols, wrow, &acts[t * ab..(t + 1) * ab]);
             // Shared activation row 0: slot 1 into output row 0, slot 0 into output row 2.
-            g.k.matvec_id(&mut rec, ty, cols, rows, &sb, 8, &abuf, false, &y, 0, rows, &[(slot as u32, 0), (0, 2)]).unwrap();
+            g.k.matvec_id(&mut rec, ty, cols, rows, &sb, 8, &abuf, false, &y, 0, rows, List::Host(&[slot as u32, 0, 0, 2]), 2).unwrap();
             let got = read(g, &mut rec, &y, rows * 3);
             let want = [cpu(&w[rb..2 * rb], 0), cpu(&w[..rb], 0), got[2], got[3], cpu(&w[..rb], 0), cpu(&w[rb..2 * rb], 0)];
             for (i, (a, b)) in got.iter().zip(&want).enumerate() {
                 assert_eq!(a.to_bits(), b.to_bits(), "{ty:?} shared row, output {i}: gpu {a} cpu {b}");
             }
             // One activation row each (a decode token's down projection: row = rank).
-            g.k.matvec_id(&mut rec, ty, cols, rows, &sb, 8, &abuf, true, &y, 0, rows, &[(0, 1), (slot as u32, 2)]).unwrap();
+            g.k.matvec_id(&mut rec, ty, cols, rows, &sb, 8, &abuf, true, &y, 0, rows, List::Host(&[0, 1, slot as u32, 2]), 2).unwrap();
             let got = read(g, &mut rec, &y, rows * 3);
             let want = [cpu(&w[..rb], 1), cpu(&w[rb..2 * rb], 1), cpu(&w[rb..2 * rb], 2), cpu(&w[..rb], 2)];
             for (i, (a, b)) in got[2..].iter().zip(&want).enumerate() {
@@ -562,7 +562,7 @@ fn matvec_id_add_rows_and_combine_w_match_cpu() {
         let mut rec = Recorder::new(&g.ctx, &arena);
         // add_rows: bias rows 2 and 0 of a 3-row bias into rows 1 and 0.
         let (bias, yb) = (upf(g, &x[..3 * n]), upf(g, &x[3 * n..5 * n]));
-        g.k.add_rows(&mut rec, &bias, &yb, 0, n, &[(1, 2), (0, 0)]).unwrap();
+        g.k.add_rows(&mut rec, &bias, &yb, 0, n, List::Host(&[1, 2, 0, 0]), 2).unwrap();
         let got = read(g, &mut rec, &yb, 2 * n);
         for i in 0..n {
             assert_eq!(got[i], x[3 * n + i] + x[i], "add_rows row 0 [{i}]");
@@ -571,7 +571,7 @@ fn matvec_id_add_rows_and_combine_w_match_cpu() {
         // combine_w over 3 ranks.
         let wts = [0.25f32, -2.0, 1.5];
         let (per, cy) = (upf(g, &x[..3 * n]), g.ctx.scratch("cy", 4 * n).unwrap());
-        g.k.combine_w(&mut rec, &per, &cy, n, &wts).unwrap();
+        g.k.combine_w(&mut rec, &per, &cy, n, List::Host(&wts.map(f32::to_bits)), 3).unwrap();
         let got = read(g, &mut rec, &cy, n);
         for i in 0..n {
             let want = (x[i] * wts[0] + x[n + i] * wts[1]) + x[2 * n + i] * wts[2];

@@ -9,7 +9,7 @@
 
 use super::experts::{GpuExpertPool, PoolStats, SlotLayout};
 use super::kernels::Kernels;
-use super::kernels::BindCache;
+use super::kernels::{pair_words, BindCache, List};
 use super::{GpuContext, GpuCounts, GpuError, GpuRates, Recorder};
 use crate::backend::cpu::matmul::Weight;
 use crate::backend::cpu::kv::StateEvent;
@@ -89,10 +89,8 @@ fn default_device_routing(info: &wgpu::AdapterInfo) -> bool {
 #[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct GpuStats {
     pub forwards: u64,
-    pub readbacks: u64,
+    /// Time spent waiting in readbacks (`counts.readbacks` of them).
     pub readback_ms: f64,
-    pub submits: u64,
-    pub dispatches: u64,
     /// Every call counted over all forwards (expert uploads included).
     pub counts: GpuCounts,
     /// Forwards of one row (decode tokens) and their calls: `decode` / `decode_forwards` is the
@@ -267,23 +265,7 @@ impl GpuBackend {
                 // A resident source whose experts all fit: every one in a slot now, so decode
                 // tokens route on the device from the first (no readback per layer).
                 if src.resident() && n >= all && all > 0 {
-                    let mut rec = Recorder::new(g, &arena);
-                    let ids: Vec<u32> = (0..s.n_expert as u32).collect();
-                    let mut err = None;
-                    for il in 0..s.n_layer {
-                        src.with_experts(il, &ids, &mut |i, blk| {
-                            if err.is_none() {
-                                if let Err(e) = pool.ensure(&mut rec, il, i, blk, &|_, _| None) {
-                                    err = Some(e);
-                                }
-                            }
-                        })
-                        .map_err(|e| GpuError::Validation(e.to_string()))?;
-                        rec.submit();
-                    }
-                    if let Some(e) = err {
-                        return Err(e);
-                    }
+                    pool.fill(&mut Recorder::new(g, &arena), s.n_layer, s.n_expert, &**src)?;
                 }
                 Some(pool)
             }
@@ -394,15 +376,13 @@ impl GpuBackend {
         }
     }
 
-    /// Put expert `ex` of layer `il` (`blk`) in a GPU slot now, evicting the least recently used
-    /// if none is free (a warm-up: every later token that routes to it is a hit).
-    pub fn preload(&self, il: usize, ex: usize, blk: &crate::expert::ExpertBlock) -> Result<(), GpuError> {
-        let mut rec = Recorder::new(&self.ctx, &self.arena);
-        if let Some(p) = self.pool.lock().unwrap().as_mut() {
-            p.ensure(&mut rec, il, ex, blk, &|_, _| None)?;
+    /// Put every expert of `src` (`n_layer` × `n_expert`) in a GPU slot now (a warm-up: every
+    /// later token is a hit; [`GpuExpertPool::fill`]).
+    pub fn preload_all(&self, src: &dyn ExpertSource, n_layer: usize, n_expert: usize) -> Result<(), GpuError> {
+        match self.pool.lock().unwrap().as_mut() {
+            Some(p) => p.fill(&mut Recorder::new(&self.ctx, &self.arena), n_layer, n_expert, src),
+            None => Ok(()),
         }
-        rec.submit();
-        Ok(())
     }
 
     pub fn expert_slots(&self) -> usize {
@@ -428,7 +408,7 @@ impl GpuBackend {
         for v in self.bufs.lock().unwrap().values_mut() {
             v.sort_unstable_by(|a, b| b.cmp(a));
         }
-        Ok(GpuExec { g: self, rec: Recorder::new(&self.ctx, &self.arena), readbacks: 0, rb_ms: 0.0, rope_pos: Vec::new(), quant: Vec::new(), at_start: self.ctx.counts(), max_rows_seen: 0 })
+        Ok(GpuExec { g: self, rec: Recorder::new(&self.ctx, &self.arena), rb_ms: 0.0, rope_pos: Vec::new(), quant: Vec::new(), at_start: self.ctx.counts(), max_rows_seen: 0 })
     }
 }
 
@@ -509,6 +489,16 @@ fn with_misses(il: usize, src: &dyn ExpertSource, union: &[u32], held: &[bool], 
     err.map_or(Ok(()), Err)
 }
 
+/// The lists one group of a decode token's experts runs from ([`GpuExec::run_group`]): `slots`
+/// its `n` (slot offset, rank) pairs (gate, up and down), `gate_up` those followed by up's
+/// (slot offset + up's offset, k + rank), `bias` its (rank, expert id) pairs.
+struct GroupLists<'a> {
+    slots: List<'a>,
+    gate_up: List<'a>,
+    bias: List<'a>,
+    n: usize,
+}
+
 /// A decode token's per-rank rows of its routed experts: gate, up, activation, output.
 struct DecodeRows {
     /// Gate rows (one per rank), then up rows.
@@ -521,7 +511,6 @@ struct DecodeRows {
 pub struct GpuExec<'a> {
     g: &'a GpuBackend,
     rec: Recorder<'a>,
-    readbacks: u64,
     rb_ms: f64,
     /// RoPE tables written in this forward: (n_rot, base and YaRN bits, pos0, rows).
     rope_pos: Vec<(usize, u32, usize, usize)>,
@@ -583,10 +572,7 @@ impl<'a> GpuExec<'a> {
         let counts = self.g.ctx.counts().since(self.at_start);
         let mut st = self.g.stats.lock().unwrap();
         st.forwards += 1;
-        st.readbacks += self.readbacks;
         st.readback_ms += self.rb_ms;
-        st.submits += self.rec.queue_submits as u64;
-        st.dispatches += self.rec.dispatches as u64;
         st.counts.add(counts);
         if self.max_rows_seen == 1 {
             st.decode_forwards += 1;
@@ -734,47 +720,44 @@ impl<'a> GpuExec<'a> {
         }
         for (slab, lay, list, pairs) in &groups {
             let (b, _, _) = pool.buffer_of_slab(*slab);
-            self.run_group(b, lay, x, &mut rows, list, pairs, f)?;
+            self.run_group_host(b, lay, x, &mut rows, list, pairs, f)?;
         }
         with_misses(il, src, &union, &held, (e, Some(ff)), |ex, blk| {
             let rank = rank_of(ex);
             let slot = pool.ensure(&mut self.rec, il, ex as usize, blk, &|l, x| src.retention(l, x))?;
             let (b, _, base) = pool.buffer(slot);
-            self.run_group(b, &blk.layout, x, &mut rows, &[(base as u32, rank)], &[(rank, ex)], f)
+            self.run_group_host(b, &blk.layout, x, &mut rows, &[(base as u32, rank)], &[(rank, ex)], f)
         })?;
         drop(pool_g);
         let out = self.alloc(1, e)?;
-        self.g.k.combine_w(&mut self.rec, rows.ye.buf(), out.buf(), e, &r.wts[..k])?;
+        let w: Vec<u32> = r.wts[..k].iter().map(|v| v.to_bits()).collect();
+        self.g.k.combine_w(&mut self.rec, rows.ye.buf(), out.buf(), e, List::Host(&w), k)?;
         Ok(out)
     }
 
-    /// Experts of one slab for a decode token: `list` their (slot offset, rank), `pairs` their
-    /// (rank, expert id). Gate and up from the token's FFN input (quantized once per layer; one
-    /// dispatch for both where their types agree: up's slices listed as more experts, their rows
-    /// k further on), the activation over all k rows (rows of other groups are recomputed by
-    /// their own group, from their own gate and up), down into the ranks' rows of `ye`.
-    #[allow(clippy::too_many_arguments)]
-    fn run_group(&mut self, slab: &wgpu::Buffer, layout: &ExpertLayout, x: &GpuT, rows: &mut DecodeRows, list: &[(u32, u32)], pairs: &[(u32, u32)], f: &ExpertFfn) -> Result<(), GpuError> {
-        let (e, ff, k) = (x.cols, layout.n_ff, rows.h.rows);
+    /// Experts of one slab for a decode token ([`GroupLists`]): gate and up from the token's FFN
+    /// input (quantized once per layer; one dispatch for both where their types agree), the
+    /// activation over all k rows (rows of other groups are recomputed by their own group, from
+    /// their own gate and up), down into the ranks' rows of `ye`.
+    fn run_group(&mut self, slab: &wgpu::Buffer, layout: &ExpertLayout, x: &GpuT, rows: &mut DecodeRows, lists: &GroupLists<'_>, f: &ExpertFfn) -> Result<(), GpuError> {
+        let (e, ff, k, n) = (x.cols, layout.n_ff, rows.h.rows, lists.n);
         let lay = SlotLayout::of_layout(layout);
         let kk = &self.g.k;
         let a = ActIn::new(x);
         let ab = self.act_for(layout.gate_ty, &a)?;
         let gu = rows.gu.buf().clone();
         if layout.gate_ty == layout.up_ty {
-            let up = (lay.up - lay.gate) as u32;
-            let both: Vec<(u32, u32)> = list.iter().copied().chain(list.iter().map(|&(b, r)| (b + up, k as u32 + r))).collect();
-            kk.matvec_id(&mut self.rec, layout.gate_ty, e, ff, slab, lay.gate, &ab, false, &gu, 0, ff, &both)?;
+            kk.matvec_id(&mut self.rec, layout.gate_ty, e, ff, slab, lay.gate, &ab, false, &gu, 0, ff, lists.gate_up, 2 * n)?;
         } else {
-            kk.matvec_id(&mut self.rec, layout.gate_ty, e, ff, slab, lay.gate, &ab, false, &gu, 0, ff, list)?;
+            kk.matvec_id(&mut self.rec, layout.gate_ty, e, ff, slab, lay.gate, &ab, false, &gu, 0, ff, lists.slots, n)?;
             let ab = self.act_for(layout.up_ty, &a)?;
-            kk.matvec_id(&mut self.rec, layout.up_ty, e, ff, slab, lay.up, &ab, false, &gu, k * ff, ff, list)?;
+            kk.matvec_id(&mut self.rec, layout.up_ty, e, ff, slab, lay.up, &ab, false, &gu, k * ff, ff, lists.slots, n)?;
         }
         if let Some([bg, bu, _]) = f.bias {
             // ggml `add_id`: each expert's bias row added to its own rows.
             let (bg, bu) = (self.vec(bg), self.vec(bu));
-            kk.add_rows(&mut self.rec, bg, &gu, 0, ff, pairs)?;
-            kk.add_rows(&mut self.rec, bu, &gu, k * ff, ff, pairs)?;
+            kk.add_rows(&mut self.rec, bg, &gu, 0, ff, lists.bias, n)?;
+            kk.add_rows(&mut self.rec, bu, &gu, k * ff, ff, lists.bias, n)?;
         }
         let h = rows.h.buf_mut().clone();
         let oai = match f.act {
@@ -784,12 +767,24 @@ impl<'a> GpuExec<'a> {
         kk.swiglu_split(&mut self.rec, &gu, k * ff, &h, k * ff, oai);
         let a = ActIn::new(&rows.h);
         let ab = self.act_for(layout.down_ty, &a)?;
-        kk.matvec_id(&mut self.rec, layout.down_ty, ff, e, slab, lay.down, &ab, true, rows.ye.buf(), 0, e, list)?;
+        kk.matvec_id(&mut self.rec, layout.down_ty, ff, e, slab, lay.down, &ab, true, rows.ye.buf(), 0, e, lists.slots, n)?;
         if let Some([_, _, bd]) = f.bias {
             let bd = self.vec(bd);
-            kk.add_rows(&mut self.rec, bd, rows.ye.buf(), 0, e, pairs)?;
+            kk.add_rows(&mut self.rec, bd, rows.ye.buf(), 0, e, lists.bias, n)?;
         }
         Ok(())
+    }
+
+    /// [`Self::run_group`] for `n` experts listed by the host: `slots` their (slot offset, rank),
+    /// `pairs` their (rank, expert id).
+    #[allow(clippy::too_many_arguments)]
+    fn run_group_host(&mut self, slab: &wgpu::Buffer, layout: &ExpertLayout, x: &GpuT, rows: &mut DecodeRows, slots: &[(u32, u32)], pairs: &[(u32, u32)], f: &ExpertFfn) -> Result<(), GpuError> {
+        let (k, up) = (rows.h.rows as u32, (SlotLayout::of_layout(layout).up - SlotLayout::of_layout(layout).gate) as u32);
+        let down = pair_words(slots);
+        let gate_up: Vec<u32> = down.iter().copied().chain(pair_words(&slots.iter().map(|&(b, r)| (b + up, k + r)).collect::<Vec<_>>())).collect();
+        let bias = pair_words(pairs);
+        let lists = GroupLists { slots: List::Host(&down), gate_up: List::Host(&gate_up), bias: List::Host(&bias), n: slots.len() };
+        self.run_group(slab, layout, x, rows, &lists, f)
     }
 }
 
@@ -1080,42 +1075,16 @@ impl Ops for GpuExec<'_> {
         let pool_g = g.pool.lock().unwrap();
         let pool = pool_g.as_ref().filter(|p| p.holds_layer(il, spec.n_expert, &layout)).ok_or(OpError::Unsupported { backend: "wgpu", op: "routing on the device without every expert in one slab" })?;
         let (slab, table) = (pool.buffer_of_slab(0).0, pool.table().expect("holds_layer checks the table"));
-        let kk = &g.k;
-        let (region, list) = (il * 64, (&g.routes, (il * 256) as u32));
-        kk.route(&mut self.rec, logits.buf(), 0, table, il * spec.n_expert, &g.routes, region, spec, (lay.up - lay.gate) as u32);
-        let gu = self.alloc(2 * k, ff)?;
-        let mut h = self.alloc(k, ff)?;
-        let ye = self.alloc(k, e)?;
-        let a = ActIn::new(x);
-        let ab = self.act_for(layout.gate_ty, &a)?;
-        if layout.gate_ty == layout.up_ty {
-            kk.matvec_id_dev(&mut self.rec, layout.gate_ty, e, ff, slab, lay.gate, &ab, false, gu.buf(), 0, ff, list, 2 * k)?;
-        } else {
-            kk.matvec_id_dev(&mut self.rec, layout.gate_ty, e, ff, slab, lay.gate, &ab, false, gu.buf(), 0, ff, list, k)?;
-            let ab = self.act_for(layout.up_ty, &a)?;
-            kk.matvec_id_dev(&mut self.rec, layout.up_ty, e, ff, slab, lay.up, &ab, false, gu.buf(), k * ff, ff, list, k)?;
-        }
-        if let Some([bg, bu, _]) = f.bias {
-            let (bg, bu) = (self.vec(bg), self.vec(bu));
-            kk.add_rows_dev(&mut self.rec, bg, gu.buf(), 0, ff, k, list, 5 * k);
-            kk.add_rows_dev(&mut self.rec, bu, gu.buf(), k * ff, ff, k, list, 5 * k);
-        }
-        let hb = h.buf_mut().clone();
-        let oai = match f.act {
-            ExpertAct::Silu => None,
-            ExpertAct::SwigluOai { alpha, limit } => Some((alpha, limit)),
-        };
-        kk.swiglu_split(&mut self.rec, gu.buf(), k * ff, &hb, k * ff, oai);
-        let a = ActIn::new(&h);
-        let ab = self.act_for(layout.down_ty, &a)?;
-        kk.matvec_id_dev(&mut self.rec, layout.down_ty, ff, e, slab, lay.down, &ab, true, ye.buf(), 0, e, list, k)?;
-        if let Some([_, _, bd]) = f.bias {
-            let bd = self.vec(bd);
-            kk.add_rows_dev(&mut self.rec, bd, ye.buf(), 0, e, k, list, 5 * k);
-        }
+        // The router writes the layer's lists into its 256-byte region of `routes` (route.wgsl).
+        g.k.route(&mut self.rec, logits.buf(), 0, table, il * spec.n_expert, &g.routes, il * 64, spec, (lay.up - lay.gate) as u32);
+        let at = (il * 256) as u32;
+        let region = |word: usize| List::Device { buf: &g.routes, at, word: word as u32 };
+        let lists = GroupLists { slots: region(0), gate_up: region(0), bias: region(5 * k), n: k };
+        let mut rows = DecodeRows { gu: self.alloc(2 * k, ff)?, h: self.alloc(k, ff)?, ye: self.alloc(k, e)? };
+        self.run_group(slab, &layout, x, &mut rows, &lists, f)?;
         drop(pool_g);
         let out = self.alloc(1, e)?;
-        kk.combine_w_dev(&mut self.rec, ye.buf(), out.buf(), e, k, list, 4 * k);
+        g.k.combine_w(&mut self.rec, rows.ye.buf(), out.buf(), e, region(4 * k), k)?;
         Ok(out)
     }
 
@@ -1124,7 +1093,6 @@ impl Ops for GpuExec<'_> {
         let t0 = now_ms();
         let back = self.rec.readback(&ranges).await?;
         self.rb_ms += now_ms() - t0;
-        self.readbacks += 1;
         Ok(back)
     }
 }

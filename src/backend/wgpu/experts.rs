@@ -233,6 +233,23 @@ impl GpuExpertPool {
         Some((s, self.layouts[s].clone()?))
     }
 
+    /// Upload every expert of `src`'s `n_layer` layers (`n_expert` each), one submit per layer;
+    /// with fewer slots than that, the later ones evict the least recently used.
+    pub fn fill(&mut self, rec: &mut Recorder<'_>, n_layer: usize, n_expert: usize, src: &dyn crate::expert::ExpertSource) -> Result<(), GpuError> {
+        let ids: Vec<u32> = (0..n_expert as u32).collect();
+        let mut err = None;
+        for il in 0..n_layer {
+            src.with_experts(il, &ids, &mut |i, blk| {
+                if err.is_none() {
+                    err = self.ensure(rec, il, i, blk, &|_, _| None).err();
+                }
+            })
+            .map_err(|e| GpuError::Validation(e.to_string()))?;
+            rec.submit();
+        }
+        err.map_or(Ok(()), Err)
+    }
+
     /// The slot holding expert `ex` of `layer`, uploading `blk` into a free slot or, when none is
     /// free, the one whose expert `retention` ranks lowest (the expert source's policy; `None`
     /// scores: least recently used first).

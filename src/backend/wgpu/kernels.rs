@@ -206,11 +206,18 @@ fn bytes_of(words: &[u32]) -> Vec<u8> {
     bytemuck::cast_slice(words).to_vec()
 }
 
-/// Where a kernel's index list is: in the arena (written by the host), or in a device buffer at
-/// a byte offset (written by an earlier kernel).
-enum ListAt<'a> {
-    Arena(&'a [u32]),
-    Device(&'a wgpu::Buffer, u32),
+/// A kernel's index list: the host's words (uploaded in the arena after the parameters), or
+/// already on the device (the router's output, route.wgsl): `buf` from byte `at` (a multiple of
+/// 256, bound at a dynamic offset), the list `word` words further in.
+#[derive(Clone, Copy)]
+pub enum List<'a> {
+    Host(&'a [u32]),
+    Device { buf: &'a wgpu::Buffer, at: u32, word: u32 },
+}
+
+/// `(a, b)` pairs as one list of words: a0, b0, a1, b1, …
+pub fn pair_words(pairs: &[(u32, u32)]) -> Vec<u32> {
+    pairs.iter().flat_map(|&(a, b)| [a, b]).collect()
 }
 
 /// An index list of `words` u32 fits one list binding ([`LIST_BYTES`]).
@@ -219,6 +226,31 @@ fn list_fits(kernel: &str, words: usize) -> Result<(), GpuError> {
         return Err(GpuError::Limit { what: format!("the index list of '{kernel}'"), need: 4 * words as u64, have: LIST_BYTES });
     }
     Ok(())
+}
+
+/// A host list has `words` words and fits its binding (a device list is the router's: sized).
+fn host_list_fits(kernel: &str, list: List<'_>, words: usize) -> Result<(), GpuError> {
+    match list {
+        List::Host(l) if l.len() != words => Err(GpuError::Validation(format!("{kernel}: {} list words, {words} expected", l.len()))),
+        List::Host(l) => list_fits(kernel, l.len()),
+        List::Device { .. } => Ok(()),
+    }
+}
+
+/// Push the parameters `item` into the arena with a host list 256 bytes after them; returns the
+/// parameters' offset, the list's offset (in the arena, or the device list's `at`) and the
+/// device list's buffer.
+fn push_with_list<'b>(rec: &mut Recorder<'_>, mut item: Vec<u8>, list: List<'b>) -> (u32, u32, Option<&'b wgpu::Buffer>) {
+    match list {
+        List::Host(l) if !l.is_empty() => {
+            item.resize(256, 0);
+            item.extend_from_slice(&bytes_of(l));
+            let at = rec.push(&item).0 as u32;
+            (at, at + 256, None)
+        }
+        List::Host(_) => (rec.push(&item).0 as u32, 0, None),
+        List::Device { buf, at, .. } => (rec.push(&item).0 as u32, at, Some(buf)),
+    }
 }
 
 /// Workgroups for `n` invocations of 64 threads, spread over x and y when x would exceed the limit.
@@ -366,29 +398,27 @@ impl Kernels {
     /// vec_dot_type (see [`Self::quant_act`]).
     #[allow(clippy::too_many_arguments)]
     pub fn matvec(&self, rec: &mut Recorder<'_>, ty: GgmlType, cols: usize, rows: usize, w: Buf, w_off: u64, a: Buf, a_off: u64, y: Buf, y_off: usize, y_stride: usize, n_tok: usize) -> Result<(), GpuError> {
-        self.matvec_any(rec, ty, cols, rows, w, w_off, a, a_off, None, y, y_off, y_stride, n_tok, ListAt::Arena(&[]))
+        self.matvec_any(rec, ty, cols, rows, w, w_off, a, a_off, None, y, y_off, y_stride, n_tok, List::Host(&[]))
     }
 
-    /// The `mul_mat_id` form: for each `(base, row)` of `experts`, `y[row * y_stride + y_off + r]
-    /// = dot(W row r at byte w_off + base, A row a)`, where `a` is `row` when `a_per_row`, else 0
-    /// (one activation row for every expert) — the routed experts of a decode token in one
-    /// dispatch, from the slots of one slab.
+    /// The `mul_mat_id` form: for each of the `n` `(base, row)` pairs of `list`,
+    /// `y[row * y_stride + y_off + r] = dot(W row r at byte w_off + base, A row a)`, where `a` is
+    /// `row` when `a_per_row`, else 0 (one activation row for every expert) — the routed experts
+    /// of a decode token in one dispatch, from the slots of one slab. A device list must start
+    /// at its binding (`word` 0).
     #[allow(clippy::too_many_arguments)]
-    pub fn matvec_id(&self, rec: &mut Recorder<'_>, ty: GgmlType, cols: usize, rows: usize, w: Buf, w_off: u64, a: Buf, a_per_row: bool, y: Buf, y_off: usize, y_stride: usize, experts: &[(u32, u32)]) -> Result<(), GpuError> {
-        let list: Vec<u32> = experts.iter().flat_map(|&(b, r)| [b, r]).collect();
-        list_fits("matvec_id", list.len())?;
-        self.matvec_any(rec, ty, cols, rows, w, w_off, a, 0, Some(a_per_row), y, y_off, y_stride, experts.len(), ListAt::Arena(&list))
-    }
-
-    /// [`Self::matvec_id`] with its `n` (slot offset, row) pairs in a device buffer at byte
-    /// offset `at` (a multiple of 256): the router's output (route.wgsl).
-    #[allow(clippy::too_many_arguments)]
-    pub fn matvec_id_dev(&self, rec: &mut Recorder<'_>, ty: GgmlType, cols: usize, rows: usize, w: Buf, w_off: u64, a: Buf, a_per_row: bool, y: Buf, y_off: usize, y_stride: usize, list: (Buf, u32), n: usize) -> Result<(), GpuError> {
-        self.matvec_any(rec, ty, cols, rows, w, w_off, a, 0, Some(a_per_row), y, y_off, y_stride, n, ListAt::Device(list.0, list.1))
+    pub fn matvec_id(&self, rec: &mut Recorder<'_>, ty: GgmlType, cols: usize, rows: usize, w: Buf, w_off: u64, a: Buf, a_per_row: bool, y: Buf, y_off: usize, y_stride: usize, list: List<'_>, n: usize) -> Result<(), GpuError> {
+        match list {
+            List::Host(l) if l.len() != 2 * n => return Err(GpuError::Validation(format!("matvec_id: {} words for {n} pairs", l.len()))),
+            List::Host(l) => list_fits("matvec_id", l.len())?,
+            List::Device { word, .. } if word != 0 => return Err(GpuError::Validation("matvec_id reads its list from the start of its binding".into())),
+            List::Device { .. } => {}
+        }
+        self.matvec_any(rec, ty, cols, rows, w, w_off, a, 0, Some(a_per_row), y, y_off, y_stride, n, list)
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn matvec_any(&self, rec: &mut Recorder<'_>, ty: GgmlType, cols: usize, rows: usize, w: Buf, w_off: u64, a: Buf, a_off: u64, a_per_row: Option<bool>, y: Buf, y_off: usize, y_stride: usize, n_tok: usize, list: ListAt<'_>) -> Result<(), GpuError> {
+    fn matvec_any(&self, rec: &mut Recorder<'_>, ty: GgmlType, cols: usize, rows: usize, w: Buf, w_off: u64, a: Buf, a_off: u64, a_per_row: Option<bool>, y: Buf, y_off: usize, y_stride: usize, n_tok: usize, list: List<'_>) -> Result<(), GpuError> {
         let float = matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);
         if float && cols % 4 != 0 {
             return Err(GpuError::Validation(format!("{} matvec needs a multiple of 4 columns, got {cols}", ty.name())));
@@ -412,23 +442,10 @@ impl Kernels {
         };
         let grid_x = groups.min(65535);
         let grid_y = groups.div_ceil(grid_x);
-        let mut item = bytes_of(&[rows as u32, n_blocks as u32, w_row, a_row, w_off as u32, a_off as u32, y_off as u32, y_stride as u32, grid_x as u32, n_tok as u32, tpr as u32, 0, a_per_row.is_some() as u32, 0, 0, 0]);
-        let (arena_list, dev) = match list {
-            ListAt::Arena(l) => (l, None),
-            ListAt::Device(b, off) => (&[][..], Some((b, off))),
-        };
-        if !arena_list.is_empty() {
-            item.resize(256, 0);
-            item.extend_from_slice(&bytes_of(arena_list));
-        }
-        let at = rec.push(&item);
-        let list_off = match dev {
-            Some((_, off)) => off as u64,
-            None if arena_list.is_empty() => 0,
-            None => at.0 + 256,
-        };
-        let bg = self.bind_list(rec, &self.matvec_layout, &[w, a, y], dev.map(|d| d.0));
-        rec.dispatch(&p, &bg, &[at.0 as u32, list_off as u32], (grid_x as u32, grid_y as u32, n_tok as u32));
+        let item = bytes_of(&[rows as u32, n_blocks as u32, w_row, a_row, w_off as u32, a_off as u32, y_off as u32, y_stride as u32, grid_x as u32, n_tok as u32, tpr as u32, 0, a_per_row.is_some() as u32, 0, 0, 0]);
+        let (at, list_off, dev) = push_with_list(rec, item, list);
+        let bg = self.bind_list(rec, &self.matvec_layout, &[w, a, y], dev);
+        rec.dispatch(&p, &bg, &[at, list_off], (grid_x as u32, grid_y as u32, n_tok as u32));
         Ok(())
     }
 
@@ -544,19 +561,22 @@ impl Kernels {
         self.vision(rec, "scale", &self.dummy, &self.dummy, &self.dummy, y, [n as u32, 1, s.to_bits(), 0, 0, 0, 0, 0], groups_1d(n));
     }
 
-    /// An element-wise kernel; `extra`: its index list (at most [`LIST_BYTES`]: [`list_fits`]),
-    /// 256 bytes after the parameters in one arena item.
+    /// An element-wise kernel; `extra`: its index list (at most [`LIST_BYTES`]: [`list_fits`]).
     #[allow(clippy::too_many_arguments)]
     fn ew(&self, rec: &mut Recorder<'_>, entry: &str, x: Buf, x2: Buf, y: Buf, words: [u32; 8], extra: &[u32], count: usize) {
-        let mut item = bytes_of(&words);
-        if !extra.is_empty() {
-            item.resize(256, 0);
-            item.extend_from_slice(&bytes_of(extra));
+        self.ew_list(rec, entry, x, x2, y, words, List::Host(extra), count);
+    }
+
+    /// An element-wise kernel with its index list wherever it is (a device list's word offset
+    /// becomes the parameters' `idx_off`, `words[6]`).
+    #[allow(clippy::too_many_arguments)]
+    fn ew_list(&self, rec: &mut Recorder<'_>, entry: &str, x: Buf, x2: Buf, y: Buf, mut words: [u32; 8], list: List<'_>, count: usize) {
+        if let List::Device { word, .. } = list {
+            words[6] = word;
         }
-        let at = rec.push(&item);
-        let bg = self.bind(rec, &self.ew.layout, &[x, x2, y]);
-        let list = if extra.is_empty() { 0 } else { at.0 + 256 };
-        rec.dispatch(&self.ew.pipelines[entry], &bg, &[list as u32, at.0 as u32], groups_1d(count));
+        let (at, list_off, dev) = push_with_list(rec, bytes_of(&words), list);
+        let bg = self.bind_list(rec, &self.ew.layout, &[x, x2, y], dev);
+        rec.dispatch(&self.ew.pipelines[entry], &bg, &[list_off, at], groups_1d(count));
     }
 
     /// `y[y_off + i] += x[x_off + (i % period or i)]` for `n` values (period 0: none).
@@ -605,26 +625,6 @@ impl Kernels {
         Ok(())
     }
 
-    /// An element-wise kernel whose list is `list` (buffer, byte offset, a multiple of 256) and
-    /// `words[6]` (idx_off) words into it.
-    #[allow(clippy::too_many_arguments)]
-    fn ew_dev(&self, rec: &mut Recorder<'_>, entry: &str, x: Buf, y: Buf, words: [u32; 8], list: (Buf, u32), count: usize) {
-        let at = rec.push(&bytes_of(&words));
-        let bg = self.bind_list(rec, &self.ew.layout, &[x, &self.dummy, y], Some(list.0));
-        rec.dispatch(&self.ew.pipelines[entry], &bg, &[list.1, at.0 as u32], groups_1d(count));
-    }
-
-    /// [`Self::combine_w`] with the `k` weights at word `w_word` of the device list `list`.
-    pub fn combine_w_dev(&self, rec: &mut Recorder<'_>, x: Buf, y: Buf, n: usize, k: usize, list: (Buf, u32), w_word: usize) {
-        self.ew_dev(rec, "combine_w", x, y, [n as u32, 1, 0, 0, 0, k as u32, w_word as u32, 0], list, n);
-    }
-
-    /// [`Self::add_rows`] with the `k` (row, expert) pairs at word `pairs_word` of `list`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn add_rows_dev(&self, rec: &mut Recorder<'_>, b: Buf, y: Buf, y_off: usize, n: usize, k: usize, list: (Buf, u32), pairs_word: usize) {
-        self.ew_dev(rec, "add_rows", b, y, [n as u32, k as u32, 0, y_off as u32, 0, 0, pairs_word as u32, 0], list, n * k);
-    }
-
     /// The router of a decode token on the device (shaders/route.wgsl): logits at element
     /// `logits_off` of `logits` → the layer's region (word `out_word`) of `out`: the expert
     /// kernels' lists, the weights, the ids. `slot_of`: the pool's table (from word `table_off`).
@@ -638,22 +638,21 @@ impl Kernels {
         rec.dispatch(&k.pipelines["main"], &bg, &[prm.0 as u32], (1, 1, 1));
     }
 
-    /// `y = sum_r x[r] * w[r]` over the `w.len()` rows of `x` in rank order (each product
-    /// rounded to f32 first, as `scatter` then `combine` compute it): a decode token's routed
-    /// experts weighted and combined, `n` values.
-    pub fn combine_w(&self, rec: &mut Recorder<'_>, x: Buf, y: Buf, n: usize, w: &[f32]) -> Result<(), GpuError> {
-        list_fits("combine_w", w.len())?;
-        let list: Vec<u32> = w.iter().map(|v| v.to_bits()).collect();
-        self.ew(rec, "combine_w", x, &self.dummy, y, [n as u32, 1, 0, 0, 0, w.len() as u32, 0, 0], &list, n);
+    /// `y = sum_r x[r] * w[r]` over `k` rows of `x` in rank order, the weights' bits in `w`
+    /// (each product rounded to f32 first, as `scatter` then `combine` compute it): a decode
+    /// token's routed experts weighted and combined, `n` values.
+    pub fn combine_w(&self, rec: &mut Recorder<'_>, x: Buf, y: Buf, n: usize, w: List<'_>, k: usize) -> Result<(), GpuError> {
+        host_list_fits("combine_w", w, k)?;
+        self.ew_list(rec, "combine_w", x, &self.dummy, y, [n as u32, 1, 0, 0, 0, k as u32, 0, 0], w, n);
         Ok(())
     }
 
-    /// `y[y_off + row * n + c] += b[ex * n + c]` for each `(row, ex)` of `pairs` (ggml `add_id`:
-    /// each routed expert's bias row added to its own output row).
-    pub fn add_rows(&self, rec: &mut Recorder<'_>, b: Buf, y: Buf, y_off: usize, n: usize, pairs: &[(u32, u32)]) -> Result<(), GpuError> {
-        let list: Vec<u32> = pairs.iter().flat_map(|&(r, e)| [r, e]).collect();
-        list_fits("add_rows", list.len())?;
-        self.ew(rec, "add_rows", b, &self.dummy, y, [n as u32, pairs.len() as u32, 0, y_off as u32, 0, 0, 0, 0], &list, n * pairs.len());
+    /// `y[y_off + row * n + c] += b[ex * n + c]` for each of the `k` `(row, ex)` pairs of
+    /// `pairs` (ggml `add_id`: each routed expert's bias row added to its own output row).
+    #[allow(clippy::too_many_arguments)]
+    pub fn add_rows(&self, rec: &mut Recorder<'_>, b: Buf, y: Buf, y_off: usize, n: usize, pairs: List<'_>, k: usize) -> Result<(), GpuError> {
+        host_list_fits("add_rows", pairs, 2 * k)?;
+        self.ew_list(rec, "add_rows", b, &self.dummy, y, [n as u32, k as u32, 0, y_off as u32, 0, 0, 0, 0], pairs, n * k);
         Ok(())
     }
 

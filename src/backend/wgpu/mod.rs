@@ -372,18 +372,14 @@ pub struct Recorder<'c> {
     pass: Option<wgpu::ComputePass<'static>>,
     arena: Vec<u8>,
     arena_buf: &'c wgpu::Buffer,
-    /// Dispatches recorded since the recorder was made.
-    pub dispatches: usize,
     /// Recording generation: advanced by every [`Self::submit`] (commands marked with an older
-    /// value are no longer pending).
+    /// value are no longer pending). The calls themselves are counted in [`GpuContext::counters`].
     pub submits: usize,
-    /// Command buffers handed to the queue.
-    pub queue_submits: usize,
 }
 
 impl<'c> Recorder<'c> {
     pub fn new(ctx: &'c GpuContext, arena_buf: &'c wgpu::Buffer) -> Self {
-        Self { ctx, encoder: None, pass: None, arena: Vec::with_capacity(64 << 10), arena_buf, dispatches: 0, submits: 0, queue_submits: 0 }
+        Self { ctx, encoder: None, pass: None, arena: Vec::with_capacity(64 << 10), arena_buf, submits: 0 }
     }
 
     /// The arena: [`ARENA_BYTES`] plus room for a list binding at the last offset.
@@ -445,7 +441,6 @@ impl<'c> Recorder<'c> {
         pass.set_pipeline(pipeline);
         pass.set_bind_group(0, bind, offsets);
         pass.dispatch_workgroups(groups.0, groups.1, groups.2);
-        self.dispatches += 1;
         Counters::bump(&self.ctx.counters.dispatches, 1);
     }
 
@@ -458,7 +453,6 @@ impl<'c> Recorder<'c> {
         }
         if let Some(enc) = self.encoder.take() {
             self.ctx.queue.submit(Some(enc.finish()));
-            self.queue_submits += 1;
             Counters::bump(&self.ctx.counters.submits, 1);
         }
         // A new generation even when nothing was recorded: whatever was marked as used by this
