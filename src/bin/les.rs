@@ -165,6 +165,7 @@ fn cmd_plan(a: PlanArgs) -> Res {
     let gpu_devices = match a.backend.as_str() {
         "cpu" if a.device.is_empty() => Vec::new(),
         "cpu" => return Err("--device needs --backend wgpu".into()),
+        "wgpu" if a.no_probe => return Err("--backend wgpu counts the GPU's calls on a probe run: drop --no-probe".into()),
         "wgpu" => {
             use les::engine::gpu_cost::{profiles, GpuDevice};
             let names: Vec<String> = if a.device.is_empty() { profiles().into_iter().map(|p| p.name).collect() } else { a.device.clone() };
@@ -178,9 +179,6 @@ fn cmd_plan(a: PlanArgs) -> Res {
                     }
                     n => GpuDevice::by_name(n).ok_or_else(|| format!("unknown --device '{n}' ({}, this-adapter)", profiles().iter().map(|p| p.name.clone()).collect::<Vec<_>>().join(", ")))?,
                 });
-            }
-            if a.no_probe {
-                return Err("--backend wgpu counts the GPU's calls on a probe run: drop --no-probe".into());
             }
             v
         }

@@ -416,18 +416,30 @@ impl ExpertSource for ProbeExperts {
     }
 }
 
-/// The forward's compute on this machine, with every expert "resident" ([`ProbeExperts`]): a
-/// prompt of `prompt_tokens` (at most 512, at least two streaming batches; within the context)
-/// in streaming batches, then decode steps after it (the first two not timed: attention's cost
-/// grows with the context, so decode is measured where a first reply starts).
-fn probe_compute(dense: &Arc<dyn ByteSource>, store: Arc<dyn ExpertStore>, n_layer: usize, n_ctx: usize, prompt_tokens: usize) -> Result<ComputeProbe, PlanError> {
+/// A session of the model whose experts are served by [`ProbeExperts`] (one real block per
+/// layer, read once).
+fn probe_session(dense: &Arc<dyn ByteSource>, store: &dyn ExpertStore, n_layer: usize, n_ctx: usize) -> Result<Session, PlanError> {
     let mut blocks = Vec::with_capacity(n_layer);
     for l in 0..n_layer {
         let mut data = Vec::new();
         store.read_expert(l, 0, &mut data)?;
         blocks.push(ExpertBlock::new(data, store.layout(l).clone()));
     }
-    let mut s = Session::load_streaming_dense(&**dense, ExpertMode::External(Arc::new(ProbeExperts { blocks })), n_ctx.max(128), PREFILL_BATCH, None)?;
+    Ok(Session::load_streaming_dense(&**dense, ExpertMode::External(Arc::new(ProbeExperts { blocks })), n_ctx.max(128), PREFILL_BATCH, None)?)
+}
+
+/// The median of timed runs (ms).
+fn median(mut times: Vec<f64>) -> f64 {
+    times.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+    times[times.len() / 2]
+}
+
+/// The forward's compute on this machine, with every expert "resident" ([`ProbeExperts`]): a
+/// prompt of `prompt_tokens` (at most 512, at least two streaming batches; within the context)
+/// in streaming batches, then decode steps after it (the first two not timed: attention's cost
+/// grows with the context, so decode is measured where a first reply starts).
+fn probe_compute(dense: &Arc<dyn ByteSource>, store: Arc<dyn ExpertStore>, n_layer: usize, n_ctx: usize, prompt_tokens: usize) -> Result<ComputeProbe, PlanError> {
+    let mut s = probe_session(dense, &*store, n_layer, n_ctx)?;
     let n_vocab = s.model.cfg.n_vocab as u32;
     let n_prompt = prompt_tokens.clamp(2 * PREFILL_BATCH, 512).min(s.kv.n_ctx.saturating_sub(16)).max(1);
     let prompt: Vec<u32> = (0..n_prompt as u32).map(|i| (i * 7919 + 13) % n_vocab).collect();
@@ -442,8 +454,7 @@ fn probe_compute(dense: &Arc<dyn ByteSource>, store: Arc<dyn ExpertStore>, n_lay
             times.push(t0.elapsed().as_secs_f64() * 1000.0);
         }
     }
-    times.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
-    Ok(ComputeProbe { source: "probe", decode_ms_per_token: times[times.len() / 2], prompt_ms_per_token: prompt_ms, prompt_batch: PREFILL_BATCH, threads: crate::backend::cpu::par::n_threads() })
+    Ok(ComputeProbe { source: "probe", decode_ms_per_token: median(times), prompt_ms_per_token: prompt_ms, prompt_batch: PREFILL_BATCH, threads: crate::backend::cpu::par::n_threads() })
 }
 
 /// One decode token on this machine's GPU adapter ([`ProbeExperts`], so no reads; every expert
@@ -454,13 +465,7 @@ fn probe_compute(dense: &Arc<dyn ByteSource>, store: Arc<dyn ExpertStore>, n_lay
 #[cfg(not(target_arch = "wasm32"))]
 pub fn probe_gpu(dense: &Arc<dyn ByteSource>, store: Arc<dyn ExpertStore>, n_layer: usize, n_ctx: usize) -> Result<(String, GpuRates, f64, &'static str, f64), PlanError> {
     use crate::backend::wgpu::{exec::GpuOptions, GpuContext};
-    let mut blocks = Vec::with_capacity(n_layer);
-    for l in 0..n_layer {
-        let mut data = Vec::new();
-        store.read_expert(l, 0, &mut data)?;
-        blocks.push(ExpertBlock::new(data, store.layout(l).clone()));
-    }
-    let mut s = Session::load_streaming_dense(&**dense, ExpertMode::External(Arc::new(ProbeExperts { blocks })), n_ctx.max(128), PREFILL_BATCH, None)?;
+    let mut s = probe_session(dense, &*store, n_layer, n_ctx)?;
     let ctx = GpuContext::new().map_err(EngineError::from)?;
     let adapter = format!("{} ({:?}, {:?})", ctx.info.name, ctx.info.backend, ctx.info.device_type);
     // Every expert in a slot where 2 GiB holds them (a resident token's calls), else the default pool.
@@ -484,9 +489,9 @@ pub fn probe_gpu(dense: &Arc<dyn ByteSource>, store: Arc<dyn ExpertStore>, n_lay
             *by_type.entry(m.ty.name()).or_default() += m.ty.row_bytes(m.cols as u64).unwrap_or(0) as f64 * m.rows as f64;
         }
     }
-    let k = s.model.cfg.n_expert_used as f64;
-    for l in 0..n_layer {
-        if s.model.cfg.is_moe() {
+    if s.model.cfg.is_moe() {
+        let k = s.model.cfg.n_expert_used as f64;
+        for l in 0..n_layer {
             let lay = store.layout(l);
             for (ty, b) in [(lay.gate_ty, lay.gate_bytes), (lay.up_ty, lay.up_bytes), (lay.down_ty, lay.down_bytes)] {
                 *by_type.entry(ty.name()).or_default() += k * b as f64;
@@ -509,9 +514,8 @@ pub fn probe_gpu(dense: &Arc<dyn ByteSource>, store: Arc<dyn ExpertStore>, n_lay
             times.push(t0.elapsed().as_secs_f64() * 1000.0);
         }
     }
-    times.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
     let per_token = s.gpu.as_ref().expect("on the GPU").stats().per_token();
-    Ok((adapter, per_token, weight_bytes, main_type, times[times.len() / 2]))
+    Ok((adapter, per_token, weight_bytes, main_type, median(times)))
 }
 
 #[cfg(target_arch = "wasm32")]

@@ -719,8 +719,7 @@ impl<'a> GpuExec<'a> {
             }
         }
         for (slab, lay, list, pairs) in &groups {
-            let (b, _, _) = pool.buffer_of_slab(*slab);
-            self.run_group_host(b, lay, x, &mut rows, list, pairs, f)?;
+            self.run_group_host(pool.slab(*slab), lay, x, &mut rows, list, pairs, f)?;
         }
         with_misses(il, src, &union, &held, (e, Some(ff)), |ex, blk| {
             let rank = rank_of(ex);
@@ -1073,8 +1072,9 @@ impl Ops for GpuExec<'_> {
         let (ff, lay) = (layout.n_ff, SlotLayout::of_layout(&layout));
         let g: &GpuBackend = self.g;
         let pool_g = g.pool.lock().unwrap();
-        let pool = pool_g.as_ref().filter(|p| p.holds_layer(il, spec.n_expert, &layout)).ok_or(OpError::Unsupported { backend: "wgpu", op: "routing on the device without every expert in one slab" })?;
-        let (slab, table) = (pool.buffer_of_slab(0).0, pool.table().expect("holds_layer checks the table"));
+        // `routes_on_device` checked the layouts too; the slots may have changed since (a resize).
+        let pool = pool_g.as_ref().filter(|p| p.holds_layer_slots(il, spec.n_expert)).ok_or(OpError::Unsupported { backend: "wgpu", op: "routing on the device without every expert in one slab" })?;
+        let (slab, table) = (pool.slab(0), pool.table().expect("holds_layer_slots checks the table"));
         // The router writes the layer's lists into its 256-byte region of `routes` (route.wgsl).
         g.k.route(&mut self.rec, logits.buf(), 0, table, il * spec.n_expert, &g.routes, il * 64, spec, (lay.up - lay.gate) as u32);
         let at = (il * 256) as u32;

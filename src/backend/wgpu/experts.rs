@@ -133,10 +133,13 @@ impl GpuExpertPool {
     /// (the pool's only one), so a kernel can reach any of them through one binding, each with
     /// the layer's `layout` (the offsets and types the kernels are given).
     pub fn holds_layer(&self, layer: usize, n_expert: usize, layout: &crate::expert::ExpertLayout) -> bool {
-        self.slabs.len() == 1
-            && self.table.is_some()
-            && self.per_layer.get(layer) == Some(&n_expert)
-            && (0..n_expert).all(|e| self.map.get(&(layer, e)).is_some_and(|&s| self.layouts[s].as_ref() == Some(layout)))
+        self.holds_layer_slots(layer, n_expert) && (0..n_expert).all(|e| self.map.get(&(layer, e)).is_some_and(|&s| self.layouts[s].as_ref() == Some(layout)))
+    }
+
+    /// [`Self::holds_layer`] without the layouts (their check is the costly part: one lookup
+    /// per expert).
+    pub fn holds_layer_slots(&self, layer: usize, n_expert: usize) -> bool {
+        self.slabs.len() == 1 && self.table.is_some() && self.per_layer.get(layer) == Some(&n_expert)
     }
 
     /// Record in the table that (layer, ex) is at `slot`, or gone (`None`).
@@ -207,9 +210,9 @@ impl GpuExpertPool {
         self.slot_bytes
     }
 
-    /// Slab `b`'s buffer, its index and offset 0.
-    pub fn buffer_of_slab(&self, b: usize) -> (&wgpu::Buffer, usize, u64) {
-        (&self.slabs[b], b, 0)
+    /// Slab `b`'s buffer.
+    pub fn slab(&self, b: usize) -> &wgpu::Buffer {
+        &self.slabs[b]
     }
 
     /// The slab holding `slot`, its index, and the slot's byte offset in it.
