@@ -2,6 +2,7 @@
 // (src/backend/cpu/ops.rs, src/model/mod.rs):
 //   add:      Y[i] += X[i]                                  (residual adds, biases with rows > 1)
 //   swiglu:   Y[i] = silu(X[i]) * X2[i], silu(x) = x / (1 + ggml_expf(-x))   (ggml_vec_swiglu_f32)
+//   reglu:    Y[i] = X[i] > 0 ? X[i] * X2[i] : 0             (ggml_vec_reglu_f32: smallthinker)
 //   gather:   Y[r] = X[IDX[r]]                              (rows routed to one expert)
 //   scatter:  Y[IDX[r]] = X[r] * WS[r]                      (expert outputs times router weights)
 //   combine:  Y[t] = sum over ranks r in order of X[t*k + r] (fixed top-k order: lossless)
@@ -59,6 +60,16 @@ fn swiglu_oai(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgr
     let y = clamp(X2[P.x2_off + i], -limit, limit);
     let glu = div_rn(x, keep(1.0 + expf_glibc(keep(alpha * -x))));
     Y[P.y_off + i] = keep(glu * keep(y + 1.0));
+}
+
+@compute @workgroup_size(64)
+fn reglu(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
+    let i = gid.x + gid.y * nw.x * 64u;
+    if (i >= P.n * P.rows) { return; }
+    let g = X[P.x_off + i];
+    var y = 0.0;
+    if (g > 0.0) { y = keep(g * X2[P.x2_off + i]); }
+    Y[P.y_off + i] = y;
 }
 
 @compute @workgroup_size(64)

@@ -6,6 +6,8 @@
 //     glibc's expf, each added to the f64 sum; inv = f32(1 / sum) (the division in f64); p = e * inv.
 //     Then top-k of p (ties: the lower index first), weights p[top], normalised (norm_topk) by
 //     their f64 sum rounded to f32 (at least 2^-14), as ggml_sum_rows + ggml_div.
+//   Sigmoid (gating 2, smallthinker): p = 1 / (1 + expf(-x)) (glibc's expf, the division
+//     rounded to nearest), then top-k and the weights as for Softmax.
 //   SoftmaxWeight (gating 1, gpt-oss): top-k of the raw logits, then the softmax of those k
 //     values (all "tail": glibc's expf).
 //   Then the weights times `scale` (when it is not 0 or 1).
@@ -214,7 +216,10 @@ fn top_k(n: u32, k: u32) {
 fn main() {
     let n = P.n_expert;
     let k = P.k;
-    if (P.gating == 0u) {
+    if (P.gating != 1u) {
+      if (P.gating == 2u) {
+        for (var i = 0u; i < n; i++) { probs[i] = div_rn(1.0, keep(1.0 + expf_glibc(-L[P.logits_off + i]))); }
+      } else {
         var mx = -3.4028234663852886e38;
         for (var i = 0u; i < n; i++) { mx = max(mx, L[P.logits_off + i]); }
         var sum = F64(0, 0u, 0u);
@@ -235,6 +240,7 @@ fn main() {
         }
         let inv = recip_f32(sum);
         for (var i = 0u; i < n; i++) { probs[i] = keep(probs[i] * inv); }
+      }
         top_k(n, k);
         var s = F64(0, 0u, 0u);
         for (var r = 0u; r < k; r++) {

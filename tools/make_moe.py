@@ -3,7 +3,7 @@
 
   make_moe.py smolmoe --src models/SmolLM2-135M-Instruct.Q4_1.gguf --experts 32 --top-k 2 \
                       --out models/smolmoe-32x2.gguf
-  make_moe.py random  --arch {llama,qwen2moe,qwen3moe,olmoe,qwen35moe,qwen3next,gpt-oss} --src models/SmolLM2-...gguf \
+  make_moe.py random  --arch {llama,qwen2moe,qwen3moe,olmoe,qwen35moe,qwen3next,gpt-oss,smallthinker} --src models/SmolLM2-...gguf \
                       --out models/rand-<arch>.gguf   (build_models.sh: rand-llama-moe for llama)
   make_moe.py full    --arch qwen35moe-35b-a3b --out models/qwen35moe-35b-a3b-rand.gguf  (~20 GB)
   make_moe.py stats   --src models/SmolLM2-...gguf --refs tests/fixtures/refs/SmolLM2-...json \
@@ -251,6 +251,19 @@ RANDOM_SPECS = {
         attn_types=[(Q8, Q8, Q8, Q8), (F16, F16, F16, F16), (Q8, Q8, F16, Q8), (F16, Q8, Q8, F16)],
         exp_types=[(Q8, Q8, Q4K), (F16, F16, Q6K), (Q8, F16, Q8), (F16, Q8, F16)],
     ),
+    # SmallThinker (llama.cpp src/models/smallthinker.cpp): the router on the layer's input before
+    # attention, sigmoid gating (expert_gating_func 2) with normalised top-k weights, ReGLU experts;
+    # a sliding window in the file makes layers 1-3 slide (4096: llama.cpp's fixed value) and layers
+    # 0 and 4 (il % 4 == 0) global NoPE layers (5 layers: with exactly 4, llama.cpp ropes every
+    # layer). Router std 0.25/sqrt(D) times the layer input's RMS (not normed).
+    "smallthinker": dict(
+        arch="smallthinker", pre="smollm", add_bos=False, seed=1008, logit_std=6.0, res_gain=4.0,
+        n_embd=256, n_layer=5, n_head=8, n_head_kv=2, head_dim=32, n_expert=16, top_k=4, n_ff_exp=128,
+        rope_base=1000000.0, eps=1e-6, tied=False, embd_type=Q8, out_type=Q6K,
+        gating_func=2, sliding_window=4096, router_std=0.25,
+        attn_types=[(Q8, Q8, Q8, Q8), (Q4K, Q4K, Q6K, Q8), (F16, F16, F16, F16), (Q6K, Q6K, Q8, Q4K), (Q8, Q8, Q8, Q8)],
+        exp_types=[(Q8, Q8, F16), (Q4K, Q4K, Q8), (F16, Q6K, Q8), (Q6K, Q6K, F16), (Q8, Q4K, Q8)],
+    ),
 }
 
 
@@ -494,9 +507,10 @@ def random_tensors(sw, seed, tile_above=0):
     return rnd
 
 
-def moe_tensors(rnd, p, D, E, FF, gain, exp_types, shexp=None):
-    """A layer's router, stacked experts and (shexp = (width, types)) sigmoid-gated shared expert."""
-    rnd(p + "ffn_gate_inp.weight", T.F32, (D, E), 2.0 / math.sqrt(D))
+def moe_tensors(rnd, p, D, E, FF, gain, exp_types, shexp=None, router_std=2.0):
+    """A layer's router, stacked experts and (shexp = (width, types)) sigmoid-gated shared expert.
+    router_std: times 1/sqrt(D), the router's std (2: inputs of RMS ~1)."""
+    rnd(p + "ffn_gate_inp.weight", T.F32, (D, E), router_std / math.sqrt(D))
     tg, tu, td = exp_types
     rnd(p + "ffn_gate_exps.weight", tg, (D, FF, E), 1 / math.sqrt(D))
     rnd(p + "ffn_up_exps.weight", tu, (D, FF, E), 1 / math.sqrt(D))
@@ -614,8 +628,12 @@ def build_random(arch_key: str, src: str, out: str, seed: int | None = None):
     else:
         ff_key = FF                      # llama / olmoe: expert FFN size
     sw.u32(f"{arch}.feed_forward_length", ff_key)
-    if arch in ("qwen2moe", "qwen3moe"):
+    if arch in ("qwen2moe", "qwen3moe", "smallthinker"):
         sw.u32(f"{arch}.expert_feed_forward_length", FF)
+    if arch == "smallthinker":
+        sw.u32(f"{arch}.expert_gating_func", sp["gating_func"])
+        if sp.get("sliding_window"):
+            sw.u32(f"{arch}.attention.sliding_window", sp["sliding_window"])
     if arch == "qwen2moe":
         sw.u32(f"{arch}.expert_shared_feed_forward_length", sp["n_ff_shexp"])
     sw.u32(f"{arch}.attention.head_count", H)
@@ -660,7 +678,7 @@ def build_random(arch_key: str, src: str, out: str, seed: int | None = None):
         rnd(p + "attn_output.weight", to, (qdim, D), gain / math.sqrt(qdim))
         rnd(p + "ffn_norm.weight", T.F32, (D,), 0, "norm")
         shexp = (sp["n_ff_shexp"], sp["shexp_types"][il]) if arch == "qwen2moe" else None
-        moe_tensors(rnd, p, D, E, FF, gain, sp["exp_types"][il], shexp)
+        moe_tensors(rnd, p, D, E, FF, gain, sp["exp_types"][il], shexp, sp.get("router_std", 2.0))
     rnd("output_norm.weight", T.F32, (D,), 0, "norm")
     if not sp["tied"]:
         rnd("output.weight", sp["out_type"], (D, n_vocab), logit_std / math.sqrt(D))

@@ -297,6 +297,9 @@ pub enum ExpertAct {
     /// gpt-oss: `x = min(gate, limit)`, `y = clamp(up, −limit, limit)`,
     /// `x / (1 + expf(−alpha·x)) · (y + 1)` (ggml `swiglu_oai`, `ggml-cpu/ops.cpp`).
     SwigluOai { alpha: f32, limit: f32 },
+    /// `gate > 0 ? gate · up : 0` (ggml `reglu`, `ggml_vec_reglu_f32`: smallthinker's experts,
+    /// llama.cpp `LLM_FFN_RELU` with a gate).
+    Relu,
 }
 
 /// How the routed experts' FFN is formed: its activation, and per-expert biases (gpt-oss:
@@ -335,13 +338,26 @@ impl Route<'_> {
 }
 
 /// How a router turns logits into experts and weights ([`crate::model`]'s `route`, llama.cpp
-/// `build_moe_ffn`): softmax then top-k (`softmax_weight` false; weights normalised when
-/// `norm_topk`) or top-k then softmax of the k (gpt-oss); then times `scale` (unless 0 or 1).
+/// `build_moe_ffn`): softmax (or sigmoid) then top-k (weights normalised when `norm_topk`), or
+/// top-k then softmax of the k (gpt-oss); then times `scale` (unless 0 or 1).
+/// Router gating (llama.cpp `llama_expert_gating_func_type`, GGUF `<arch>.expert_gating_func`:
+/// 1 softmax, 2 sigmoid, 3 softmax_weight).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gating {
+    /// Softmax over every expert, then top-k of the probabilities (`SOFTMAX`).
+    Softmax,
+    /// Top-k of the raw logits, then softmax over the k (`SOFTMAX_WEIGHT`: gpt-oss).
+    SoftmaxWeight,
+    /// `1 / (1 + expf(−x))` of every logit (ggml `sigmoid`), then top-k of those (`SIGMOID`:
+    /// smallthinker's sigmoid routers).
+    Sigmoid,
+}
+
 #[derive(Clone, Copy, Debug)]
 pub struct RouteSpec {
     pub n_expert: usize,
     pub k: usize,
-    pub softmax_weight: bool,
+    pub gating: Gating,
     pub norm_topk: bool,
     pub scale: f32,
 }

@@ -1027,6 +1027,9 @@ fn cmd_run(a: RunArgs) -> Res {
                 g.switches
             );
         }
+        if let Some(r) = st.exact_recall() {
+            eprintln!("les: exact lookahead (experts named before their layer ran): recall {:.1}%, {} named", 100.0 * r, st.exact_pred_made);
+        }
         if let (Some(r), Some(p)) = (st.refine_recall(), st.refine_precision()) {
             eprintln!("les: refined l+1 predictions (from layer l's partial output): recall {:.1}%, precision {:.1}%", 100.0 * r, 100.0 * p);
         }
@@ -1254,6 +1257,13 @@ fn inspect_gguf(path: &str, g: &GgufFile, full: bool) -> Res {
         if cfg.n_swa > 0 {
             let swa: Vec<String> = (0..cfg.n_layer).filter(|&il| cfg.is_swa(il)).map(|il| il.to_string()).collect();
             writeln!(o, "sliding window {} on layers {} (RoPE base {} there); the others see every position", cfg.n_swa, swa.join(","), cfg.rope_base_swa)?;
+        }
+        let nope: Vec<String> = (0..cfg.n_layer).filter(|&il| cfg.is_nope(il)).map(|il| il.to_string()).collect();
+        if !nope.is_empty() {
+            writeln!(o, "no RoPE (NoPE) on layers {}", nope.join(","))?;
+        }
+        if cfg.routes_early() {
+            writeln!(o, "router before attention: each layer's experts are known when the layer starts (exact lookahead)")?;
         }
         if let Some(y) = cfg.yarn {
             writeln!(o, "RoPE scaling: freq_scale {} (factor {}) | ext_factor {} | attn_factor {} | original context {} | beta {} / {}", y.freq_scale, 1.0 / y.freq_scale, y.ext_factor, y.attn_factor, y.n_ctx_orig, y.beta_fast, y.beta_slow)?;

@@ -124,6 +124,8 @@ pub struct Rung {
     pub mb_per_accepted_token: Option<f64>,
     /// Recall of the refined layer l+1 predictions (from layer l's partial output), when made.
     pub refine_recall: Option<f64>,
+    /// Recall of the exact lookahead's named experts (smallthinker: 1), when named.
+    pub exact_recall: Option<f64>,
     /// Share of decode tokens the prefetch governor ran with prefetching on (None: no governor).
     pub prefetch_on: Option<f64>,
     /// The prefetch governor's last measurements and estimate (None: no governor).
@@ -224,6 +226,10 @@ impl LadderReport {
             );
         }
         let refined: Vec<String> = self.rungs.iter().filter_map(|r| r.refine_recall.map(|x| format!("{} {:.1}%", r.name, 100.0 * x))).collect();
+        let exact: Vec<String> = self.rungs.iter().filter_map(|r| r.exact_recall.map(|x| format!("{} {:.1}%", r.name, 100.0 * x))).collect();
+        if !exact.is_empty() {
+            s += &format!("recall of the exact lookahead (experts named before their layer ran): {}\n", exact.join(", "));
+        }
         if !refined.is_empty() {
             s += &format!("recall of the refined l+1 predictions (after layer l's first expert): {}\n", refined.join(", "));
         }
@@ -276,6 +282,7 @@ fn streamed_rung(name: &str, t: usize, ms: f64, s: &crate::expert::stream::Strea
         experts_per_token: Some(loads as f64 / t.max(1) as f64),
         mb_per_accepted_token: Some(bytes as f64 / 1e6 / t.max(1) as f64),
         refine_recall: s.refine_recall(),
+        exact_recall: s.exact_recall(),
         prefetch_on: s.prefetch_on_share(),
         governor: s.governor.clone(),
         reads_per_token: Some(s.reads as f64 / t.max(1) as f64),
@@ -356,17 +363,28 @@ pub fn run(model: &str, bundle: &str, opts: &StreamOptions, prompts: &[String], 
     // before; alone: each adds one thing to on-demand.
     let policy = opts.cache.policy;
     let evict_name = format!("+ {} eviction", policy.name());
-    let mut rungs: Vec<(String, bool, &str, Policy)> = vec![("on-demand".into(), false, model, Policy::Lru), ("+ lookahead".into(), true, model, Policy::Lru)];
+    // (name, prefetch, exact lookahead, file, eviction policy). Where the router runs before
+    // the layer (smallthinker), `+ exact lookahead` reads each layer's named experts while its
+    // attention runs; the rungs before it do not, the ones after it do (stacked).
+    let early = {
+        let src = FileSource::open(model)?;
+        crate::model::Config::from_gguf(&crate::gguf::GgufFile::read(&src)?)?.routes_early()
+    };
+    let mut rungs: Vec<(String, bool, bool, &str, Policy)> = vec![("on-demand".into(), false, false, model, Policy::Lru), ("+ lookahead".into(), true, false, model, Policy::Lru)];
     let (pf, pol) = if spec.alone { (false, Policy::Lru) } else { (true, policy) };
-    if policy != Policy::Lru {
-        rungs.push((evict_name, pf, model, policy));
+    if early {
+        rungs.push(("+ exact lookahead".into(), pf, true, model, Policy::Lru));
     }
-    rungs.push(("+ bundle".into(), pf, bundle, pol));
+    let ex = early && !spec.alone;
+    if policy != Policy::Lru {
+        rungs.push((evict_name, pf, ex, model, policy));
+    }
+    rungs.push(("+ bundle".into(), pf, ex, bundle, pol));
     if let Some(cb) = &spec.coactivation_bundle {
-        rungs.push(("+ co-activation order".into(), pf, cb, pol));
+        rungs.push(("+ co-activation order".into(), pf, ex, cb, pol));
     }
     if let Some(mb) = &spec.mixed_bundle {
-        rungs.push(("+ mixed precision".into(), pf, mb, pol));
+        rungs.push(("+ mixed precision".into(), pf, ex, mb, pol));
     }
     let spec_file = if spec.alone { model } else { spec.mixed_bundle.as_deref().unwrap_or(bundle) };
     // A device profile reads from one copy of each file in memory, shared by the rungs, within
@@ -400,9 +418,10 @@ pub fn run(model: &str, bundle: &str, opts: &StreamOptions, prompts: &[String], 
     // time through every rung, the first rung rotating, so the rungs' times interleave within
     // seconds and a slow spell of a shared machine falls on all of them.
     let mut live: Vec<Live> = Vec::new();
-    for (name, prefetch, path, policy) in rungs {
+    for (name, prefetch, exact, path, policy) in rungs {
         let mut o = opts.clone();
         o.cache.prefetch = prefetch;
+        o.cache.exact = exact;
         o.cache.policy = policy;
         let st = open(path, &o)?;
         if name == "on-demand" {

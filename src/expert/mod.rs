@@ -193,6 +193,12 @@ pub trait ExpertSource: Send + Sync {
     /// Lookahead hook: the input of layer `layer`'s FFN (after its norm) is known. Schedulers use
     /// it to predict and prefetch later layers' experts; the default does nothing.
     fn on_hidden(&self, _layer: usize, _h: &[f32], _n_tok: usize) {}
+    /// Exact lookahead: layer `layer`'s router has chosen `ids` (the union over the forward's
+    /// `n_tok` rows, top-k rank order) before the layer's attention runs (smallthinker's router
+    /// reads the layer's input). The experts will be asked for by [`Self::with_experts`] once
+    /// attention is done; a scheduler may start reading the missing ones now. The default does
+    /// nothing.
+    fn on_route(&self, _layer: usize, _ids: &[u32], _n_tok: usize) {}
     /// Lookahead hook: layer `layer`'s output (the residual stream after its FFN), last row
     /// only, `n_tok` rows in the forward. The default does nothing.
     fn on_residual(&self, _layer: usize, _x: &[f32], _n_tok: usize) {}

@@ -96,10 +96,16 @@ pub struct StreamConfig {
     /// With `prefetch`: measure while decoding whether prefetching makes tokens faster and turn
     /// it off while it does not ([`super::governor`]). Off: prefetch always.
     pub adaptive: bool,
+    /// Exact lookahead: where the model names a layer's experts before the layer runs
+    /// ([`crate::expert::ExpertSource::on_route`]: smallthinker's router reads the layer's input),
+    /// read the missing ones at once, at the highest prefetch priority, while the layer's
+    /// attention computes. Every such read is one the layer needs, so the governor does not
+    /// gate it. On by default.
+    pub exact: bool,
 }
 
 impl Default for StreamConfig {
     fn default() -> Self {
-        Self { slots: 64, policy: Policy::NextUse, prefetch: true, depth: 2, extra: 0, temporal: true, io_threads: 4, max_prefetch_inflight: 1, prefetch_chunk: 1 << 20, residual_stage: false, refine: true, draft_depth: 4, pinned: vec![], trace: false, adaptive: true }
+        Self { slots: 64, policy: Policy::NextUse, prefetch: true, depth: 2, extra: 0, temporal: true, io_threads: 4, max_prefetch_inflight: 1, prefetch_chunk: 1 << 20, residual_stage: false, refine: true, draft_depth: 4, pinned: vec![], trace: false, adaptive: true, exact: true }
     }
 }

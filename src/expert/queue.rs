@@ -81,6 +81,9 @@ pub(crate) struct Inner {
     pub(super) draft_hints: Vec<Vec<usize>>,
     /// Per layer: the refined prediction made from the previous layer's partial output.
     pub(super) refined: Vec<Vec<usize>>,
+    /// Per layer: the experts the model named before the layer ran (exact lookahead,
+    /// `ExpertSource::on_route`).
+    pub(super) exact: Vec<Vec<usize>>,
     pub(super) stats: StreamStats,
     pub(super) trace: Vec<TraceEvent>,
     /// Every routed (layer, expert) in order (for oracle bounds).

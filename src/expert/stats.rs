@@ -44,6 +44,12 @@ pub struct StreamStats {
     pub refine_pred_tp: u64,
     pub refine_pred_made: u64,
     pub refine_pred_routed: u64,
+    /// Exact lookahead ([`crate::expert::ExpertSource::on_route`]): routed experts named before
+    /// their layer ran, experts named, routed experts of layers that were named. Recall is 1
+    /// by construction when the model's router runs first; less would mean a bug.
+    pub exact_pred_tp: u64,
+    pub exact_pred_made: u64,
+    pub exact_pred_routed: u64,
     pub load_failures: u64,
     /// Expert loads that came in the same read as another (adjacent blocks, one read: `reads`
     /// counts that read once).
@@ -92,6 +98,10 @@ impl StreamStats {
     }
     pub fn draft_precision(&self) -> Option<f64> {
         (self.draft_pred_made > 0).then(|| self.draft_pred_tp as f64 / self.draft_pred_made as f64)
+    }
+    /// Recall of the exact lookahead's names (None: the model named no layer's experts early).
+    pub fn exact_recall(&self) -> Option<f64> {
+        (self.exact_pred_routed > 0).then(|| self.exact_pred_tp as f64 / self.exact_pred_routed as f64)
     }
     /// Recall of the refined l+1 predictions (None: refinement off or never fired).
     pub fn refine_recall(&self) -> Option<f64> {

@@ -92,6 +92,7 @@ impl StreamingExperts {
             last_route: vec![Vec::new(); n_layers],
             draft_hints: vec![Vec::new(); n_layers],
             refined: vec![Vec::new(); n_layers],
+            exact: vec![Vec::new(); n_layers],
             stats,
             trace: Vec::new(),
             route_log: Vec::new(),
@@ -495,6 +496,43 @@ impl ExpertSource for StreamingExperts {
         self.sh.cfg.prefetch && self.sh.cfg.residual_stage
     }
 
+    fn on_route(&self, layer: usize, ids: &[u32], _n_tok: usize) {
+        if !self.sh.cfg.exact || layer >= self.routers.len() {
+            return;
+        }
+        let sh = &self.sh;
+        let p: Vec<usize> = ids.iter().map(|&e| e as usize).filter(|&e| e < self.n_expert).collect();
+        let holder = self.holder.read().unwrap().clone();
+        let lanes = self.exec().prefetch_lanes();
+        let mut hints = Vec::new();
+        {
+            let mut g = sh.inner.lock().unwrap();
+            g.exact[layer] = p.clone();
+            // Every named expert will be asked for: read the misses as demand reads (all I/O
+            // lanes, ahead of any prediction), none evicting another of them.
+            let protect: HashSet<(usize, usize)> = p.iter().map(|&e| (layer, e)).collect();
+            for &e in &p {
+                let key = (layer, e);
+                if g.map.contains_key(&key) || holder.as_ref().is_some_and(|h| h.holds(layer, e)) {
+                    continue;
+                }
+                if lanes == 0 {
+                    // No reader beside the compute thread: tell the byte source instead.
+                    hints.push(key);
+                    continue;
+                }
+                match g.victim(sh.cfg.policy, &protect) {
+                    Some(v) => g.assign(v, key, true, 0),
+                    None => break,
+                }
+            }
+        }
+        for (l, e) in hints {
+            sh.store.hint(l, e);
+        }
+        self.kick();
+    }
+
     fn on_residual(&self, layer: usize, x: &[f32], n_tok: usize) {
         if self.prefetching() && self.sh.cfg.residual_stage && n_tok == 1 && layer < self.routers.len() {
             self.prefetch_from_residual(layer, x, false);
@@ -575,6 +613,9 @@ impl ExpertSource for StreamingExperts {
             let refined = std::mem::take(&mut g.refined[layer]);
             let st = &mut g.stats;
             tally(&refined, &keys, (&mut st.refine_pred_tp, &mut st.refine_pred_made, &mut st.refine_pred_routed));
+            let exact = std::mem::take(&mut g.exact[layer]);
+            let st = &mut g.stats;
+            tally(&exact, &keys, (&mut st.exact_pred_tp, &mut st.exact_pred_made, &mut st.exact_pred_routed));
             let hint = std::mem::take(&mut g.draft_hints[layer]);
             let st = &mut g.stats;
             tally(&hint, &keys, (&mut st.draft_pred_tp, &mut st.draft_pred_made, &mut st.draft_pred_routed));

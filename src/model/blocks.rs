@@ -126,6 +126,14 @@ impl Moe {
     }
 }
 
+/// A MoE layer's routing once its router has run ([`Fwd::route`]).
+pub enum Routing<T> {
+    /// Decided on the host: top-k expert ids and weights, `k` per row.
+    Host { sel: Vec<u32>, wts: Vec<f32> },
+    /// Left on the device: the router logits, routed by [`Ops::experts_routed`].
+    Device(T),
+}
+
 /// A layer's FFN: dense, or routed experts.
 pub enum Ffn {
     Dense(Swiglu),
@@ -186,6 +194,11 @@ impl<'a, B: Ops> Fwd<'a, B> {
 
     fn rows(t: &B::T) -> usize {
         B::shape(t).0
+    }
+
+    /// Rows of `t`.
+    pub fn rows_of(t: &B::T) -> usize {
+        Self::rows(t)
     }
 
     /// `W_i · x` for each matrix of `ws`, as an array (one activation conversion for all).
@@ -272,8 +285,10 @@ impl<'a, B: Ops> Fwd<'a, B> {
         let swa = c.is_swa(il);
         let base = if swa { c.rope_base_swa } else { c.rope_base };
         let rope = Rope { head_dim: c.head_dim, n_rot: c.n_rot, base, kind: c.rope, yarn: c.yarn };
-        self.b.rope(&mut q, self.pos0, &rope)?;
-        self.b.rope(&mut k, self.pos0, &rope)?;
+        if !c.is_nope(il) {
+            self.b.rope(&mut q, self.pos0, &rope)?;
+            self.b.rope(&mut k, self.pos0, &rope)?;
+        }
         self.dump("Qrope", il, &q).await?;
         self.dump("Krope", il, &k).await?;
         let p = Attn { n_head: c.n_head, n_head_kv: c.n_head_kv, head_dim: c.head_dim, scale: 1.0 / (c.head_dim as f32).sqrt(), window: c.window(il), sinks };
@@ -287,7 +302,7 @@ impl<'a, B: Ops> Fwd<'a, B> {
     /// see one row, as llama.cpp's do.
     /// (The hybrid graphs and gpt-oss keep every row to the output norm.)
     pub async fn attn_residual(&mut self, il: usize, mut x: B::T, mut attn: B::T) -> Result<B::T, ModelError> {
-        if il + 1 == self.m.cfg.n_layer && self.want == Some(Logits::Last) && Self::rows(&x) > 1 && self.m.cfg.trims_last_layer() {
+        if self.trims(il, Self::rows(&x)) {
             x = self.b.last_row(x)?;
             attn = self.b.last_row(attn)?;
         }
@@ -301,6 +316,12 @@ impl<'a, B: Ops> Fwd<'a, B> {
             }
         }
         Ok(x)
+    }
+
+    /// Whether layer `il` keeps only the last of its `rows` rows from its FFN on (llama.cpp's
+    /// `inp_out_ids` in the last layer of the llama family, when only the last logits are wanted).
+    pub fn trims(&self, il: usize, rows: usize) -> bool {
+        il + 1 == self.m.cfg.n_layer && self.want == Some(Logits::Last) && rows > 1 && self.m.cfg.trims_last_layer()
     }
 
     /// A SwiGLU FFN of `cur` (`build_ffn` with `LLM_FFN_SILU`, `LLM_FFN_PAR`).
@@ -320,22 +341,35 @@ impl<'a, B: Ops> Fwd<'a, B> {
     /// → plus the shared expert. `x`: the residual entering this FFN (for the scheduler's
     /// refinement).
     pub async fn moe(&mut self, il: usize, cur: &B::T, x: &B::T, w: &Moe) -> Result<B::T, ModelError> {
-        let c = &self.m.cfg;
-        let src = self.experts.clone().ok_or(ModelError::NoExperts)?;
-        let t_n = Self::rows(cur);
-        let [mut logits] = self.matmuls(cur, [w.router])?;
+        let logits = self.router_logits(cur, w)?;
+        let routing = self.route(il, logits, cur).await?;
+        self.moe_routed(il, cur, x, w, routing).await
+    }
+
+    /// The router's logits of `h` (`ffn_gate_inp`, plus its bias where there is one).
+    pub fn router_logits(&mut self, h: &B::T, w: &Moe) -> Result<B::T, ModelError> {
+        let [mut logits] = self.matmuls(h, [w.router])?;
         if let Some(b) = w.router_b {
             self.b.add_row(&mut logits, b)?;
         }
+        Ok(logits)
+    }
+
+    /// Layer `il`'s routing from its router `logits`: left on the device (a decode row whose
+    /// experts the device holds: [`Ops::routes_on_device`]), or read back with one
+    /// synchronisation — with `hidden`'s row when decoding, the lookahead predictor's input
+    /// ([`crate::expert::ExpertSource::on_hidden`]) — and decided on the host ([`route`]).
+    pub async fn route(&mut self, il: usize, logits: B::T, hidden: &B::T) -> Result<Routing<B::T>, ModelError> {
+        let c = &self.m.cfg;
+        let src = self.experts.clone().ok_or(ModelError::NoExperts)?;
+        let t_n = Self::rows(&logits);
         if t_n == 1 && c.n_expert_used <= 8 && self.b.routes_on_device(il, &*src, c.n_expert) {
-            let out = self.b.experts_routed(il, &*src, cur, &logits, &c.route_spec(), &w.ffn)?;
-            return self.shared_expert(il, cur, out, w).await;
+            return Ok(Routing::Device(logits));
         }
-        // One synchronisation: the router logits, and when decoding the FFN input too (the
-        // lookahead predictor's input).
         let mut parts = vec![(&logits, 0..t_n)];
         if t_n == 1 {
-            parts.push((cur, 0..1));
+            let n = Self::rows(hidden);
+            parts.push((hidden, n - 1..n));
         }
         let back = self.b.read(&parts).await?;
         src.on_hidden(il, back.get(1).map(|v| v.as_slice()).unwrap_or(&[]), t_n);
@@ -343,8 +377,22 @@ impl<'a, B: Ops> Fwd<'a, B> {
         let (sel, wts) = route(c, &back[0], t_n);
         dump("ffn_moe_weights", il, &wts);
         dump("ffn_moe_topk", il, &sel.iter().map(|&v| v as f32).collect::<Vec<_>>());
-        let r = Route { sel: &sel, wts: &wts, k: c.n_expert_used };
-        let out = self.b.experts(il, &*src, cur, r, &w.ffn, (t_n == 1).then_some(x))?;
+        Ok(Routing::Host { sel, wts })
+    }
+
+    /// The routed experts of `cur` as `routing` chose them, combined in rank order, plus the
+    /// shared expert.
+    pub async fn moe_routed(&mut self, il: usize, cur: &B::T, x: &B::T, w: &Moe, routing: Routing<B::T>) -> Result<B::T, ModelError> {
+        let c = &self.m.cfg;
+        let src = self.experts.clone().ok_or(ModelError::NoExperts)?;
+        let t_n = Self::rows(cur);
+        let out = match routing {
+            Routing::Device(logits) => self.b.experts_routed(il, &*src, cur, &logits, &c.route_spec(), &w.ffn)?,
+            Routing::Host { sel, wts } => {
+                let r = Route { sel: &sel, wts: &wts, k: c.n_expert_used };
+                self.b.experts(il, &*src, cur, r, &w.ffn, (t_n == 1).then_some(x))?
+            }
+        };
         self.shared_expert(il, cur, out, w).await
     }
 

@@ -25,6 +25,10 @@ pub enum Arch {
     /// `gpt-oss` (llama.cpp `openai-moe.cpp`): biased attention with sinks, sliding-window layers,
     /// YaRN, a biased router (softmax over the top-k logits), biased MXFP4 experts, `swiglu_oai`.
     GptOss,
+    /// `smallthinker` (SmallThinker-21B-A3B / 4B-A0.6B; llama.cpp `src/models/smallthinker.cpp`):
+    /// the router reads the layer's input before attention, sigmoid or softmax gating
+    /// (`expert_gating_func`), ReGLU experts, NoPE global layers between RoPE sliding-window ones.
+    SmallThinker,
 }
 
 impl Arch {
@@ -38,6 +42,7 @@ impl Arch {
             "qwen35" => Arch::Qwen35,
             "qwen3next" => Arch::Qwen3Next,
             "gpt-oss" => Arch::GptOss,
+            "smallthinker" => Arch::SmallThinker,
             _ => return None,
         })
     }
@@ -51,6 +56,7 @@ impl Arch {
             Arch::Qwen35 => "qwen35",
             Arch::Qwen3Next => "qwen3next",
             Arch::GptOss => "gpt-oss",
+            Arch::SmallThinker => "smallthinker",
         }
     }
 }
@@ -103,16 +109,11 @@ pub struct Config {
     pub gating: Gating,
     /// The experts' gated activation.
     pub expert_act: ExpertAct,
+    /// Per layer: whether its attention skips RoPE (NoPE; smallthinker's global layers).
+    pub nope: Vec<bool>,
 }
 
-/// Router gating (llama.cpp `llama_expert_gating_func_type`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Gating {
-    /// Softmax over every expert, then top-k of the probabilities (`SOFTMAX`).
-    Softmax,
-    /// Top-k of the raw logits, then softmax over the k (`SOFTMAX_WEIGHT`: gpt-oss).
-    SoftmaxWeight,
-}
+pub use crate::backend::ops::Gating;
 
 /// How a Gated DeltaNet layer's value heads find their key heads (llama.cpp `qwen35moe.cpp` /
 /// `qwen3next.cpp`; `../shared/research/moe_archs.md` §1.6).
@@ -159,7 +160,7 @@ impl Ssm {
 pub enum ConfigError {
     #[error(transparent)]
     Gguf(#[from] GgufError),
-    #[error("unsupported architecture '{0}' (LES runs llama, qwen2moe, qwen3moe, olmoe, qwen35moe, qwen35, qwen3next, gpt-oss)")]
+    #[error("unsupported architecture '{0}' (LES runs llama, qwen2moe, qwen3moe, olmoe, qwen35moe, qwen35, qwen3next, gpt-oss, smallthinker)")]
     UnsupportedArch(String),
     #[error("invalid hyper-parameter {key} = {value}: {why}")]
     Invalid { key: String, value: u64, why: &'static str },
@@ -285,6 +286,46 @@ impl Config {
         } else {
             (0, vec![false; n_layer])
         };
+        // smallthinker (llama.cpp `smallthinker.cpp` `load_arch_hparams`): with a sliding window in
+        // the file, the window is 4096 whatever its value, layers slide unless il % 4 == 0 (or as
+        // `attention.sliding_window_pattern` says) and the others, il % 4 == 0, skip RoPE; without
+        // one every layer is global with RoPE. (A file of exactly 4 layers ropes every layer:
+        // llama.cpp's test is `n_no_rope_layer_step == n_layer || il % n_no_rope_layer_step != 0`.)
+        let (n_swa, swa, nope) = if arch == Arch::SmallThinker {
+            check("expert_count", n_expert, n_expert > 0, "must be > 0 (this architecture is MoE only)")?;
+            match opt("attention.sliding_window").filter(|&w| w > 0) {
+                Some(_) => {
+                    let swa: Vec<bool> = match g.get(&k("attention.sliding_window_pattern")).and_then(|v| v.as_array()) {
+                        Some(a) => {
+                            check("attention.sliding_window_pattern", a.len(), a.len() >= n_layer, "must have block_count entries")?;
+                            a.iter().take(n_layer).map(|v| v.as_u64().unwrap_or(0) != 0).collect()
+                        }
+                        None => {
+                            let period = opt("attention.sliding_window_pattern").unwrap_or(4);
+                            check("attention.sliding_window_pattern", period, period <= 1024, "must be ≤ 1024")?;
+                            (0..n_layer).map(|il| period == 0 || il % period != 0).collect()
+                        }
+                    };
+                    // `n_no_rope_layer_step` (4): RoPE when it equals n_layer, or il % 4 != 0.
+                    (4096, swa, (0..n_layer).map(|il| n_layer != 4 && il % 4 == 0).collect())
+                }
+                None => (0, vec![false; n_layer], vec![false; n_layer]),
+            }
+        } else {
+            (n_swa, swa, vec![false; n_layer])
+        };
+        // `expert_gating_func` (smallthinker: required; llama.cpp aborts without it).
+        let gating = match arch {
+            Arch::GptOss => Gating::SoftmaxWeight,
+            Arch::SmallThinker => match opt("expert_gating_func") {
+                Some(1) => Gating::Softmax,
+                Some(2) => Gating::Sigmoid,
+                Some(3) => Gating::SoftmaxWeight,
+                Some(v) => return Err(ConfigError::UnsupportedValue { key: k("expert_gating_func"), value: v.to_string(), known: "1 (softmax), 2 (sigmoid), 3 (softmax_weight)" }),
+                None => return Err(ConfigError::Missing(k("expert_gating_func"))),
+            },
+            _ => Gating::Softmax,
+        };
         if arch == Arch::GptOss {
             check("expert_count", n_expert, n_expert > 0, "must be > 0 (this architecture is MoE only)")?;
             check("rope.dimension_count", n_rot, n_rot == head_dim, "must equal the head size (llama.cpp uses n_rot as the head size)")?;
@@ -311,7 +352,7 @@ impl Config {
             rms_eps: g.get_f32(&k("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5),
             rope_base,
             rope,
-            norm_topk: matches!(arch, Arch::Llama | Arch::Qwen3Moe | Arch::Qwen35Moe | Arch::Qwen35 | Arch::Qwen3Next),
+            norm_topk: matches!(arch, Arch::Llama | Arch::Qwen3Moe | Arch::Qwen35Moe | Arch::Qwen35 | Arch::Qwen3Next | Arch::SmallThinker),
             expert_weights_scale: g.get_f32(&k("expert_weights_scale")).unwrap_or(0.0),
             ssm,
             recurrent,
@@ -319,8 +360,13 @@ impl Config {
             swa,
             rope_base_swa: g.get_f32(&k("rope.freq_base_swa")).unwrap_or(rope_base),
             yarn,
-            gating: if arch == Arch::GptOss { Gating::SoftmaxWeight } else { Gating::Softmax },
-            expert_act: if arch == Arch::GptOss { ExpertAct::SwigluOai { alpha: 1.702, limit: 7.0 } } else { ExpertAct::Silu },
+            gating,
+            expert_act: match arch {
+                Arch::GptOss => ExpertAct::SwigluOai { alpha: 1.702, limit: 7.0 },
+                Arch::SmallThinker => ExpertAct::Relu,
+                _ => ExpertAct::Silu,
+            },
+            nope,
         })
     }
 
@@ -328,7 +374,18 @@ impl Config {
     /// last logits are wanted (`inp_out_ids` inside the layer loop: the llama family); the hybrids
     /// and gpt-oss select the row after the last layer.
     pub fn trims_last_layer(&self) -> bool {
-        matches!(self.arch, Arch::Llama | Arch::Qwen2Moe | Arch::Qwen3Moe | Arch::Olmoe)
+        matches!(self.arch, Arch::Llama | Arch::Qwen2Moe | Arch::Qwen3Moe | Arch::Olmoe | Arch::SmallThinker)
+    }
+
+    /// Whether each layer's router runs before the layer's other work, so its experts are known
+    /// early (smallthinker: [`crate::expert::ExpertSource::on_route`]).
+    pub fn routes_early(&self) -> bool {
+        self.arch == Arch::SmallThinker
+    }
+
+    /// Whether layer `il`'s attention skips RoPE (NoPE).
+    pub fn is_nope(&self, il: usize) -> bool {
+        self.nope.get(il).copied().unwrap_or(false)
     }
 
     /// Whether layer `il` uses sliding-window attention.
@@ -341,7 +398,7 @@ impl Config {
     }
     /// The router's rule ([`crate::model::route`]).
     pub fn route_spec(&self) -> crate::backend::ops::RouteSpec {
-        crate::backend::ops::RouteSpec { n_expert: self.n_expert, k: self.n_expert_used, softmax_weight: self.gating == Gating::SoftmaxWeight, norm_topk: self.norm_topk, scale: self.expert_weights_scale }
+        crate::backend::ops::RouteSpec { n_expert: self.n_expert, k: self.n_expert_used, gating: self.gating, norm_topk: self.norm_topk, scale: self.expert_weights_scale }
     }
     pub fn n_embd_q(&self) -> usize {
         self.n_head * self.head_dim

@@ -5,7 +5,8 @@
 //! - [`qwen3moe`]: per-head QK-norm (`qwen3moe.cpp`);
 //! - [`olmoe`]: QK-norm over whole Q / K (`olmoe.cpp`);
 //! - [`qwen35moe`]: Gated DeltaNet + gated attention hybrid, `qwen35moe` and `qwen3next`;
-//! - [`gpt_oss`]: biased attention with sinks and sliding windows, YaRN, biased MXFP4 experts.
+//! - [`gpt_oss`]: biased attention with sinks and sliding windows, YaRN, biased MXFP4 experts;
+//! - [`smallthinker`]: the router before attention (exact expert lookahead), ReGLU experts, NoPE.
 //!
 //! Each architecture file holds its tensor list (as llama.cpp's `load_arch_tensors`) and its
 //! forward (as the graph builder), made of the shared blocks in [`blocks`] (as
@@ -21,6 +22,7 @@ pub mod olmoe;
 pub mod qwen2moe;
 pub mod qwen35moe;
 pub mod qwen3moe;
+pub mod smallthinker;
 
 use crate::backend::cpu::exec::CpuExec;
 use crate::backend::cpu::matmul::Weight;
@@ -314,6 +316,7 @@ impl<'a> Loader<'a> {
 pub(crate) enum Layers {
     Llama(llama::Llama),
     Hybrid(qwen35moe::Hybrid),
+    SmallThinker(smallthinker::SmallThinker),
 }
 
 pub struct Model {
@@ -375,6 +378,7 @@ impl Model {
             Arch::Olmoe => Layers::Llama(olmoe::load(&mut ld, &cfg)?),
             Arch::GptOss => Layers::Llama(gpt_oss::load(&mut ld, &cfg)?),
             Arch::Qwen35Moe | Arch::Qwen35 | Arch::Qwen3Next => Layers::Hybrid(qwen35moe::Hybrid::load(&mut ld, &cfg)?),
+            Arch::SmallThinker => Layers::SmallThinker(smallthinker::SmallThinker::load(&mut ld, &cfg)?),
         };
         // With an external expert source (a streaming cache, or a bundle whose dense GGUF has no
         // expert tensors) the model needs no expert tensor at all.
@@ -656,6 +660,7 @@ impl Model {
         match &self.layers {
             Layers::Llama(a) => a.forward(&mut f).await,
             Layers::Hybrid(a) => a.forward(&mut f).await,
+            Layers::SmallThinker(a) => a.forward(&mut f).await,
         }
     }
 
@@ -741,7 +746,7 @@ pub fn route_with(c: &crate::backend::ops::RouteSpec, logits: &[f32], t_n: usize
     let mut probs = vec![0f32; c.n_expert];
     for t in 0..t_n {
         let row = &logits[t * c.n_expert..(t + 1) * c.n_expert];
-        if c.softmax_weight {
+        if c.gating == crate::backend::ops::Gating::SoftmaxWeight {
             let top = cpu_ops::top_k(row, k);
             let picked: Vec<f32> = top.iter().map(|&ex| row[ex]).collect();
             cpu_ops::softmax(&picked, &mut wts[t * k..(t + 1) * k]);
@@ -749,7 +754,13 @@ pub fn route_with(c: &crate::backend::ops::RouteSpec, logits: &[f32], t_n: usize
                 sel[t * k + r] = ex as u32;
             }
         } else {
-            cpu_ops::softmax(row, &mut probs);
+            if c.gating == crate::backend::ops::Gating::Sigmoid {
+                for (p, &x) in probs.iter_mut().zip(row) {
+                    *p = cpu_ops::sigmoid_exp(x);
+                }
+            } else {
+                cpu_ops::softmax(row, &mut probs);
+            }
             let top = cpu_ops::top_k(&probs, k);
             // ggml_sum_rows (`ggml_vec_sum_f32`) adds in f64 and rounds once.
             let mut sum = 0f64;

@@ -354,6 +354,18 @@ async fn case_experts_oai<B: Ops>(b: &mut B) -> Out {
     read_all(b, &[&y, &y1]).await
 }
 
+/// smallthinker's experts: `reglu` (ggml `ggml_vec_reglu_f32`), no biases.
+async fn case_experts_reglu<B: Ops>(b: &mut B) -> Out {
+    let sel = [2u32, 0, 1, 3, 3, 2];
+    let wts = [0.6f32, 0.4, 0.25, 0.75, 0.5, 0.5];
+    let f = ExpertFfn { act: ExpertAct::Relu, bias: None };
+    let x = b.input(rows_of(3, E, 11), E)?;
+    let y = b.experts(0, &*fx().experts, &x, Route { sel: &sel, wts: &wts, k: 2 }, &f, None)?;
+    let x1 = b.input(rows_of(1, E, 19), E)?;
+    let y1 = b.experts(0, &*fx().experts, &x1, Route { sel: &sel[4..6], wts: &wts[4..6], k: 2 }, &f, None)?;
+    read_all(b, &[&y, &y1]).await
+}
+
 /// gpt-oss's RoPE: NEOX with YaRN (factor 32 over 4096 positions, as gpt-oss-20b), at positions
 /// on both sides of the original context.
 async fn case_rope_yarn<B: Ops>(b: &mut B) -> Out {
@@ -540,6 +552,7 @@ fn attention() {
 fn experts() {
     assert_conforms("experts", &conform!(case_experts));
     assert_conforms("experts (biases, swiglu_oai)", &conform!(case_experts_oai));
+    assert_conforms("experts (reglu)", &conform!(case_experts_reglu));
 }
 #[test]
 fn gpt_oss_rope_and_attention() {
@@ -594,6 +607,7 @@ fn ops_table_is_current() {
     rows.push(("last_row".into(), conform!(case_last_row)));
     rows.push(("experts".into(), conform!(case_experts)));
     rows.push(("experts (biases, swiglu_oai)".into(), conform!(case_experts_oai)));
+    rows.push(("experts (reglu)".into(), conform!(case_experts_reglu)));
     rows.push(("layer_norm".into(), conform!(case_layer_norm)));
     rows.push(("gelu (tanh)".into(), conform!(|b| case_gelu(b, Gelu::Tanh))));
     rows.push(("gelu (erf)".into(), conform!(|b| case_gelu(b, Gelu::Erf))));

@@ -116,6 +116,20 @@ fn gpu_greedy_equals_cpu_random_moes() {
     }
 }
 
+/// smallthinker (the router before attention, sigmoid gating — on the device too —, ReGLU
+/// experts, NoPE layers): GPU = CPU bit for bit; then streamed (10% / 30% of expert slots) =
+/// resident on the GPU, with the layer's experts named before its attention.
+#[test]
+fn gpu_equals_cpu_smallthinker() {
+    if !gpu_available() {
+        return;
+    }
+    let (np, steps) = sized((4, 16), (2, 8));
+    let (n, differ, _) = compare("rand-smallthinker.gguf", np, steps);
+    assert_eq!(differ, 0, "rand-smallthinker: {differ} of {n} steps' logits are not bit-identical");
+    gpu_lossless("rand-smallthinker.gguf", 8);
+}
+
 /// gpt-oss (sinks, sliding window 16, YaRN, biased MXFP4 experts, swiglu_oai): prompts + steps
 /// run past the window (the shortest prompt, 5 tokens, + 14 steps); then streamed (10% / 30% of
 /// expert slots) = resident on the GPU.

@@ -157,6 +157,14 @@ fn rand_olmoe_matches_llama_cpp() {
     check("rand-olmoe.gguf", "rand-olmoe");
 }
 
+/// SmallThinker: the router on the layer's input before attention, sigmoid gating with
+/// normalised top-k weights, ReGLU experts, sliding-window layers 1-3 (4096) and NoPE global
+/// layers 0 and 4. References from llama.cpp's AVX-512 build (2026-12-07).
+#[test]
+fn rand_smallthinker_matches_llama_cpp() {
+    check("rand-smallthinker.gguf", "rand-smallthinker");
+}
+
 /// Gated DeltaNet + gated attention hybrid (Qwen3.5-MoE): tiled value→key heads, IMROPE.
 #[test]
 fn rand_qwen35moe_matches_llama_cpp() {

@@ -64,7 +64,9 @@ fn lossless(model_file: &str, fractions: &[f64], policies: &[Policy], n: usize, 
     let mut runs = 0;
     for &frac in fractions {
         for &policy in policies {
-            for prefetch in [false, true] {
+            // Exact lookahead off and on where the model names its experts early (smallthinker).
+            let exacts: &[bool] = if c.routes_early() { &[false, true] } else { &[true] };
+            for (prefetch, &exact) in [false, true].into_iter().flat_map(|p| exacts.iter().map(move |e| (p, e))) {
                 for store in [Some(path.clone()), bundle.clone()].into_iter().flatten() {
                     let slots = ((total as f64 * frac).round() as usize).max(c.n_expert_used + 1);
                     let opts = StreamOptions {
@@ -72,7 +74,7 @@ fn lossless(model_file: &str, fractions: &[f64], policies: &[Policy], n: usize, 
                         n_ctx: 256,
                         direct: false,
                         profile: None,
-                        cache: StreamConfig { policy, prefetch, depth: 2, io_threads: 3, ..Default::default() },
+                        cache: StreamConfig { policy, prefetch, depth: 2, io_threads: 3, exact, ..Default::default() },
                         slots: Some(slots),
                         gpu_pool: false,
                         dense: Default::default(),
@@ -81,10 +83,16 @@ fn lossless(model_file: &str, fractions: &[f64], policies: &[Policy], n: usize, 
                     for (i, (p, cont)) in seqs.iter().enumerate() {
                         let got = logits_seq(&mut st.session, p, cont).unwrap();
                         for (r, (a, b)) in got.iter().zip(&want[i]).enumerate() {
-                            assert!(a == b, "{model_file}: logits differ (prompt {i}, row {r}) at {:.0}% slots, {policy:?}, prefetch {prefetch}, store {}", frac * 100.0, store.display());
+                            assert!(a == b, "{model_file}: logits differ (prompt {i}, row {r}) at {:.0}% slots, {policy:?}, prefetch {prefetch}, exact {exact}, store {}", frac * 100.0, store.display());
                         }
                     }
                     let s = st.experts.stats();
+                    if c.routes_early() && exact {
+                        // Every routed expert was named before its layer ran.
+                        assert!(s.exact_pred_routed > 0 && s.exact_pred_tp == s.exact_pred_routed, "{model_file}: exact lookahead named {} of {} routed experts", s.exact_pred_tp, s.exact_pred_routed);
+                    } else {
+                        assert_eq!(s.exact_pred_made, 0, "{model_file}: exact lookahead off, yet experts were named");
+                    }
                     assert!(s.bytes_read > 0, "nothing was streamed");
                     if frac < 0.5 {
                         assert!(s.hit_rate() < 1.0, "a {:.0}% cache cannot hit every time", frac * 100.0);
@@ -135,6 +143,14 @@ fn lossless_rand_qwen3next() {
 #[test]
 fn lossless_rand_gpt_oss() {
     lossless("rand-gpt-oss.gguf", &FRACTIONS, &POLICIES, 8, true);
+}
+
+/// smallthinker: the router reads the layer's input before attention, so each layer's experts
+/// are named before the layer runs and read while its attention computes (exact lookahead):
+/// recall 100%, and the resident run's bits with it on and off.
+#[test]
+fn lossless_rand_smallthinker() {
+    lossless("rand-smallthinker.gguf", &FRACTIONS, &POLICIES, 8, true);
 }
 
 /// Prefetches (every lookahead stage: first, refinement, second) read in 4 KiB chunks from a slow modelled device: they pause for demand reads and

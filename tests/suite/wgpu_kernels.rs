@@ -592,7 +592,8 @@ fn route_matches_cpu_router() {
         let arena = Recorder::arena_buffer(&g.ctx);
         let mut cases = 0;
         for (n_expert, k) in [(8usize, 2usize), (32, 2), (60, 4), (64, 8), (128, 8), (256, 8), (40, 1)] {
-            for (softmax_weight, norm_topk, scale) in [(false, true, 1.0f32), (false, false, 0.0), (true, false, 1.0), (false, true, 2.5)] {
+            use les::backend::ops::Gating;
+            for (gating, norm_topk, scale) in [(Gating::Softmax, true, 1.0f32), (Gating::Softmax, false, 0.0), (Gating::SoftmaxWeight, false, 1.0), (Gating::Softmax, true, 2.5), (Gating::Sigmoid, true, 1.0)] {
                 for variant in 0..4 {
                     // Logits: activations at three scales, and rows with ties (equal maxima).
                     let mut row: Vec<f32> = (0..n_expert).map(|i| x[(i * 7 + variant * 131) % x.len()] * [1.0, 8.0, 40.0, 3.0][variant]).collect();
@@ -601,7 +602,7 @@ fn route_matches_cpu_router() {
                             row[i] = 0.75;
                         }
                     }
-                    let spec = RouteSpec { n_expert, k, softmax_weight, norm_topk, scale };
+                    let spec = RouteSpec { n_expert, k, gating, norm_topk, scale };
                     let (sel, wts) = les::model::route_with(&spec, &row, 1);
                     let slots: Vec<u32> = (0..n_expert as u32).map(|e| if e % 5 == 4 { u32::MAX } else { 4096 * e + 8 }).collect();
                     let (lb, sb) = (upf(g, &row), up(g, bytemuck::cast_slice(&slots)));
@@ -610,7 +611,7 @@ fn route_matches_cpu_router() {
                     g.k.route(&mut rec, &lb, 0, &sb, 0, &out, 32, &spec, 100);
                     let got: Vec<u32> = read(g, &mut rec, &out, 128).iter().map(|v| v.to_bits()).collect();
                     let r = &got[32..];
-                    let at = format!("n_expert {n_expert} k {k} softmax_weight {softmax_weight} norm {norm_topk} scale {scale} variant {variant}");
+                    let at = format!("n_expert {n_expert} k {k} gating {gating:?} norm {norm_topk} scale {scale} variant {variant}");
                     let mut missing = 0;
                     for j in 0..k {
                         let ex = sel[j] as usize;

@@ -84,6 +84,7 @@ pub fn expert_ffn(gate: WeightRef<'_>, up: WeightRef<'_>, down: WeightRef<'_>, x
     match act {
         ExpertAct::Silu => ops::swiglu(&g, &u, &mut h),
         ExpertAct::SwigluOai { alpha, limit } => ops::swiglu_oai(&g, &u, &mut h, alpha, limit),
+        ExpertAct::Relu => ops::reglu(&g, &u, &mut h),
     }
     let mut y = vec![0f32; t_n * down.rows];
     let mut a = Acts::with_mode(&h, ff, mode);

@@ -633,6 +633,13 @@ pub fn swiglu_oai(g: &[f32], u: &[f32], h: &mut [f32], alpha: f32, limit: f32) {
     }
 }
 
+/// ReGLU as ggml's `reglu` (`ggml_vec_reglu_f32`): `g > 0 ? g · u : 0`.
+pub fn reglu(g: &[f32], u: &[f32], h: &mut [f32]) {
+    for ((o, &gv), &uv) in h.iter_mut().zip(g).zip(u) {
+        *o = if gv > 0.0 { gv * uv } else { 0.0 };
+    }
+}
+
 /// Uniform values in [−1, 1) from a 32-bit xorshift (Marsaglia) seeded with `seed` ≠ 0: test
 /// inputs that need no crate.
 #[cfg(test)]

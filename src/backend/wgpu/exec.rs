@@ -15,7 +15,7 @@ use crate::backend::cpu::matmul::Weight;
 use crate::backend::cpu::kv::StateEvent;
 use crate::backend::cpu::ops::rope_cache_ext;
 use crate::backend::rope::RopeKind;
-use crate::backend::ops::{Attn, DeltaNet, ExpertAct, ExpertFfn, Mat, OpError, Ops, Rope, Route, RouteSpec, Sigmoid, Vector, Weights};
+use crate::backend::ops::{Attn, DeltaNet, ExpertFfn, Mat, OpError, Ops, Rope, Route, RouteSpec, Sigmoid, Vector, Weights};
 use crate::clock::now_ms;
 use crate::expert::{ExpertError, ExpertLayout, ExpertSource};
 use crate::quant::{vec_dot_type, GgmlType};
@@ -672,10 +672,7 @@ impl<'a> GpuExec<'a> {
             self.g.k.add(&mut self.rec, bg, ex_at * ff, g.buf(), 0, n * ff, ff);
             self.g.k.add(&mut self.rec, bu, ex_at * ff, u.buf(), 0, n * ff, ff);
         }
-        match f.act {
-            ExpertAct::Silu => self.g.k.swiglu(&mut self.rec, g.buf(), u.buf(), h.buf(), n * ff),
-            ExpertAct::SwigluOai { alpha, limit } => self.g.k.swiglu_oai(&mut self.rec, g.buf(), u.buf(), h.buf(), n * ff, alpha, limit),
-        }
+        self.g.k.glu(&mut self.rec, g.buf(), u.buf(), 0, h.buf(), n * ff, f.act);
         let a = ActIn::new(&h);
         let ab = self.act_for(layout.down_ty, &a)?;
         self.g.k.matvec(&mut self.rec, layout.down_ty, ff, e, buf, lay.down, &ab, 0, ye.buf(), 0, e, n)?;
@@ -759,11 +756,7 @@ impl<'a> GpuExec<'a> {
             kk.add_rows(&mut self.rec, bu, &gu, k * ff, ff, lists.bias, n)?;
         }
         let h = rows.h.buf_mut().clone();
-        let oai = match f.act {
-            ExpertAct::Silu => None,
-            ExpertAct::SwigluOai { alpha, limit } => Some((alpha, limit)),
-        };
-        kk.swiglu_split(&mut self.rec, &gu, k * ff, &h, k * ff, oai);
+        kk.glu(&mut self.rec, &gu, &gu, k * ff, &h, k * ff, f.act);
         let a = ActIn::new(&rows.h);
         let ab = self.act_for(layout.down_ty, &a)?;
         kk.matvec_id(&mut self.rec, layout.down_ty, ff, e, slab, lay.down, &ab, true, rows.ye.buf(), 0, e, lists.slots, n)?;

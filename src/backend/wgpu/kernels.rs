@@ -4,6 +4,7 @@
 //! shader's header and checked in `tests/suite/wgpu_kernels.rs`.
 
 use super::{GpuContext, GpuError, Recorder, LIST_BYTES, PARAM_BYTES};
+use crate::backend::ops::ExpertAct;
 use crate::quant::{vec_dot_type, GgmlType};
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -283,7 +284,7 @@ impl Kernels {
         let rope = Kernel::new(ctx, p, "rope", &format!("{EXACT}\n{ROPE}"), &[ReadWrite, Read, Uniform], &["main"], 3);
         let kv = Kernel::new(ctx, p, "kv_store", KV_STORE, &[Read, Read, ReadWrite, ReadWrite, Uniform], &["main"], 4);
         let attn = Kernel::new(ctx, p, "attention", &format!("{EXACT}\n{ATTENTION}"), &[Read, Read, Read, ReadWrite, ReadWrite, Uniform, Read], &["scores", "factors", "softmax_v"], 5);
-        let ew = Kernel::new(ctx, p, "elementwise", &format!("{EXACT}\n{ELEMENTWISE}"), &[Read, Read, ReadWrite, List, Uniform], &["add", "swiglu", "swiglu_oai", "gather", "scatter", "combine", "combine_w", "add_rows", "gate_add", "expf", "gate_add_exp", "mul_sigmoid", "mul_silu"], 6);
+        let ew = Kernel::new(ctx, p, "elementwise", &format!("{EXACT}\n{ELEMENTWISE}"), &[Read, Read, ReadWrite, List, Uniform], &["add", "swiglu", "swiglu_oai", "reglu", "gather", "scatter", "combine", "combine_w", "add_rows", "gate_add", "expf", "gate_add_exp", "mul_sigmoid", "mul_silu"], 6);
         let mv_binds = [Read, Read, ReadWrite, Uniform, List];
         let matvec_layout = Layout { id: 0, layout: bind_layout(ctx, "matvec", &mv_binds), binds: mv_binds.to_vec() };
         let mk = |l| ctx.device.create_buffer(&wgpu::BufferDescriptor { label: Some(l), size: 256, usage: wgpu::BufferUsages::STORAGE, mapped_at_creation: false });
@@ -595,18 +596,16 @@ impl Kernels {
         self.ew(rec, "swiglu", g, u, y, [n as u32, 1, 0, 0, 0, 0, 0, 0], &[], n);
     }
 
-    /// `y[i] = swiglu_oai(g[i], u[i])` for `n` values (gpt-oss; [`crate::backend::cpu::ops::swiglu_oai`]).
-    pub fn swiglu_oai(&self, rec: &mut Recorder<'_>, g: Buf, u: Buf, y: Buf, n: usize, alpha: f32, limit: f32) {
-        self.ew(rec, "swiglu_oai", g, u, y, [n as u32, 1, 0, 0, 0, alpha.to_bits(), limit.to_bits(), 0], &[], n);
-    }
-
-    /// [`Self::swiglu`] (`oai`: None) or [`Self::swiglu_oai`] (`oai`: alpha, limit) of gate
-    /// values at the start of `gu` and up values `u_off` values further on, `n` of each.
-    pub fn swiglu_split(&self, rec: &mut Recorder<'_>, gu: Buf, u_off: usize, y: Buf, n: usize, oai: Option<(f32, f32)>) {
-        match oai {
-            None => self.ew(rec, "swiglu", gu, gu, y, [n as u32, 1, 0, 0, u_off as u32, 0, 0, 0], &[], n),
-            Some((alpha, limit)) => self.ew(rec, "swiglu_oai", gu, gu, y, [n as u32, 1, 0, 0, u_off as u32, alpha.to_bits(), limit.to_bits(), 0], &[], n),
-        }
+    /// The experts' gated activation `act` of gate values `g` and up values `u`, `n` of each
+    /// (`u_off` values into `u`): [`crate::backend::cpu::ops::swiglu`], `swiglu_oai` (gpt-oss)
+    /// or `reglu` (smallthinker).
+    pub fn glu(&self, rec: &mut Recorder<'_>, g: Buf, u: Buf, u_off: usize, y: Buf, n: usize, act: ExpertAct) {
+        let (entry, a, b) = match act {
+            ExpertAct::Silu => ("swiglu", 0, 0),
+            ExpertAct::SwigluOai { alpha, limit } => ("swiglu_oai", alpha.to_bits(), limit.to_bits()),
+            ExpertAct::Relu => ("reglu", 0, 0),
+        };
+        self.ew(rec, entry, g, u, y, [n as u32, 1, 0, 0, u_off as u32, a, b, 0], &[], n);
     }
 
     /// `y[r] = x[idx[r]]`, rows of `n`.
@@ -632,7 +631,12 @@ impl Kernels {
     pub fn route(&self, rec: &mut Recorder<'_>, logits: Buf, logits_off: usize, slot_of: Buf, table_off: usize, out: Buf, out_word: usize, spec: &crate::backend::ops::RouteSpec, up_delta: u32) {
         use Bind::*;
         let k = self.route.get_or_init(|| Kernel::new(rec.ctx, &self.prelude, "route", &format!("{EXACT}\n{ROUTE}"), &[Read, Read, ReadWrite, Uniform], &["main"], 9));
-        let words = [spec.n_expert as u32, spec.k as u32, spec.softmax_weight as u32, spec.norm_topk as u32, spec.scale.to_bits(), table_off as u32, out_word as u32, up_delta, logits_off as u32, 0, 0, 0];
+        let gating = match spec.gating {
+            crate::backend::ops::Gating::Softmax => 0u32,
+            crate::backend::ops::Gating::SoftmaxWeight => 1,
+            crate::backend::ops::Gating::Sigmoid => 2,
+        };
+        let words = [spec.n_expert as u32, spec.k as u32, gating, spec.norm_topk as u32, spec.scale.to_bits(), table_off as u32, out_word as u32, up_delta, logits_off as u32, 0, 0, 0];
         let prm = rec.push(&bytes_of(&words));
         let bg = self.bind(rec, &k.layout, &[logits, slot_of, out]);
         rec.dispatch(&k.pipelines["main"], &bg, &[prm.0 as u32], (1, 1, 1));
