@@ -398,11 +398,21 @@ fn elementwise_kernels_match_cpu() {
         let (a8, b8): (Vec<f32>, Vec<f32>) = (a.iter().map(|v| v * 40.0).collect(), b.iter().map(|v| v * 40.0).collect());
         assert!(a8.iter().any(|&v| v > 7.0) && b8.iter().any(|&v| v < -7.0), "the inputs reach the clamps");
         let (a8b, b8b) = (upf(g, &a8), upf(g, &b8));
-        g.k.swiglu_oai(&mut rec, &a8b, &b8b, &y, n, 1.702, 7.0);
+        g.k.glu(&mut rec, &a8b, &b8b, 0, &y, n, les::backend::ops::ExpertAct::SwigluOai { alpha: 1.702, limit: 7.0 });
         let got = read(g, &mut rec, &y, n);
         ops::swiglu_oai(&a8, &b8, &mut want, 1.702, 7.0);
         for i in 0..n {
             assert_eq!(got[i].to_bits(), want[i].to_bits(), "swiglu_oai [{i}]: {} vs {}", got[i], want[i]);
+        }
+        // reglu (smallthinker): gates of both signs and zeros.
+        let mut az = a8.clone();
+        az[..8].fill(0.0);
+        let azb = upf(g, &az);
+        g.k.glu(&mut rec, &azb, &b8b, 0, &y, n, les::backend::ops::ExpertAct::Relu);
+        let got = read(g, &mut rec, &y, n);
+        ops::reglu(&az, &b8, &mut want);
+        for i in 0..n {
+            assert_eq!(got[i].to_bits(), want[i].to_bits(), "reglu [{i}]: {} vs {}", got[i], want[i]);
         }
         // add (with a period: a bias over 4 rows).
         let yb = upf(g, &x[..4 * n]);
