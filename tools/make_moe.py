@@ -330,6 +330,18 @@ FULL_SPECS = {
         embd_type=Q8, out_type=Q8, exp_type=T.MXFP4, vocab=201088, context_length=131072,
         mix_types=[(Q8, Q8, Q8, Q8)],
     ),
+    # SmallThinker-4B-A0.6B's shape (SJTU-IPADS/SmallThinker README: 32 layers of 1536, 12 query /
+    # 2 KV heads of 128, 32 experts top-4 of width 768, ReGLU, vocabulary 151936, 32K context),
+    # sigmoid routing and the sliding-window layout (NoPE on il % 4 == 0) as the small fixture;
+    # Q4_K with Q6_K on every other ffn_down / attn_v, Q6_K output. About 2.4 GB.
+    "smallthinker-4b-a0.6b": dict(
+        arch="smallthinker", pre="smollm", add_bos=False, seed=3601, logit_std=6.0, res_gain=1.0,
+        n_embd=1536, n_layer=32, n_head=12, n_head_kv=2, head_dim=128, n_expert=32, top_k=4, n_ff_exp=768,
+        rope_base=1000000.0, eps=1e-6, tied=False, embd_type=Q4K, out_type=Q6K, vocab=151936,
+        context_length=32768, gating_func=2, sliding_window=4096, router_std=0.25,
+        attn_types=[(Q4K, Q4K, Q6K, Q4K), (Q4K, Q4K, Q4K, Q4K)],
+        exp_types=[(Q4K, Q4K, Q6K), (Q4K, Q4K, Q4K)],
+    ),
     "qwen35moe-35b-a3b": dict(
         arch="qwen35moe", pre="qwen2", add_bos=False, seed=3501, logit_std=6.0, res_gain=1.0,
         n_embd=2048, n_layer=40, interval=4, n_head=16, n_head_kv=2, head_dim=256, n_rot=64,
@@ -611,16 +623,17 @@ def build_random(arch_key: str, src: str, out: str, seed: int | None = None):
         return build_hybrid(arch_key, src, out, seed)
     if arch_key in GPTOSS_SPECS:
         return build_gptoss(arch_key, src, out, seed)
-    sp = RANDOM_SPECS[arch_key]
+    sp = RANDOM_SPECS.get(arch_key) or FULL_SPECS[arch_key]
+    full = arch_key in FULL_SPECS
     arch = sp["arch"]
     seed = sp["seed"] if seed is None else seed
     r = gguf.GGUFReader(src)
-    n_vocab = len(r.fields["tokenizer.ggml.tokens"].data)
+    n_vocab = max(len(r.fields["tokenizer.ggml.tokens"].data), sp.get("vocab", 0))
     E, K, D, L = sp["n_expert"], sp["top_k"], sp["n_embd"], sp["n_layer"]
     H, HKV, HD, FF = sp["n_head"], sp["n_head_kv"], sp["head_dim"], sp["n_ff_exp"]
 
     sw = StreamWriter(out, arch)
-    write_general(sw, arch, arch_key, seed, D, L)
+    write_general(sw, arch, arch_key, seed, D, L, sp.get("context_length", 4096))
     if arch == "qwen2moe":
         ff_key = sp["n_ff_shexp"]        # as convert_hf_to_gguf: intermediate_size (unused by llama.cpp)
     elif arch == "qwen3moe":
@@ -649,7 +662,7 @@ def build_random(arch_key: str, src: str, out: str, seed: int | None = None):
     if arch == "llama":
         sw.u32(f"{arch}.vocab_size", n_vocab)
     copy_tokenizer(sw, r, sp)
-    rnd = random_tensors(sw, seed)
+    rnd = random_tensors(sw, seed, tile_above=(1 << 22) if full else 0)
 
     qdim, kvdim = H * HD, HKV * HD
     logit_std = sp["logit_std"]  # std of the output logits for an RMS-1 final hidden state
@@ -660,7 +673,7 @@ def build_random(arch_key: str, src: str, out: str, seed: int | None = None):
     rnd("token_embd.weight", sp["embd_type"], (D, n_vocab), logit_std / math.sqrt(D) if sp["tied"] else 1.0)
     for il in range(L):
         p = f"blk.{il}."
-        tq, tk, tv, to = sp["attn_types"][il]
+        tq, tk, tv, to = sp["attn_types"][il % len(sp["attn_types"])]
         rnd(p + "attn_norm.weight", T.F32, (D,), 0, "norm")
         rnd(p + "attn_q.weight", tq, (D, qdim), 1 / math.sqrt(D))
         rnd(p + "attn_k.weight", tk, (D, kvdim), 1 / math.sqrt(D))
@@ -678,7 +691,7 @@ def build_random(arch_key: str, src: str, out: str, seed: int | None = None):
         rnd(p + "attn_output.weight", to, (qdim, D), gain / math.sqrt(qdim))
         rnd(p + "ffn_norm.weight", T.F32, (D,), 0, "norm")
         shexp = (sp["n_ff_shexp"], sp["shexp_types"][il]) if arch == "qwen2moe" else None
-        moe_tensors(rnd, p, D, E, FF, gain, sp["exp_types"][il], shexp, sp.get("router_std", 2.0))
+        moe_tensors(rnd, p, D, E, FF, gain, sp["exp_types"][il % len(sp["exp_types"])], shexp, sp.get("router_std", 2.0))
     rnd("output_norm.weight", T.F32, (D,), 0, "norm")
     if not sp["tied"]:
         rnd("output.weight", sp["out_type"], (D, n_vocab), logit_std / math.sqrt(D))
@@ -960,6 +973,8 @@ def main():
         build_random(a.arch, a.src, a.out, a.seed)
     elif a.cmd == "full" and FULL_SPECS[a.arch]["arch"] == "gpt-oss":
         build_gptoss(a.arch, a.src, a.out)
+    elif a.cmd == "full" and FULL_SPECS[a.arch]["arch"] == "smallthinker":
+        build_random(a.arch, a.src, a.out)
     elif a.cmd == "full":
         build_hybrid(a.arch, a.src, a.out)
     else:

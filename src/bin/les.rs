@@ -380,6 +380,11 @@ struct StreamArgs {
     /// while it does not (`src/expert/governor.rs`).
     #[arg(long)]
     prefetch_always: bool,
+    /// Do not read a layer's experts when the model names them before the layer runs
+    /// (smallthinker's router reads the layer's input: by default the misses are read while the
+    /// layer's attention computes).
+    #[arg(long)]
+    no_exact_lookahead: bool,
     /// Prefetch reads in flight at once (prefetches run only while no demand read is waiting).
     #[arg(long, default_value_t = 1)]
     prefetch_inflight: usize,
@@ -424,6 +429,7 @@ impl StreamArgs {
                 residual_stage: self.two_stage,
                 refine: !self.no_refine,
                 adaptive: !self.prefetch_always,
+                exact: !self.no_exact_lookahead,
                 prefetch_chunk: les::engine::stream::parse_bytes(&self.prefetch_chunk).map_err(|e| format!("--prefetch-chunk: {e}"))? as usize,
                 trace: self.trace.is_some(),
                 ..Default::default()

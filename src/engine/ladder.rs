@@ -439,6 +439,7 @@ pub fn run(model: &str, bundle: &str, opts: &StreamOptions, prompts: &[String], 
     {
         let mut o = opts.clone();
         o.cache.prefetch = !spec.alone;
+        o.cache.exact = ex;
         o.cache.policy = pol;
         let ds = spec.draft.clone().unwrap_or(DraftSpec::Lookup);
         let target: Arc<dyn ByteSource> = Arc::new(FileSource::open(spec_file)?);
