@@ -164,7 +164,7 @@ case "$cmd" in
     stage "wasm: threaded web build (pkg-mt)" build_web_mt
     stage "wasm: relaxed-SIMD web build (pkg-relaxed)" build_web_st relaxed
     stage "wasm: relaxed-SIMD threaded web build (pkg-mt-relaxed)" build_web_mt relaxed
-    for m in smolmoe-32x2 rand-llama-moe rand-qwen35moe rand-qwen3next rand-gpt-oss rand-smallthinker; do
+    for m in smolmoe-32x2 rand-llama-moe rand-qwen35moe rand-qwen3next rand-gpt-oss rand-smallthinker rand-lfm2moe; do
       [ -f "models/$m.les" ] || stage "bundle: $m" "$LES_BIN_DIR/les" pack "models/$m.gguf" "models/$m.les"
     done
     stage "browser tests" bash -c 'cd tests/e2e && npm test'

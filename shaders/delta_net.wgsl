@@ -1,7 +1,8 @@
 // Gated DeltaNet kernels (qwen35moe / qwen3next), each the CPU reference's operations in its
 // order (src/backend/cpu/ops.rs; exact.wgsl keeps every rounding):
 //   conv_silu: one thread per channel, tokens in order: y = silu(sum_k state[k] * w[k] + x * w[K-1])
-//              (`conv_silu_step`: products rounded before each add, silu with ggml_expf), then the
+//              (`conv_silu_step`: each term a fused multiply-add, as ggml's `ssm_conv` compiles on
+//              FMA machines; silu with ggml_expf, or none for lfm2's short conv), then the
 //              channel's state shifts by one.
 //   delta_net: one workgroup per value head, tokens in order. q and k arrive L2-normalised
 //              (`l2_norm`, made in place by rms_norm.wgsl with eps / S and the weight
@@ -18,7 +19,7 @@ struct Params {
     n_tok: u32,
     cols: u32,   // conv: channels; delta_net: conv-output columns (2 H_k S + H_v S)
     d_conv: u32,
-    hk: u32,
+    hk: u32,     // conv: 1 = SiLU after the sum (Gated DeltaNet), 0 = none (lfm2's short conv)
     hv: u32,
     s: u32,
     tiled: u32,
@@ -49,10 +50,14 @@ fn conv_silu(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgro
         let x = X[t * P.cols + c];
         var sum = 0.0;
         for (var k = 0u; k < kc; k++) {
-            sum = keep(sum + keep(S[st + k] * A[w + k]));
+            sum = fma_rn(S[st + k], A[w + k], sum);
         }
-        sum = keep(sum + keep(x * A[w + kc]));
-        Y[t * P.cols + c] = div_rn(sum, keep(1.0 + ggml_expf(-sum)));
+        sum = fma_rn(x, A[w + kc], sum);
+        if (P.hk != 0u) {
+            Y[t * P.cols + c] = div_rn(sum, keep(1.0 + ggml_expf(-sum)));
+        } else {
+            Y[t * P.cols + c] = sum;
+        }
         for (var k = 0u; k + 1u < kc; k++) {
             S[st + k] = S[st + k + 1u];
         }

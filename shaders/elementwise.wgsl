@@ -8,6 +8,7 @@
 //   combine:  Y[t] = sum over ranks r in order of X[t*k + r] (fixed top-k order: lossless)
 //   gate_add: Y[t] += X[t] * sigmoid(G[t])                  (qwen2moe shared expert, silu(g)/g)
 //   gate_add_exp: the same with 1 / (1 + expf(-g))           (qwen35moe shared expert)
+//   mul:      Y[i] *= X[i]                                   (lfm2's short-convolution gates)
 //   mul_sigmoid: Y[i] *= 1 / (1 + expf(-X[i]))               (qwen35moe attention gate)
 //   mul_silu: Y[i] *= silu(X[i])                             (Gated DeltaNet's gated norm)
 // Products are rounded before any add and divisions round to nearest (exact.wgsl), as on the CPU.
@@ -161,6 +162,13 @@ fn gate_add_exp(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_work
     if (i >= P.n * P.rows) { return; }
     let g = sigmoid_exp(X2[P.x2_off + i / P.n]);
     Y[P.y_off + i] = Y[P.y_off + i] + keep(X[P.x_off + i] * g);
+}
+
+@compute @workgroup_size(64)
+fn mul(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nw: vec3<u32>) {
+    let i = gid.x + gid.y * nw.x * 64u;
+    if (i >= P.n * P.rows) { return; }
+    Y[P.y_off + i] = keep(Y[P.y_off + i] * X[P.x_off + i]);
 }
 
 @compute @workgroup_size(64)

@@ -32,7 +32,7 @@ for a in "$@"; do
   esac
 done
 
-small=(rand-llama-moe rand-qwen2moe rand-qwen3moe rand-olmoe rand-qwen35moe rand-qwen35moe-mtp rand-qwen3next rand-gpt-oss rand-smallthinker)
+small=(rand-llama-moe rand-qwen2moe rand-qwen3moe rand-olmoe rand-qwen35moe rand-qwen35moe-mtp rand-qwen3next rand-gpt-oss rand-smallthinker rand-lfm2moe)
 vlm=(rand-minicpmv-mmproj rand-qwen35-vl rand-qwen35moe-vl)
 big=()
 [ "$what" = smolmoe ] && big=(smolmoe-32x2)

@@ -3,7 +3,7 @@
 
   make_moe.py smolmoe --src models/SmolLM2-135M-Instruct.Q4_1.gguf --experts 32 --top-k 2 \
                       --out models/smolmoe-32x2.gguf
-  make_moe.py random  --arch {llama,qwen2moe,qwen3moe,olmoe,qwen35moe,qwen3next,gpt-oss,smallthinker} --src models/SmolLM2-...gguf \
+  make_moe.py random  --arch {llama,qwen2moe,qwen3moe,olmoe,qwen35moe,qwen3next,gpt-oss,smallthinker,lfm2moe} --src models/SmolLM2-...gguf \
                       --out models/rand-<arch>.gguf   (build_models.sh: rand-llama-moe for llama)
   make_moe.py full    --arch qwen35moe-35b-a3b --out models/qwen35moe-35b-a3b-rand.gguf  (~20 GB)
   make_moe.py stats   --src models/SmolLM2-...gguf --refs tests/fixtures/refs/SmolLM2-...json \
@@ -453,6 +453,73 @@ def build_gptoss(arch_key: str, src: str, out: str, seed: int | None = None):
     sw.write()
 
 
+# LFM2-MoE (llama.cpp src/models/lfm2.cpp + lfm2moe.cpp, converter conversion/lfm2.py): short-conv
+# layers (C) and GQA layers (A) marked by a per-layer head_count_kv (0 = conv), per-head QK norm,
+# `leading_dense_block_count` dense SwiGLU layers, then sigmoid routing with a selection bias
+# (`exp_probs_b.bias`) and normalised weights; the output norm is `token_embd_norm`.
+LFM2_SPECS = {
+    "lfm2moe": dict(
+        arch="lfm2moe", pre="smollm", add_bos=False, seed=1009, logit_std=6.0, res_gain=4.0,
+        n_embd=256, n_head=8, n_head_kv=2, head_dim=32, n_ff=512, n_expert=16, top_k=4, n_ff_exp=128,
+        layers="CCACAC", n_dense=1, l_cache=3, rope_base=1000000.0, eps=1e-5, embd_type=Q8, out_type=Q6K,
+        probs_b_std=0.05,
+        mix_types=[(Q8, Q8, Q8, Q8), (Q4K, Q4K, Q6K, Q8), (F16, F16, F16, F16)],
+        exp_types=[(Q8, Q8, F16), (Q4K, Q4K, Q8), (F16, Q6K, Q8)],
+    ),
+}
+
+
+def build_lfm2moe(arch_key: str, src: str, out: str, seed: int | None = None):
+    sp = LFM2_SPECS[arch_key]
+    arch = sp["arch"]
+    seed = sp["seed"] if seed is None else seed
+    r = gguf.GGUFReader(src)
+    n_vocab = len(r.fields["tokenizer.ggml.tokens"].data)
+    pattern = sp["layers"]
+    E, K, D, L = sp["n_expert"], sp["top_k"], sp["n_embd"], len(pattern)
+    H, HKV, HD, FF, DFF = sp["n_head"], sp["n_head_kv"], sp["head_dim"], sp["n_ff_exp"], sp["n_ff"]
+    sw = StreamWriter(out, arch)
+    write_general(sw, arch, arch_key, seed, D, L)
+    u32 = lambda keys: [sw.u32(f"{arch}.{key}", v) for key, v in keys]  # noqa: E731
+    u32([("feed_forward_length", DFF), ("expert_feed_forward_length", FF), ("attention.head_count", H),
+         ("rope.dimension_count", HD), ("expert_count", E), ("expert_used_count", K),
+         ("leading_dense_block_count", sp["n_dense"]), ("expert_gating_func", 2), ("vocab_size", n_vocab),
+         ("shortconv.l_cache", sp["l_cache"])])
+    sw.kv(f"{arch}.attention.head_count_kv", [HKV if t == "A" else 0 for t in pattern], gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.UINT32)
+    sw.f32(f"{arch}.rope.freq_base", sp["rope_base"])
+    sw.f32(f"{arch}.attention.layer_norm_rms_epsilon", sp["eps"])
+    copy_tokenizer(sw, r, sp)
+    rnd = random_tensors(sw, seed)
+    gain = sp["res_gain"]
+    rnd("token_embd.weight", sp["embd_type"], (D, n_vocab), 1.0)
+    for il, t in enumerate(pattern):
+        p = f"blk.{il}."
+        ta, tb, tc, td = sp["mix_types"][il % len(sp["mix_types"])]
+        rnd(p + "attn_norm.weight", T.F32, (D,), 0, "norm")
+        if t == "C":
+            rnd(p + "shortconv.conv.weight", T.F32, (sp["l_cache"], D), 0.5)
+            rnd(p + "shortconv.in_proj.weight", ta, (D, 3 * D), 1 / math.sqrt(D))
+            rnd(p + "shortconv.out_proj.weight", td, (D, D), gain / math.sqrt(D))
+        else:
+            rnd(p + "attn_q.weight", ta, (D, H * HD), 1 / math.sqrt(D))
+            rnd(p + "attn_k.weight", tb, (D, HKV * HD), 1 / math.sqrt(D))
+            rnd(p + "attn_v.weight", tc, (D, HKV * HD), 1 / math.sqrt(D))
+            rnd(p + "attn_output.weight", td, (H * HD, D), gain / math.sqrt(H * HD))
+            rnd(p + "attn_q_norm.weight", T.F32, (HD,), 0, "norm")
+            rnd(p + "attn_k_norm.weight", T.F32, (HD,), 0, "norm")
+        rnd(p + "ffn_norm.weight", T.F32, (D,), 0, "norm")
+        if il < sp["n_dense"]:
+            rnd(p + "ffn_gate.weight", Q8, (D, DFF), 1 / math.sqrt(D))
+            rnd(p + "ffn_up.weight", Q8, (D, DFF), 1 / math.sqrt(D))
+            rnd(p + "ffn_down.weight", Q8, (DFF, D), gain / math.sqrt(DFF))
+        else:
+            moe_tensors(rnd, p, D, E, FF, gain, sp["exp_types"][il % len(sp["exp_types"])])
+            rnd(p + "exp_probs_b.bias", T.F32, (E,), sp["probs_b_std"])
+    rnd("token_embd_norm.weight", T.F32, (D,), 0, "norm")
+    rnd("output.weight", sp["out_type"], (D, n_vocab), sp["logit_std"] / math.sqrt(D))
+    sw.write()
+
+
 def write_general(sw, arch, arch_key, seed, n_embd, n_layer, n_ctx=4096):
     """general.* and the size keys every random model has."""
     sw.s("general.type", "model")
@@ -623,6 +690,8 @@ def build_random(arch_key: str, src: str, out: str, seed: int | None = None):
         return build_hybrid(arch_key, src, out, seed)
     if arch_key in GPTOSS_SPECS:
         return build_gptoss(arch_key, src, out, seed)
+    if arch_key in LFM2_SPECS:
+        return build_lfm2moe(arch_key, src, out, seed)
     sp = RANDOM_SPECS.get(arch_key) or FULL_SPECS[arch_key]
     full = arch_key in FULL_SPECS
     arch = sp["arch"]
@@ -950,7 +1019,7 @@ def main():
     s.add_argument("--seed", type=int, default=20251)
     s.add_argument("--router-logit-std", type=float, default=ROUTER_LOGIT_STD)
     s = sub.add_parser("random")
-    s.add_argument("--arch", required=True, choices=sorted(RANDOM_SPECS) + sorted(HYBRID_SPECS) + sorted(GPTOSS_SPECS))
+    s.add_argument("--arch", required=True, choices=sorted(RANDOM_SPECS) + sorted(HYBRID_SPECS) + sorted(GPTOSS_SPECS) + sorted(LFM2_SPECS))
     s.add_argument("--src", default="models/SmolLM2-135M-Instruct.Q4_1.gguf")
     s.add_argument("--out", required=True)
     s.add_argument("--seed", type=int, default=None)

@@ -398,9 +398,12 @@ pub trait Ops {
     fn gate_add(&mut self, x: &mut Self::T, y: &Self::T, g: &Self::T, f: Sigmoid) -> Result<(), OpError>;
     /// `x *= sigmoid(g)` element by element (qwen35moe's attention output gate; ggml `sigmoid`).
     fn mul_sigmoid(&mut self, x: &mut Self::T, g: &Self::T) -> Result<(), OpError>;
+    /// `x *= y` element by element (ggml `mul`: lfm2's short-convolution gates).
+    fn mul(&mut self, x: &mut Self::T, y: &Self::T) -> Result<(), OpError>;
     /// Layer `il`'s causal depthwise conv1d over the rows of `x` (ggml `ssm_conv`; weights `w`,
-    /// `d_conv` per channel, f32), starting from and advancing the layer's conv state, then SiLU.
-    fn conv_silu(&mut self, il: usize, x: &Self::T, w: Vector, d_conv: usize) -> Result<Self::T, OpError>;
+    /// `d_conv` per channel, f32), starting from and advancing the layer's conv state, then SiLU
+    /// when `silu` (Gated DeltaNet; lfm2's short convolution has none).
+    fn ssm_conv(&mut self, il: usize, x: &Self::T, w: Vector, d_conv: usize, silu: bool) -> Result<Self::T, OpError>;
     /// Layer `il`'s Gated DeltaNet over the rows of `x` (the conv output), token by token from and
     /// into the layer's recurrent state: `H_v · S` columns out (see [`DeltaNet`]). The q and k
     /// heads of `x` are L2-normalised in place on the way.

@@ -106,8 +106,11 @@ impl<B: Ops> Ops for Profiled<'_, B> {
     fn mul_sigmoid(&mut self, x: &mut B::T, g: &B::T) -> Result<(), OpError> {
         timed("mul_sigmoid", || self.0.mul_sigmoid(x, g))
     }
-    fn conv_silu(&mut self, il: usize, x: &B::T, w: Vector, d_conv: usize) -> Result<B::T, OpError> {
-        timed("conv_silu", || self.0.conv_silu(il, x, w, d_conv))
+    fn mul(&mut self, x: &mut B::T, y: &B::T) -> Result<(), OpError> {
+        timed("mul", || self.0.mul(x, y))
+    }
+    fn ssm_conv(&mut self, il: usize, x: &B::T, w: Vector, d_conv: usize, silu: bool) -> Result<B::T, OpError> {
+        timed("ssm_conv", || self.0.ssm_conv(il, x, w, d_conv, silu))
     }
     fn delta_net(&mut self, il: usize, x: &mut B::T, alpha: &B::T, beta: &B::T, p: &DeltaNet) -> Result<B::T, OpError> {
         timed("delta_net", || self.0.delta_net(il, x, alpha, beta, p))

@@ -1304,6 +1304,13 @@ fn inspect_gguf(path: &str, g: &GgufFile, full: bool) -> Res {
                 list(true), cfg.n_attn_layers(), list(false), s.d_conv, s.d_state, s.n_group, s.dt_rank, s.d_inner, s.head_map,
                 human((per_layer * n_rec) as u64), human(per_layer as u64), s.conv_state_len(), s.ssm_state_len(), human(kv_tok as u64))?;
         }
+        if let (Some(l), true) = (cfg.shortconv, cfg.has_recurrent()) {
+            let pattern: String = (0..cfg.n_layer).map(|il| if cfg.is_recurrent(il) { 'C' } else { 'A' }).collect();
+            let n_rec = cfg.n_layer - cfg.n_attn_layers();
+            let per_layer = (l - 1) * cfg.n_embd * 4;
+            writeln!(o, "\n== layers (C: short convolution, A: attention; the first {} with a dense FFN)\npattern: {pattern}\nshort convolution: L {l}\nrecurrent state per sequence: {} ({} per conv layer: {} f32 values)",
+                cfg.n_dense_lead, human((per_layer * n_rec) as u64), human(per_layer as u64), (l - 1) * cfg.n_embd)?;
+        }
         if cfg.is_moe() && g.tensors.iter().any(|t| t.name.contains("_exps.")) {
             let mut per_expert = 0u64;
             let mut expert_total = 0u64;
@@ -1314,9 +1321,10 @@ fn inspect_gguf(path: &str, g: &GgufFile, full: bool) -> Res {
                 }
             }
             let total: u64 = g.tensors.iter().map(|t| t.size).sum();
+            let n_moe = (0..cfg.n_layer).filter(|&il| cfg.is_moe_layer(il)).count() as u64;
             writeln!(o, "\n== experts\nexperts per layer (n_expert): {}\nused per token (n_expert_used): {}\nexpert n_ff: {}\nbytes per expert (gate+up+down): {} ({})\ntotal expert bytes: {} ({})\ndense bytes: {} ({})\nexpert bytes per token at 0% hit rate: {} ({})",
                 cfg.n_expert, cfg.n_expert_used, cfg.n_ff_exp, per_expert, human(per_expert), expert_total, human(expert_total), total - expert_total, human(total - expert_total),
-                per_expert * cfg.n_expert_used as u64 * cfg.n_layer as u64, human(per_expert * cfg.n_expert_used as u64 * cfg.n_layer as u64))?;
+                per_expert * cfg.n_expert_used as u64 * n_moe, human(per_expert * cfg.n_expert_used as u64 * n_moe))?;
         }
     }
     Ok(())

@@ -212,7 +212,7 @@ impl Session {
         let c = &self.model.cfg;
         // Every sliding-window layer has the window `n_swa` and a ring of `swa_cells`.
         let rings: &[(usize, usize)] = if sh.swa_layers > 0 { &[(c.n_swa, sh.swa_cells)] } else { &[] };
-        self.kv = KvCache::positions_only(self.kv.n_ctx, c.ssm.is_some(), rings, c.n_head_kv, c.head_dim);
+        self.kv = KvCache::positions_only(self.kv.n_ctx, c.has_recurrent(), rings, c.n_head_kv, c.head_dim);
         self.gpu = Some(gpu);
         self.set_on_gpu(true);
         Ok(())

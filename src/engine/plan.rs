@@ -170,17 +170,17 @@ pub fn plan_source(src: Arc<dyn ByteSource>, name: &str, o: &PlanOptions, measur
     };
     let minimum = fp.minimum(g, c, &opts);
     let largest_context = largest_context(c.n_ctx_train.max(1), &|n| fp.minimum(g, c, &StreamOptions { n_ctx: n, ..opts.clone() }) <= o.budget);
-    let slots = plan.as_ref().map_or(fp.min_slots, |p| p.slots.clamp(fp.min_slots, c.n_layer * c.n_expert));
+    let slots = plan.as_ref().map_or(fp.min_slots, |p| p.slots.clamp(fp.min_slots, c.n_moe_layers() * c.n_expert));
     // Hit rates: the whole run's (as `les run` reports it), decode's, and a prompt batch's
     // misses per layer (None: from the uniform model below).
     let (hit_rate, decode_hit, prompt_misses, hit_rate_source) = match &o.routes {
         Some(r) => {
             for &(l, e) in r {
-                if l as usize >= c.n_layer || e as usize >= c.n_expert {
-                    return Err(PlanError::Routes(format!("[{l}, {e}] is outside this model's {} layers × {} experts", c.n_layer, c.n_expert)));
+                if l as usize >= c.n_moe_layers() || e as usize >= c.n_expert {
+                    return Err(PlanError::Routes(format!("[{l}, {e}] is outside this model's {} MoE layers × {} experts", c.n_moe_layers(), c.n_expert)));
                 }
             }
-            let groups = replay_groups(r, slots, o.policy, c.n_layer);
+            let groups = replay_groups(r, slots, o.policy, c.n_moe_layers());
             let rate = |gs: &mut dyn Iterator<Item = &Group>| {
                 let (m, n) = gs.fold((0, 0), |(m, n), g| (m + g.misses, n + g.routed));
                 (n > 0).then(|| 1.0 - m as f64 / n as f64)
@@ -192,7 +192,7 @@ pub fn plan_source(src: Arc<dyn ByteSource>, name: &str, o: &PlanOptions, measur
             (all, decode, prompt, format!("{} routed experts of a recorded run replayed through {} slots ({})", r.len(), slots, o.policy.name()))
         }
         None => {
-            let h = (slots as f64 / (c.n_layer * c.n_expert) as f64).min(1.0);
+            let h = (slots as f64 / (c.n_moe_layers() * c.n_expert) as f64).min(1.0);
             (h, h, None, "uniform routing (no trace: real routing is skewed, so this is low; pass --routes from les run --routes)".into())
         }
     };
@@ -205,13 +205,13 @@ pub fn plan_source(src: Arc<dyn ByteSource>, name: &str, o: &PlanOptions, measur
     let mean_bytes = fp.expert_bytes.iter().sum::<u64>() as f64 / fp.expert_bytes.len().max(1) as f64;
     // A layer misses at all unless each of its k experts hits (independence assumed).
     let p_any = 1.0 - decode_hit.powf(k);
-    let reads_per_token = c.n_layer as f64 * k * miss;
+    let reads_per_token = c.n_moe_layers() as f64 * k * miss;
     let dense_streamed = plan.as_ref().map_or(0, |p| p.dense_streamed) as f64;
     let bytes_per_token = reads_per_token * mean_bytes + dense_streamed;
     let read_s: f64 = fp.expert_bytes.iter().map(|&b| read.layer_time(k * miss, b as f64, p_any)).sum::<f64>() + dense_streamed / read.bandwidth;
     let compute = match measured {
         Some(m) => Some(m),
-        None if o.probe && fits => Some(probe_compute(&parts.dense_src, store, c.n_layer, o.n_ctx, o.prompt_tokens)?),
+        None if o.probe && fits => Some(probe_compute(&parts.dense_src, store, c.n_moe_layers(), o.n_ctx, o.prompt_tokens)?),
         None => None,
     };
     let (mut decode, mut overlapped, mut decode_bound, mut prompt, mut prompt_bound) = (None, None, None, None, None);
@@ -228,7 +228,7 @@ pub fn plan_source(src: Arc<dyn ByteSource>, name: &str, o: &PlanOptions, measur
         let batches = (o.prompt_tokens.max(1) as f64 / b).ceil();
         let n = c.n_expert as f64;
         let union = n * (1.0 - (1.0 - k / n).powf(b));
-        let held = (slots as f64 / (c.n_layer * c.n_expert) as f64).min(1.0);
+        let held = (slots as f64 / (c.n_moe_layers() * c.n_expert) as f64).min(1.0);
         // With a trace: its prompt batches' misses per layer, as the replayed cache had them.
         let misses = prompt_misses.unwrap_or(union * (1.0 + (batches - 1.0) * (1.0 - held)) / batches);
         let batch_read: f64 = fp.expert_bytes.iter().map(|&x| read.layer_time(misses, x as f64, if misses > 0.0 { 1.0 } else { 0.0 })).sum::<f64>() + dense_streamed / read.bandwidth;
@@ -239,7 +239,7 @@ pub fn plan_source(src: Arc<dyn ByteSource>, name: &str, o: &PlanOptions, measur
     let gpu = if o.gpu_devices.is_empty() || !fits || !o.probe {
         None
     } else {
-        let (adapter, per_token, weight_bytes, main_type, measured) = probe_gpu(&parts.dense_src, parts.store.clone(), c.n_layer, o.n_ctx)?;
+        let (adapter, per_token, weight_bytes, main_type, measured) = probe_gpu(&parts.dense_src, parts.store.clone(), c.n_moe_layers(), o.n_ctx)?;
         let forecasts = o
             .gpu_devices
             .iter()
@@ -470,7 +470,7 @@ pub fn probe_gpu(dense: &Arc<dyn ByteSource>, store: Arc<dyn ExpertStore>, n_lay
     let adapter = format!("{} ({:?}, {:?})", ctx.info.name, ctx.info.backend, ctx.info.device_type);
     // Every expert in a slot where 2 GiB holds them (a resident token's calls), else the default pool.
     let c = &s.model.cfg;
-    let (all, c_n_expert) = (c.n_layer * c.n_expert, c.n_expert);
+    let (all, c_n_expert) = (c.n_moe_layers() * c.n_expert, c.n_expert);
     let slot = (0..n_layer).map(|l| crate::backend::wgpu::experts::SlotLayout::bytes_for(store.layout(l))).max().unwrap_or(1).max(1);
     let resident = all * slot <= 2 << 30;
     let opts = GpuOptions { expert_slots: resident.then_some(all), ..Default::default() };

@@ -527,7 +527,7 @@ pub struct Footprint {
 
 impl Footprint {
     pub fn new(g: &GgufFile, c: &Config, store: &dyn ExpertStore) -> Self {
-        let routers = (c.n_layer * c.n_expert * c.n_embd * 4) as u64;
+        let routers = (c.n_moe_layers() * c.n_expert * c.n_embd * 4) as u64;
         let dense = g.tensors.iter().filter(|t| !t.name.contains("_exps.weight") && !c.is_nextn_tensor(&t.name)).map(|t| t.size).sum::<u64>() + routers;
         let expert_bytes: Vec<u64> = (0..store.n_layers()).map(|l| store.layout(l).bytes() as u64).collect();
         Self {
@@ -561,7 +561,7 @@ impl Footprint {
         let (dense, scratch, max_e, total_e, min_slots) = (self.dense, self.scratch, self.expert_bytes_max, self.total_expert_bytes, self.min_slots);
         let kv = c.cache_bytes(opts.n_ctx.min(c.n_ctx_train.max(1))) as u64;
         if let Some(n) = opts.slots {
-            let n = n.min(c.n_expert * c.n_layer);
+            let n = n.min(c.n_expert * c.n_moe_layers());
             let p = BudgetPlan { budget: dense + kv + scratch + n as u64 * max_e, dense, kv, scratch, expert_bytes_max: max_e, slots: n, gpu_slots: 0, minimum: dense + kv + scratch + min_slots as u64 * max_e, total_expert_bytes: total_e, dense_streamed: 0, dense_window: 0 };
             return Ok((p, None));
         }
@@ -665,7 +665,7 @@ pub fn open_parts(raw: Arc<dyn ByteSource>, expert_src: Arc<dyn ByteSource>, den
         if !c.is_moe() {
             return Err(OpenError::NotMoe(path.into()));
         }
-        let tensors = (0..c.n_layer)
+        let tensors = (c.n_dense_lead..c.n_layer)
             .map(|il| GgufExpertTensors::find(&g, il, c.n_embd, c.n_expert))
             .collect::<Result<Vec<_>, _>>()
             .map_err(EngineError::from)?;
@@ -685,7 +685,9 @@ pub fn open_parts(raw: Arc<dyn ByteSource>, expert_src: Arc<dyn ByteSource>, den
 pub fn open_streaming_sources(raw: Arc<dyn ByteSource>, expert_src: Arc<dyn ByteSource>, dense_plain: Arc<dyn ByteSource>, path: &str, opts: &StreamOptions) -> Result<Streaming, OpenError> {
     let Opened { dense_src, dense_stream_src, store, kind: store_kind, g, c } = open_parts(raw, expert_src, dense_plain, path)?;
     // Routers as f32 for the cross-layer predictor.
-    let routers = (0..c.n_layer).map(|il| tensor_f32(&g, &*dense_src, &format!("blk.{il}.ffn_gate_inp.weight"))).collect::<Result<Vec<_>, _>>()?;
+    // (The expert source numbers the MoE layers only: `Config::expert_layer`.)
+    let moe_layers = c.n_dense_lead..c.n_layer;
+    let routers = moe_layers.clone().map(|il| tensor_f32(&g, &*dense_src, &format!("blk.{il}.ffn_gate_inp.weight"))).collect::<Result<Vec<_>, _>>()?;
     let fp = Footprint::new(&g, &c, &*store);
     let min_slots = fp.min_slots;
     let n_ctx = opts.n_ctx.min(c.n_ctx_train.max(1));
@@ -696,7 +698,7 @@ pub fn open_streaming_sources(raw: Arc<dyn ByteSource>, expert_src: Arc<dyn Byte
     });
     let mut plan = plan;
     let mut cfg = opts.cache.clone();
-    cfg.slots = plan.slots.max(min_slots).min(c.n_expert * c.n_layer);
+    cfg.slots = plan.slots.max(min_slots).min(c.n_expert * c.n_moe_layers());
     if opts.gpu_pool {
         let (cpu, gpu) = split_gpu_slots(cfg.slots, c.n_expert_used, cfg.depth);
         cfg.slots = cpu;
@@ -705,8 +707,9 @@ pub fn open_streaming_sources(raw: Arc<dyn ByteSource>, expert_src: Arc<dyn Byte
     // The FFN's input norm (the predictor applies it to hidden states): `post_attention_norm`
     // in the hybrid graphs and gpt-oss.
     let ffn_norm = if c.ssm.is_some() || c.arch == crate::model::Arch::GptOss { "post_attention_norm" } else { "ffn_norm" };
-    let norms = (0..c.n_layer).map(|il| tensor_f32(&g, &*dense_src, &format!("blk.{il}.{ffn_norm}.weight"))).collect::<Result<Vec<_>, _>>()?;
-    let router_b = (0..c.n_layer)
+    // (smallthinker's router reads the layer's un-normed input: no norm to apply.)
+    let norms = if c.routes_early() { Vec::new() } else { moe_layers.clone().map(|il| tensor_f32(&g, &*dense_src, &format!("blk.{il}.{ffn_norm}.weight"))).collect::<Result<Vec<_>, _>>()? };
+    let router_b = moe_layers
         .map(|il| {
             let name = format!("blk.{il}.ffn_gate_inp.bias");
             if g.tensor(&name).is_some() { tensor_f32(&g, &*dense_src, &name) } else { Ok(Vec::new()) }

@@ -94,6 +94,9 @@ pub struct SharedExpert {
 pub struct Moe {
     pub router: Mat,
     pub router_b: Option<Vector>,
+    /// A selection bias added to the router's probabilities for the top-k choice only
+    /// (`exp_probs_b.bias`: lfm2moe; DeepSeek-V3's `e_score_correction_bias`).
+    pub probs_b: Option<Vector>,
     pub ffn: ExpertFfn,
     pub shared: Option<SharedExpert>,
 }
@@ -103,6 +106,7 @@ impl Moe {
         let e = c.n_embd;
         let router = ld.mat(&format!("blk.{il}.ffn_gate_inp.weight"), [e, c.n_expert])?;
         let router_b = ld.opt_vec(&format!("blk.{il}.ffn_gate_inp.bias"), c.n_expert)?;
+        let probs_b = ld.opt_vec(&format!("blk.{il}.exp_probs_b.bias"), c.n_expert)?;
         // gpt-oss: `ffn_{gate,up,down}_exps.bias` ([n_ff_exp | n_embd, n_expert]), all or none.
         let bn = |w: &str| format!("blk.{il}.ffn_{w}_exps.bias");
         let bias = if ld.has(&bn("gate")) || ld.has(&bn("up")) || ld.has(&bn("down")) {
@@ -122,7 +126,7 @@ impl Moe {
         } else {
             None
         };
-        Ok(Self { router, router_b, ffn, shared })
+        Ok(Self { router, router_b, probs_b, ffn, shared })
     }
 }
 
@@ -142,7 +146,7 @@ pub enum Ffn {
 
 impl Ffn {
     pub fn load(ld: &mut Loader<'_>, c: &Config, il: usize) -> Result<Self, ModelError> {
-        Ok(if c.is_moe() { Ffn::Moe(Moe::load(ld, c, il)?) } else { Ffn::Dense(Swiglu::load(ld, c.n_embd, il, "", c.n_ff)?) })
+        Ok(if c.is_moe_layer(il) { Ffn::Moe(Moe::load(ld, c, il)?) } else { Ffn::Dense(Swiglu::load(ld, c.n_embd, il, "", c.n_ff)?) })
     }
 }
 
@@ -311,7 +315,7 @@ impl<'a, B: Ops> Fwd<'a, B> {
         if let Some(cap) = self.m.capture.as_ref().filter(|_| self.record) {
             let n = Self::rows(&x);
             let row = self.b.read(&[(&x, n - 1..n)]).await?.remove(0);
-            if let Some(rows) = cap.lock().unwrap().get_mut(il) {
+            if let Some(rows) = cap.lock().unwrap().get_mut(self.m.cfg.expert_layer(il)).filter(|_| self.m.cfg.is_moe_layer(il)) {
                 rows.extend_from_slice(&row);
             }
         }
@@ -342,7 +346,7 @@ impl<'a, B: Ops> Fwd<'a, B> {
     /// refinement).
     pub async fn moe(&mut self, il: usize, cur: &B::T, x: &B::T, w: &Moe) -> Result<B::T, ModelError> {
         let logits = self.router_logits(cur, w)?;
-        let routing = self.route(il, logits, cur).await?;
+        let routing = self.route(il, logits, cur, w).await?;
         self.moe_routed(il, cur, x, w, routing).await
     }
 
@@ -359,11 +363,13 @@ impl<'a, B: Ops> Fwd<'a, B> {
     /// experts the device holds: [`Ops::routes_on_device`]), or read back with one
     /// synchronisation — with `hidden`'s row when decoding, the lookahead predictor's input
     /// ([`crate::expert::ExpertSource::on_hidden`]) — and decided on the host ([`route`]).
-    pub async fn route(&mut self, il: usize, logits: B::T, hidden: &B::T) -> Result<Routing<B::T>, ModelError> {
+    pub async fn route(&mut self, il: usize, logits: B::T, hidden: &B::T, w: &Moe) -> Result<Routing<B::T>, ModelError> {
         let c = &self.m.cfg;
         let src = self.experts.clone().ok_or(ModelError::NoExperts)?;
         let t_n = Self::rows(&logits);
-        if t_n == 1 && c.n_expert_used <= 8 && self.b.routes_on_device(il, &*src, c.n_expert) {
+        // (route.wgsl has no selection bias: such routers decide on the host.)
+        let xl = c.expert_layer(il);
+        if t_n == 1 && c.n_expert_used <= 8 && w.probs_b.is_none() && self.b.routes_on_device(xl, &*src, c.n_expert) {
             return Ok(Routing::Device(logits));
         }
         let mut parts = vec![(&logits, 0..t_n)];
@@ -372,9 +378,9 @@ impl<'a, B: Ops> Fwd<'a, B> {
             parts.push((hidden, n - 1..n));
         }
         let back = self.b.read(&parts).await?;
-        src.on_hidden(il, back.get(1).map(|v| v.as_slice()).unwrap_or(&[]), t_n);
+        src.on_hidden(xl, back.get(1).map(|v| v.as_slice()).unwrap_or(&[]), t_n);
         dump("ffn_moe_logits", il, &back[0]);
-        let (sel, wts) = route(c, &back[0], t_n);
+        let (sel, wts) = route(c, &back[0], t_n, w.probs_b.map(|b| self.m.weights.vec(b)));
         dump("ffn_moe_weights", il, &wts);
         dump("ffn_moe_topk", il, &sel.iter().map(|&v| v as f32).collect::<Vec<_>>());
         Ok(Routing::Host { sel, wts })
@@ -387,10 +393,10 @@ impl<'a, B: Ops> Fwd<'a, B> {
         let src = self.experts.clone().ok_or(ModelError::NoExperts)?;
         let t_n = Self::rows(cur);
         let out = match routing {
-            Routing::Device(logits) => self.b.experts_routed(il, &*src, cur, &logits, &c.route_spec(), &w.ffn)?,
+            Routing::Device(logits) => self.b.experts_routed(c.expert_layer(il), &*src, cur, &logits, &c.route_spec(), &w.ffn)?,
             Routing::Host { sel, wts } => {
                 let r = Route { sel: &sel, wts: &wts, k: c.n_expert_used };
-                self.b.experts(il, &*src, cur, r, &w.ffn, (t_n == 1).then_some(x))?
+                self.b.experts(c.expert_layer(il), &*src, cur, r, &w.ffn, (t_n == 1).then_some(x))?
             }
         };
         self.shared_expert(il, cur, out, w).await
@@ -423,9 +429,9 @@ impl<'a, B: Ops> Fwd<'a, B> {
         self.dump("l_out", il, x).await?;
         if let Some(src) = &self.experts {
             let n = Self::rows(x);
-            if n == 1 && src.wants_residual() {
+            if n == 1 && src.wants_residual() && self.m.cfg.is_moe_layer(il) {
                 let row = self.b.read(&[(&*x, 0..1)]).await?.remove(0);
-                src.on_residual(il, &row, n);
+                src.on_residual(self.m.cfg.expert_layer(il), &row, n);
             }
         }
         Ok(())

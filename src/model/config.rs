@@ -29,6 +29,11 @@ pub enum Arch {
     /// the router reads the layer's input before attention, sigmoid or softmax gating
     /// (`expert_gating_func`), ReGLU experts, NoPE global layers between RoPE sliding-window ones.
     SmallThinker,
+    /// `lfm2moe` (LFM2-8B-A1B, LFM2-24B-A2B; llama.cpp `src/models/lfm2.cpp`): short-convolution
+    /// layers (gated causal conv1d, a conv state per layer) between GQA layers with a per-head
+    /// QK-norm, dense SwiGLU in the first layers, then sigmoid routing with a selection bias
+    /// (`exp_probs_b`) over SwiGLU experts.
+    Lfm2Moe,
 }
 
 impl Arch {
@@ -43,6 +48,7 @@ impl Arch {
             "qwen3next" => Arch::Qwen3Next,
             "gpt-oss" => Arch::GptOss,
             "smallthinker" => Arch::SmallThinker,
+            "lfm2moe" => Arch::Lfm2Moe,
             _ => return None,
         })
     }
@@ -57,6 +63,7 @@ impl Arch {
             Arch::Qwen3Next => "qwen3next",
             Arch::GptOss => "gpt-oss",
             Arch::SmallThinker => "smallthinker",
+            Arch::Lfm2Moe => "lfm2moe",
         }
     }
 }
@@ -111,6 +118,11 @@ pub struct Config {
     pub expert_act: ExpertAct,
     /// Per layer: whether its attention skips RoPE (NoPE; smallthinker's global layers).
     pub nope: Vec<bool>,
+    /// lfm2's short convolution: the conv kernel's length L (`shortconv.l_cache`; its state
+    /// keeps L − 1 inputs per channel). `None`: no such layers.
+    pub shortconv: Option<usize>,
+    /// The first layers with a dense FFN before the MoE ones (`leading_dense_block_count`).
+    pub n_dense_lead: usize,
 }
 
 pub use crate::backend::ops::Gating;
@@ -160,7 +172,7 @@ impl Ssm {
 pub enum ConfigError {
     #[error(transparent)]
     Gguf(#[from] GgufError),
-    #[error("unsupported architecture '{0}' (LES runs llama, qwen2moe, qwen3moe, olmoe, qwen35moe, qwen35, qwen3next, gpt-oss, smallthinker)")]
+    #[error("unsupported architecture '{0}' (LES runs llama, qwen2moe, qwen3moe, olmoe, qwen35moe, qwen35, qwen3next, gpt-oss, smallthinker, lfm2moe)")]
     UnsupportedArch(String),
     #[error("invalid hyper-parameter {key} = {value}: {why}")]
     Invalid { key: String, value: u64, why: &'static str },
@@ -185,10 +197,21 @@ impl Config {
         let n_embd = req("embedding_length")?;
         let n_layer = req("block_count")?;
         let n_head = req("attention.head_count")?;
-        let n_head_kv = opt("attention.head_count_kv").unwrap_or(n_head);
+        // `attention.head_count_kv` may be one value per layer (lfm2moe: 0 on the short-convolution
+        // layers); the attention layers must then agree.
+        let kv_per_layer: Option<Vec<usize>> = g.get(&k("attention.head_count_kv")).and_then(|v| v.as_array()).map(|a| a.iter().map(|v| v.as_u64().unwrap_or(u64::MAX).min(1 << 20) as usize).collect());
+        let (n_head_kv, kv_ok) = match &kv_per_layer {
+            Some(a) => {
+                let nz: Vec<usize> = a.iter().copied().filter(|&v| v > 0).collect();
+                let first = nz.first().copied().unwrap_or(0);
+                (first, a.len() == n_layer && !nz.is_empty() && nz.iter().all(|&v| v == first))
+            }
+            None => (opt("attention.head_count_kv").unwrap_or(n_head), true),
+        };
         let check = |key: &str, v: usize, ok: bool, why: &'static str| -> Result<(), ConfigError> {
             if ok { Ok(()) } else { Err(ConfigError::Invalid { key: k(key), value: v as u64, why }) }
         };
+        check("attention.head_count_kv", n_head_kv, kv_ok, "per-layer values must have block_count entries, the non-zero ones equal")?;
         check("embedding_length", n_embd, n_embd > 0 && n_embd <= 1 << 16, "must be in 1..=65536")?;
         check("block_count", n_layer, n_layer > 0 && n_layer <= 1024, "must be in 1..=1024")?;
         // qwen35moe / qwen3next files may keep multi-token-prediction blocks after the trunk
@@ -218,7 +241,11 @@ impl Config {
             _ => RopeKind::Neox,
         };
         let hybrid = matches!(arch, Arch::Qwen35Moe | Arch::Qwen35 | Arch::Qwen3Next);
-        let (ssm, recurrent) = if hybrid {
+        let (ssm, recurrent) = if arch == Arch::Lfm2Moe {
+            check("expert_count", n_expert, n_expert > 0, "must be > 0 (this architecture is MoE only)")?;
+            let kv = kv_per_layer.clone().ok_or_else(|| ConfigError::Missing(format!("{} (one value per layer)", k("attention.head_count_kv"))))?;
+            (None, kv.iter().map(|&v| v == 0).collect())
+        } else if hybrid {
             if arch == Arch::Qwen35 {
                 check("expert_count", n_expert, n_expert == 0, "must be 0 (qwen35 is dense; MoE files are qwen35moe)")?;
                 check("feed_forward_length", n_ff, n_ff > 0 && n_ff <= 1 << 20, "must be in 1..=1048576")?;
@@ -317,7 +344,7 @@ impl Config {
         // `expert_gating_func` (smallthinker: required; llama.cpp aborts without it).
         let gating = match arch {
             Arch::GptOss => Gating::SoftmaxWeight,
-            Arch::SmallThinker => match opt("expert_gating_func") {
+            Arch::SmallThinker | Arch::Lfm2Moe => match opt("expert_gating_func") {
                 Some(1) => Gating::Softmax,
                 Some(2) => Gating::Sigmoid,
                 Some(3) => Gating::SoftmaxWeight,
@@ -326,6 +353,19 @@ impl Config {
             },
             _ => Gating::Softmax,
         };
+        // lfm2moe: the short convolution's length, the leading dense layers.
+        let shortconv = if arch == Arch::Lfm2Moe {
+            let l = opt("shortconv.l_cache").ok_or_else(|| ConfigError::Missing(k("shortconv.l_cache")))?;
+            check("shortconv.l_cache", l, (2..=64).contains(&l), "must be in 2..=64")?;
+            Some(l)
+        } else {
+            None
+        };
+        let n_dense_lead = if arch == Arch::Lfm2Moe { opt("leading_dense_block_count").unwrap_or(0) } else { 0 };
+        check("leading_dense_block_count", n_dense_lead, n_dense_lead <= n_layer, "must be ≤ block_count")?;
+        if n_dense_lead > 0 {
+            check("feed_forward_length", n_ff, n_ff > 0 && n_ff <= 1 << 20, "must be in 1..=1048576 (the leading dense layers' width)")?;
+        }
         if arch == Arch::GptOss {
             check("expert_count", n_expert, n_expert > 0, "must be > 0 (this architecture is MoE only)")?;
             check("rope.dimension_count", n_rot, n_rot == head_dim, "must equal the head size (llama.cpp uses n_rot as the head size)")?;
@@ -352,7 +392,7 @@ impl Config {
             rms_eps: g.get_f32(&k("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5),
             rope_base,
             rope,
-            norm_topk: matches!(arch, Arch::Llama | Arch::Qwen3Moe | Arch::Qwen35Moe | Arch::Qwen35 | Arch::Qwen3Next | Arch::SmallThinker),
+            norm_topk: matches!(arch, Arch::Llama | Arch::Qwen3Moe | Arch::Qwen35Moe | Arch::Qwen35 | Arch::Qwen3Next | Arch::SmallThinker | Arch::Lfm2Moe),
             expert_weights_scale: g.get_f32(&k("expert_weights_scale")).unwrap_or(0.0),
             ssm,
             recurrent,
@@ -367,6 +407,8 @@ impl Config {
                 _ => ExpertAct::Silu,
             },
             nope,
+            shortconv,
+            n_dense_lead,
         })
     }
 
@@ -374,7 +416,45 @@ impl Config {
     /// last logits are wanted (`inp_out_ids` inside the layer loop: the llama family); the hybrids
     /// and gpt-oss select the row after the last layer.
     pub fn trims_last_layer(&self) -> bool {
-        matches!(self.arch, Arch::Llama | Arch::Qwen2Moe | Arch::Qwen3Moe | Arch::Olmoe | Arch::SmallThinker)
+        matches!(self.arch, Arch::Llama | Arch::Qwen2Moe | Arch::Qwen3Moe | Arch::Olmoe | Arch::SmallThinker | Arch::Lfm2Moe)
+    }
+
+    /// Whether layer `il` has routed experts (not one of the leading dense layers).
+    pub fn is_moe_layer(&self, il: usize) -> bool {
+        self.is_moe() && il >= self.n_dense_lead
+    }
+
+    /// Layer `il`'s index among the MoE layers: what the expert source, its stores and the
+    /// backends' expert pools number layers by (the leading dense layers have no experts).
+    pub fn expert_layer(&self, il: usize) -> usize {
+        il.saturating_sub(self.n_dense_lead)
+    }
+
+    /// Layers with routed experts.
+    pub fn n_moe_layers(&self) -> usize {
+        if self.is_moe() { self.n_layer - self.n_dense_lead } else { 0 }
+    }
+
+    /// The output norm's tensor (`output_norm.weight`; lfm2's GGUF names it `token_embd_norm`).
+    pub fn output_norm_name(&self) -> &'static str {
+        if self.arch == Arch::Lfm2Moe { "token_embd_norm.weight" } else { "output_norm.weight" }
+    }
+
+    /// f32 lengths of layer `il`'s recurrent state (conv, delta rule); `None` for attention layers.
+    pub fn state_lens(&self, il: usize) -> Option<(usize, usize)> {
+        if !self.is_recurrent(il) {
+            return None;
+        }
+        match (self.ssm, self.shortconv) {
+            (Some(s), _) => Some((s.conv_state_len(), s.ssm_state_len())),
+            (None, Some(l)) => Some(((l - 1) * self.n_embd, 0)),
+            _ => None,
+        }
+    }
+
+    /// Whether any layer keeps a recurrent state.
+    pub fn has_recurrent(&self) -> bool {
+        (0..self.n_layer).any(|il| self.state_lens(il).is_some())
     }
 
     /// Whether each layer's router runs before the layer's other work, so its experts are known
@@ -449,7 +529,7 @@ impl Config {
     }
     /// Bytes of recurrent state (conv + delta-rule state, f32) of one sequence.
     pub fn recurrent_state_bytes(&self) -> usize {
-        self.ssm.map_or(0, |s| (s.conv_state_len() + s.ssm_state_len()) * 4 * (self.n_layer - self.n_attn_layers()))
+        (0..self.n_layer).filter_map(|il| self.state_lens(il)).map(|(a, b)| (a + b) * 4).sum()
     }
 }
 

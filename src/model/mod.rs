@@ -6,7 +6,8 @@
 //! - [`olmoe`]: QK-norm over whole Q / K (`olmoe.cpp`);
 //! - [`qwen35moe`]: Gated DeltaNet + gated attention hybrid, `qwen35moe` and `qwen3next`;
 //! - [`gpt_oss`]: biased attention with sinks and sliding windows, YaRN, biased MXFP4 experts;
-//! - [`smallthinker`]: the router before attention (exact expert lookahead), ReGLU experts, NoPE.
+//! - [`smallthinker`]: the router before attention (exact expert lookahead), ReGLU experts, NoPE;
+//! - [`lfm2moe`]: short-convolution layers between GQA layers, dense leading layers, a biased sigmoid router.
 //!
 //! Each architecture file holds its tensor list (as llama.cpp's `load_arch_tensors`) and its
 //! forward (as the graph builder), made of the shared blocks in [`blocks`] (as
@@ -17,6 +18,7 @@
 pub mod blocks;
 pub mod config;
 pub mod gpt_oss;
+pub mod lfm2moe;
 pub mod llama;
 pub mod olmoe;
 pub mod qwen2moe;
@@ -317,6 +319,7 @@ pub(crate) enum Layers {
     Llama(llama::Llama),
     Hybrid(qwen35moe::Hybrid),
     SmallThinker(smallthinker::SmallThinker),
+    Lfm2Moe(lfm2moe::Lfm2Moe),
 }
 
 pub struct Model {
@@ -366,7 +369,7 @@ impl Model {
         let (e, v) = (cfg.n_embd, cfg.n_vocab);
         let mut ld = Loader::new(src, g).with_streaming(dense);
         let tok_embd = ld.mat("token_embd.weight", [e, v])?;
-        let output_norm = ld.vec("output_norm.weight", e)?;
+        let output_norm = ld.vec(cfg.output_norm_name(), e)?;
         let output = if ld.has("output.weight") { ld.mat("output.weight", [e, v])? } else { tok_embd };
         if output != tok_embd {
             ld.w.set_host_only(tok_embd);
@@ -379,12 +382,13 @@ impl Model {
             Arch::GptOss => Layers::Llama(gpt_oss::load(&mut ld, &cfg)?),
             Arch::Qwen35Moe | Arch::Qwen35 | Arch::Qwen3Next => Layers::Hybrid(qwen35moe::Hybrid::load(&mut ld, &cfg)?),
             Arch::SmallThinker => Layers::SmallThinker(smallthinker::SmallThinker::load(&mut ld, &cfg)?),
+            Arch::Lfm2Moe => Layers::Lfm2Moe(lfm2moe::Lfm2Moe::load(&mut ld, &cfg)?),
         };
         // With an external expert source (a streaming cache, or a bundle whose dense GGUF has no
         // expert tensors) the model needs no expert tensor at all.
         let mut expert_tensors = Vec::new();
         if cfg.is_moe() && matches!(mode, ExpertMode::Resident) {
-            for il in 0..cfg.n_layer {
+            for il in cfg.n_dense_lead..cfg.n_layer {
                 expert_tensors.push(GgufExpertTensors::find(g, il, e, cfg.n_expert)?);
             }
         }
@@ -456,7 +460,7 @@ impl Model {
     pub fn new_kv(&self, n_ctx: usize) -> Result<KvCache, ModelError> {
         let c = &self.cfg;
         let layers: Vec<Option<(usize, usize)>> =
-            (0..c.n_layer).map(|il| c.ssm.filter(|_| c.is_recurrent(il)).map(|s| (s.conv_state_len(), s.ssm_state_len()))).collect();
+            (0..c.n_layer).map(|il| c.state_lens(il)).collect();
         let windows: Vec<usize> = (0..c.n_layer).map(|il| c.window(il)).collect();
         KvCache::try_with_windows(&layers, &windows, n_ctx, c.n_head_kv, c.head_dim).map_err(|bytes| ModelError::OutOfMemory { what: "KV cache", bytes })
     }
@@ -661,6 +665,7 @@ impl Model {
             Layers::Llama(a) => a.forward(&mut f).await,
             Layers::Hybrid(a) => a.forward(&mut f).await,
             Layers::SmallThinker(a) => a.forward(&mut f).await,
+            Layers::Lfm2Moe(a) => a.forward(&mut f).await,
         }
     }
 
@@ -672,7 +677,7 @@ impl Model {
         let c = &self.cfg;
         let swa_layers = (0..c.n_layer).filter(|&il| !c.is_recurrent(il) && c.window(il) > 0).count();
         GpuShapes {
-            n_layer: c.n_layer,
+            n_layer: c.n_moe_layers(),
             kv_layers: c.n_attn_layers() - swa_layers,
             swa_layers,
             swa_cells: if swa_layers > 0 { crate::backend::cpu::kv::swa_ring_cells(c.n_swa, GPU_BATCH, n_ctx) } else { 0 },
@@ -733,13 +738,20 @@ impl Model {
 /// probabilities → normalised for llama/qwen3moe; [`Gating::SoftmaxWeight`] (gpt-oss): top-k of
 /// the raw logits → softmax over those k; then scaled by `expert_weights_scale`. Shared by every
 /// backend so routing is identical.
-pub(crate) fn route(c: &Config, logits: &[f32], t_n: usize) -> (Vec<u32>, Vec<f32>) {
-    route_with(&c.route_spec(), logits, t_n)
+/// `sel_bias`: a selection bias (`exp_probs_b`, lfm2moe) added to the probabilities for the
+/// top-k choice only; the weights are the unbiased probabilities (`build_moe_ffn`).
+pub(crate) fn route(c: &Config, logits: &[f32], t_n: usize, sel_bias: Option<&[f32]>) -> (Vec<u32>, Vec<f32>) {
+    route_biased(&c.route_spec(), logits, t_n, sel_bias)
 }
 
 /// [`route`] for a router described by `c` ([`RouteSpec`]): the host's reference for the
 /// device's router (shaders/route.wgsl).
 pub fn route_with(c: &crate::backend::ops::RouteSpec, logits: &[f32], t_n: usize) -> (Vec<u32>, Vec<f32>) {
+    route_biased(c, logits, t_n, None)
+}
+
+/// [`route_with`] with an optional selection bias ([`route`]).
+pub fn route_biased(c: &crate::backend::ops::RouteSpec, logits: &[f32], t_n: usize, sel_bias: Option<&[f32]>) -> (Vec<u32>, Vec<f32>) {
     let k = c.k;
     let mut sel = vec![0u32; t_n * k];
     let mut wts = vec![0f32; t_n * k];
@@ -761,7 +773,10 @@ pub fn route_with(c: &crate::backend::ops::RouteSpec, logits: &[f32], t_n: usize
             } else {
                 cpu_ops::softmax(row, &mut probs);
             }
-            let top = cpu_ops::top_k(&probs, k);
+            let top = match sel_bias.filter(|b| b.len() == probs.len()) {
+                Some(b) => cpu_ops::top_k(&probs.iter().zip(b).map(|(p, b)| p + b).collect::<Vec<f32>>(), k),
+                None => cpu_ops::top_k(&probs, k),
+            };
             // ggml_sum_rows (`ggml_vec_sum_f32`) adds in f64 and rounds once.
             let mut sum = 0f64;
             for (r, &ex) in top.iter().enumerate() {

@@ -188,7 +188,7 @@ impl Hybrid {
         let [qkv, z, beta, alpha] = f.matmuls(cur, [w.qkv, w.gate, w.beta, w.alpha])?;
         f.dump("linear_attn_qkv_mixed", il, &qkv).await?;
         f.dump("z", il, &z).await?;
-        let mut conv = f.b.conv_silu(il, &qkv, w.conv, self.ssm.d_conv)?;
+        let mut conv = f.b.ssm_conv(il, &qkv, w.conv, self.ssm.d_conv, true)?;
         f.dump("conv_output_silu", il, &conv).await?;
         let mut o = f.b.delta_net(il, &mut conv, &alpha, &beta, &w.net)?;
         f.dump("attn_output", il, &o).await?;

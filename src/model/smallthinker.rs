@@ -39,7 +39,7 @@ impl SmallThinker {
             if f.trims(il, Fwd::<B>::rows_of(&x)) {
                 logits = f.b.last_row(logits)?;
             }
-            let routing = f.route(il, logits, &x).await?;
+            let routing = f.route(il, logits, &x, w).await?;
             if let (Routing::Host { sel, .. }, Some(src)) = (&routing, &f.experts) {
                 let mut ids: Vec<u32> = Vec::with_capacity(sel.len());
                 for &e in sel {
@@ -47,7 +47,7 @@ impl SmallThinker {
                         ids.push(e);
                     }
                 }
-                src.on_route(il, &ids, Fwd::<B>::rows_of(&x));
+                src.on_route(f.m.cfg.expert_layer(il), &ids, Fwd::<B>::rows_of(&x));
             }
             let cur = f.norm(&x, l.attn_norm, "attn_norm", il).await?;
             let attn = f.attention(il, &cur, &l.attn).await?;

@@ -78,9 +78,10 @@ function fs_size() {
 // The seed's family (qwen35moe, and qwen3next: Gated DeltaNet layers between gated attention
 // layers): the recurrent state lives in the wasm heap on the CPU path and in GPU buffers on the
 // WebGPU path; gpt-oss (sinks, a sliding window of 16 that the 20 tokens run past, YaRN, biased
-// MXFP4 experts); smallthinker (the router before attention: each layer names its experts early).
+// MXFP4 experts); smallthinker (the router before attention: each layer names its experts early);
+// lfm2moe (short-convolution states, a dense first layer, a biased router).
 // Experts streamed from a 10-slot cache. Tokens equal the native engine's on each path.
-for (const arch of ['qwen35moe', 'qwen3next', 'gpt-oss', 'smallthinker']) {
+for (const arch of ['qwen35moe', 'qwen3next', 'gpt-oss', 'smallthinker', 'lfm2moe']) {
   test(`${arch} streamed: CPU and WebGPU paths equal native`, async () => {
     const model = path.join(ROOT, `models/rand-${arch}.les`);
     need(model, `run \`les pack models/rand-${arch}.gguf models/rand-${arch}.les\``);

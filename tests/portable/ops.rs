@@ -227,10 +227,21 @@ async fn case_norm_gated<B: Ops>(b: &mut B) -> Out {
 async fn case_conv_silu<B: Ops>(b: &mut B) -> Out {
     // A prompt of 3 rows, then 1 more: the state carries over.
     let x = b.input(rows_of(3, E, 5), E)?;
-    let y1 = b.conv_silu(1, &x, fx().conv_w, D_CONV)?;
+    let y1 = b.ssm_conv(1, &x, fx().conv_w, D_CONV, true)?;
     let x = b.input(rows_of(1, E, 90), E)?;
-    let y2 = b.conv_silu(1, &x, fx().conv_w, D_CONV)?;
+    let y2 = b.ssm_conv(1, &x, fx().conv_w, D_CONV, true)?;
     read_all(b, &[&y1, &y2]).await
+}
+
+/// lfm2's short convolution: the same conv without an activation, between two gates.
+async fn case_short_conv<B: Ops>(b: &mut B) -> Out {
+    let mut gx = b.input(rows_of(3, E, 7), E)?;
+    let g = b.input(rows_of(3, E, 71), E)?;
+    b.mul(&mut gx, &g)?;
+    let y1 = b.ssm_conv(1, &gx, fx().conv_w, D_CONV, false)?;
+    let x = b.input(rows_of(1, E, 91), E)?;
+    let y2 = b.ssm_conv(1, &x, fx().conv_w, D_CONV, false)?;
+    read_all(b, &[&gx, &y1, &y2]).await
 }
 
 async fn case_delta_net<B: Ops>(b: &mut B) -> Out {
@@ -530,6 +541,7 @@ fn norm_gated() {
 #[test]
 fn conv_silu() {
     assert_conforms("conv_silu", &conform!(case_conv_silu));
+    assert_conforms("mul, ssm_conv (no activation)", &conform!(case_short_conv));
 }
 #[test]
 fn delta_net() {
@@ -603,6 +615,7 @@ fn ops_table_is_current() {
     rows.push(("mul_sigmoid".into(), conform!(case_mul_sigmoid)));
     rows.push(("norm_gated".into(), conform!(case_norm_gated)));
     rows.push(("conv_silu".into(), conform!(case_conv_silu)));
+    rows.push(("mul, ssm_conv (no activation)".into(), conform!(case_short_conv)));
     rows.push(("delta_net".into(), conform!(case_delta_net)));
     rows.push(("last_row".into(), conform!(case_last_row)));
     rows.push(("experts".into(), conform!(case_experts)));

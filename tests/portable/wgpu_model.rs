@@ -110,7 +110,7 @@ fn gpu_greedy_equals_cpu_random_moes() {
     }
     // Gated DeltaNet hybrids (float weights: slower on lavapipe).
     let (np, steps) = sized((4, 16), (1, 8));
-    for m in ["rand-qwen35moe.gguf", "rand-qwen3next.gguf"] {
+    for m in ["rand-qwen35moe.gguf", "rand-qwen3next.gguf", "rand-lfm2moe.gguf"] {
         let (n, differ, _) = compare(m, np, steps);
         assert_eq!(differ, 0, "{m}: {differ} of {n} steps' logits are not bit-identical");
     }
@@ -298,7 +298,7 @@ fn gpu_streamed_equals_gpu_resident() {
     if !gpu_available() {
         return;
     }
-    for m in ["rand-llama-moe.gguf", "rand-qwen2moe.gguf", "rand-qwen3moe.gguf", "rand-olmoe.gguf", "rand-qwen35moe.gguf"] {
+    for m in ["rand-llama-moe.gguf", "rand-qwen2moe.gguf", "rand-qwen3moe.gguf", "rand-olmoe.gguf", "rand-qwen35moe.gguf", "rand-lfm2moe.gguf"] {
         gpu_lossless(m, 8);
     }
 }

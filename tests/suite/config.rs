@@ -74,6 +74,28 @@ fn hostile_hybrid_hyper_parameters_are_typed_errors() {
         set(&mut g, &format!("{a}.{k}"), Value::U32(v));
     }
     assert!(matches!(Config::from_gguf(&g), Err(ConfigError::Invalid { .. })), "a 4 GiB-per-layer state must be refused");
+    // lfm2moe: a per-layer `head_count_kv` of the wrong length or without an attention layer, no
+    // `shortconv.l_cache`, a kernel of length 1, more dense layers than layers.
+    let a2 = "lfm2moe";
+    let kv = |v: &[u32]| Value::Array(v.iter().map(|&x| Value::U32(x)).collect());
+    for (key, v, want) in [
+        ("attention.head_count_kv", kv(&[0, 0, 2]), "attention.head_count_kv"),
+        ("attention.head_count_kv", kv(&[0; 6]), "attention.head_count_kv"),
+        ("attention.head_count_kv", kv(&[0, 0, 2, 0, 4, 0]), "attention.head_count_kv"),
+        ("shortconv.l_cache", Value::U32(1), "shortconv.l_cache"),
+        ("leading_dense_block_count", Value::U32(7), "leading_dense_block_count"),
+    ] {
+        let mut g = read("rand-lfm2moe.gguf");
+        set(&mut g, &format!("{a2}.{key}"), v.clone());
+        match Config::from_gguf(&g) {
+            Err(ConfigError::Invalid { key: k, .. }) => assert_eq!(k, format!("{a2}.{want}"), "{key} = {v:?}"),
+            other => panic!("{key} = {v:?}: expected an invalid-hyper-parameter error, got {other:?}"),
+        }
+    }
+    let mut g = read("rand-lfm2moe.gguf");
+    set(&mut g, "lfm2moe.shortconv.l_cache", Value::String("3".into()));
+    let r = Config::from_gguf(&g);
+    assert!(matches!(&r, Err(ConfigError::Missing(k)) if k == "lfm2moe.shortconv.l_cache"), "{r:?}");
     // A key of the wrong type reads as missing.
     let mut g = read("rand-qwen35moe.gguf");
     set(&mut g, &format!("{a}.ssm.conv_kernel"), Value::String("4".into()));

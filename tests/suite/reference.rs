@@ -165,6 +165,14 @@ fn rand_smallthinker_matches_llama_cpp() {
     check("rand-smallthinker.gguf", "rand-smallthinker");
 }
 
+/// LFM2-MoE: short-convolution layers (C C A C A C) with their conv state, a dense first layer,
+/// per-head QK-norm, sigmoid routing with a selection bias, the output norm named
+/// `token_embd_norm`. References from llama.cpp's AVX-512 build (2026-12-07).
+#[test]
+fn rand_lfm2moe_matches_llama_cpp() {
+    check("rand-lfm2moe.gguf", "rand-lfm2moe");
+}
+
 /// Gated DeltaNet + gated attention hybrid (Qwen3.5-MoE): tiled value→key heads, IMROPE.
 #[test]
 fn rand_qwen35moe_matches_llama_cpp() {

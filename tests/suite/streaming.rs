@@ -153,6 +153,13 @@ fn lossless_rand_smallthinker() {
     lossless("rand-smallthinker.gguf", &FRACTIONS, &POLICIES, 8, true);
 }
 
+/// lfm2moe: a dense first layer (the expert source numbers the five MoE layers only), a
+/// router with a selection bias, and short-convolution states beside the streamed experts.
+#[test]
+fn lossless_rand_lfm2moe() {
+    lossless("rand-lfm2moe.gguf", &FRACTIONS, &POLICIES, 8, true);
+}
+
 /// Prefetches (every lookahead stage: first, refinement, second) read in 4 KiB chunks from a slow modelled device: they pause for demand reads and
 /// are cancelled mid-read when stale, and the logits still equal the resident run's.
 #[test]

@@ -263,7 +263,14 @@ impl Ops for CpuExec<'_> {
         Ok(())
     }
 
-    fn conv_silu(&mut self, il: usize, x: &CpuT, w: Vector, d_conv: usize) -> Result<CpuT, OpError> {
+    fn mul(&mut self, x: &mut CpuT, y: &CpuT) -> Result<(), OpError> {
+        for (a, &b) in x.v.iter_mut().zip(&y.v) {
+            *a *= b;
+        }
+        Ok(())
+    }
+
+    fn ssm_conv(&mut self, il: usize, x: &CpuT, w: Vector, d_conv: usize, silu: bool) -> Result<CpuT, OpError> {
         let w = self.w.vec(w);
         let st = self.kv.rs.get_mut(il).and_then(|r| r.as_mut()).ok_or(OpError::NoState(il))?;
         let c = x.cols;
@@ -274,7 +281,7 @@ impl Ops for CpuExec<'_> {
         let t_n = x.rows();
         if t_n == 1 || d_conv < 2 {
             for (xr, yr) in x.v.chunks(c).zip(y.chunks_mut(c)) {
-                ops::conv_silu_step(&mut st.conv, w, d_conv, xr, yr);
+                ops::conv_silu_step(&mut st.conv, w, d_conv, xr, yr, silu);
             }
             return Ok(CpuT { v: y, cols: c });
         }
@@ -286,7 +293,7 @@ impl Ops for CpuExec<'_> {
             let c0 = bi * CH;
             let wb = &w[c0 * d_conv..(c0 + stb.len() / kc) * d_conv];
             // SAFETY: block `bi` alone writes its channels' outputs.
-            ops::conv_silu_channels(stb, wb, d_conv, &x.v, c, c0, t_n, &mut |t, vals| unsafe { yp.slice(t * c + c0, vals.len()) }.copy_from_slice(vals));
+            ops::conv_silu_channels(stb, wb, d_conv, &x.v, c, c0, t_n, silu, &mut |t, vals| unsafe { yp.slice(t * c + c0, vals.len()) }.copy_from_slice(vals));
         });
         Ok(CpuT { v: y, cols: c })
     }

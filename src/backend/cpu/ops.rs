@@ -753,20 +753,21 @@ pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
 
 /// One token of ggml's `ssm_conv` (depthwise causal conv1d) for every channel, then SiLU:
 /// `y[c] = silu(Σ_k w[c·K + k] · in[c][k])` over `in[c] = [state[c] (K − 1 values), x[c]]`,
-/// summed in k order, each product rounded before its add (ggml's loop is not contracted:
-/// checked against llama.cpp's `conv_output_raw`); then the state shifts by one (it keeps the
-/// last K − 1 inputs of each channel).
-pub fn conv_silu_step(state: &mut [f32], w: &[f32], d_conv: usize, x: &[f32], y: &mut [f32]) {
+/// summed in k order, each term a fused multiply-add (`sum = fma(in, w, sum)`: ggml's loop as
+/// GCC contracts it with `-march=native` on FMA machines; bit-identical to llama.cpp 0c1e570's
+/// AVX-512 build on lfm2's short convolution, 2026-12-07); then the state shifts by one (it
+/// keeps the last K − 1 inputs of each channel). `silu_out` false: no activation (lfm2).
+pub fn conv_silu_step(state: &mut [f32], w: &[f32], d_conv: usize, x: &[f32], y: &mut [f32], silu_out: bool) {
     let kc = d_conv - 1;
     for (c, (&xc, yc)) in x.iter().zip(y.iter_mut()).enumerate() {
         let st = &mut state[c * kc..(c + 1) * kc];
         let wc = &w[c * d_conv..(c + 1) * d_conv];
         let mut sum = 0f32;
         for k in 0..kc {
-            sum += st[k] * wc[k];
+            sum = st[k].mul_add(wc[k], sum);
         }
-        sum += xc * wc[kc];
-        *yc = silu(sum);
+        sum = xc.mul_add(wc[kc], sum);
+        *yc = if silu_out { silu(sum) } else { sum };
         st.copy_within(1.., 0);
         st[kc - 1] = xc;
     }
@@ -774,13 +775,13 @@ pub fn conv_silu_step(state: &mut [f32], w: &[f32], d_conv: usize, x: &[f32], y:
 
 /// [`conv_silu_step`] over many tokens for a block of channels: channel `c`'s inputs
 /// `[state (K − 1), x[0][c], x[1][c], …]` as one window, each output summed in the same order
-/// (`y[t] = silu(Σ_k w[k] · win[t + k])`, products rounded before their adds; SiLU's exponential
+/// (`y[t] = silu(Σ_k w[k] · win[t + k])`, fused multiply-adds in k order; SiLU's exponential
 /// branch-free, [`ggml_expf_nb`], same bits) and the state left holding the last K − 1 inputs:
 /// the bits of the per-token steps. `x`: `n_tok` rows of `cols`; this call takes channels
 /// `c0 .. c0 + state.len() / (K − 1)` (`state`, `w`: those channels' rows) and hands each
 /// token's outputs for them to `out(token, values)`.
 #[allow(clippy::too_many_arguments)]
-pub fn conv_silu_channels(state: &mut [f32], w: &[f32], d_conv: usize, x: &[f32], cols: usize, c0: usize, n_tok: usize, out: &mut impl FnMut(usize, &[f32])) {
+pub fn conv_silu_channels(state: &mut [f32], w: &[f32], d_conv: usize, x: &[f32], cols: usize, c0: usize, n_tok: usize, silu_out: bool, out: &mut impl FnMut(usize, &[f32])) {
     let kc = d_conv - 1;
     let nc = state.len() / kc.max(1);
     let span = kc + n_tok;
@@ -799,12 +800,14 @@ pub fn conv_silu_channels(state: &mut [f32], w: &[f32], d_conv: usize, x: &[f32]
             let wi = &win[i * span + t..i * span + t + d_conv];
             let mut sum = 0f32;
             for (&a, &wk) in wi.iter().zip(wc) {
-                sum += a * wk;
+                sum = a.mul_add(wk, sum);
             }
             *o = sum;
         }
-        for v in row.iter_mut() {
-            *v = *v / (1.0 + ggml_expf_nb(-*v));
+        if silu_out {
+            for v in row.iter_mut() {
+                *v = *v / (1.0 + ggml_expf_nb(-*v));
+            }
         }
         out(t, &row);
     }

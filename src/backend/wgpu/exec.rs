@@ -115,6 +115,8 @@ impl GpuStats {
 /// The shapes the backend allocates for: the KV cache and the routed experts.
 #[derive(Clone, Copy, Debug)]
 pub struct GpuShapes {
+    /// Layers with routed experts (numbered as the expert source numbers them: the model's
+    /// leading dense layers are not counted).
     pub n_layer: usize,
     /// Layers with keys and values for every position (attention layers; a hybrid's recurrent
     /// layers hold none).
@@ -911,11 +913,17 @@ impl Ops for GpuExec<'_> {
         Ok(())
     }
 
-    fn conv_silu(&mut self, il: usize, x: &GpuT, w: Vector, d_conv: usize) -> Result<GpuT, OpError> {
+    fn mul(&mut self, x: &mut GpuT, y: &GpuT) -> Result<(), OpError> {
+        let n = x.rows * x.cols;
+        self.g.k.mul(&mut self.rec, y.buf(), x.buf_mut(), n);
+        Ok(())
+    }
+
+    fn ssm_conv(&mut self, il: usize, x: &GpuT, w: Vector, d_conv: usize, silu: bool) -> Result<GpuT, OpError> {
         let st = self.state(il, true, x.cols * (d_conv - 1))?;
         let y = self.alloc(x.rows, x.cols)?;
         let wb = self.vec(w);
-        self.g.k.conv_silu(&mut self.rec, x.buf(), wb, &st, y.buf(), x.cols, d_conv, x.rows);
+        self.g.k.ssm_conv(&mut self.rec, x.buf(), wb, &st, y.buf(), x.cols, d_conv, x.rows, silu);
         Ok(y)
     }
 

@@ -284,7 +284,7 @@ impl Kernels {
         let rope = Kernel::new(ctx, p, "rope", &format!("{EXACT}\n{ROPE}"), &[ReadWrite, Read, Uniform], &["main"], 3);
         let kv = Kernel::new(ctx, p, "kv_store", KV_STORE, &[Read, Read, ReadWrite, ReadWrite, Uniform], &["main"], 4);
         let attn = Kernel::new(ctx, p, "attention", &format!("{EXACT}\n{ATTENTION}"), &[Read, Read, Read, ReadWrite, ReadWrite, Uniform, Read], &["scores", "factors", "softmax_v"], 5);
-        let ew = Kernel::new(ctx, p, "elementwise", &format!("{EXACT}\n{ELEMENTWISE}"), &[Read, Read, ReadWrite, List, Uniform], &["add", "swiglu", "swiglu_oai", "reglu", "gather", "scatter", "combine", "combine_w", "add_rows", "gate_add", "expf", "gate_add_exp", "mul_sigmoid", "mul_silu"], 6);
+        let ew = Kernel::new(ctx, p, "elementwise", &format!("{EXACT}\n{ELEMENTWISE}"), &[Read, Read, ReadWrite, List, Uniform], &["add", "swiglu", "swiglu_oai", "reglu", "gather", "scatter", "combine", "combine_w", "add_rows", "gate_add", "expf", "gate_add_exp", "mul", "mul_sigmoid", "mul_silu"], 6);
         let mv_binds = [Read, Read, ReadWrite, Uniform, List];
         let matvec_layout = Layout { id: 0, layout: bind_layout(ctx, "matvec", &mv_binds), binds: mv_binds.to_vec() };
         let mk = |l| ctx.device.create_buffer(&wgpu::BufferDescriptor { label: Some(l), size: 256, usage: wgpu::BufferUsages::STORAGE, mapped_at_creation: false });
@@ -673,6 +673,11 @@ impl Kernels {
     }
 
     /// `y[i] *= sigmoid(x[i])` (ggml's sigmoid) for `n` values.
+    /// `y[i] *= x[i]` for `n` values (ggml `mul`).
+    pub fn mul(&self, rec: &mut Recorder<'_>, x: Buf, y: Buf, n: usize) {
+        self.ew(rec, "mul", x, &self.dummy, y, [n as u32, 1, 0, 0, 0, 0, 0, 0], &[], n);
+    }
+
     pub fn mul_sigmoid(&self, rec: &mut Recorder<'_>, x: Buf, y: Buf, n: usize) {
         self.ew(rec, "mul_sigmoid", x, &self.dummy, y, [n as u32, 1, 0, 0, 0, 0, 0, 0], &[], n);
     }
@@ -696,9 +701,10 @@ impl Kernels {
     /// Causal conv1d + SiLU over `n_tok` rows of `cols` channels (shaders/delta_net.wgsl
     /// `conv_silu`): `w` the layer's weights (`d_conv` per channel), `state` its conv state.
     #[allow(clippy::too_many_arguments)]
-    pub fn conv_silu(&self, rec: &mut Recorder<'_>, x: Buf, w: Buf, state: Buf, y: Buf, cols: usize, d_conv: usize, n_tok: usize) {
+    #[allow(clippy::too_many_arguments)]
+    pub fn ssm_conv(&self, rec: &mut Recorder<'_>, x: Buf, w: Buf, state: Buf, y: Buf, cols: usize, d_conv: usize, n_tok: usize, silu: bool) {
         let d = &self.dummy;
-        self.dn(rec, "conv_silu", [x, w, d, d, d, state, y], [n_tok as u32, cols as u32, d_conv as u32, 0, 0, 0, 0, 0, 0, 0, 0, 0], groups_1d(cols));
+        self.dn(rec, "conv_silu", [x, w, d, d, d, state, y], [n_tok as u32, cols as u32, d_conv as u32, silu as u32, 0, 0, 0, 0, 0, 0, 0, 0], groups_1d(cols));
     }
 
     /// The gated delta rule over `n_tok` rows (shaders/delta_net.wgsl `delta_net`): one
