@@ -466,6 +466,18 @@ LFM2_SPECS = {
         mix_types=[(Q8, Q8, Q8, Q8), (Q4K, Q4K, Q6K, Q8), (F16, F16, F16, F16)],
         exp_types=[(Q8, Q8, F16), (Q4K, Q4K, Q8), (F16, Q6K, Q8)],
     ),
+    # LFM2-8B-A1B's shape (transformers `Lfm2MoeConfig` defaults and ../shared/research/
+    # moe_archs_2026.md: 24 layers of 2048, 18 short-conv + 6 GQA (32 heads / 8 KV of 64), the
+    # first 2 dense (7168), 32 experts top-4 of 1792, vocabulary 65536; the attention layers' places
+    # here are an assumption, their count is not) at Q4_K / Q6_K; untied output. About 5.1 GB.
+    "lfm2moe-8b-a1b": dict(
+        arch="lfm2moe", pre="smollm", add_bos=False, seed=3701, logit_std=6.0, res_gain=1.0,
+        n_embd=2048, n_head=32, n_head_kv=8, head_dim=64, n_ff=7168, n_expert=32, top_k=4, n_ff_exp=1792,
+        layers="CCACCCACCCACCCACCCACCACC", n_dense=2, l_cache=3, rope_base=1000000.0, eps=1e-5,
+        embd_type=Q4K, out_type=Q6K, probs_b_std=0.05, vocab=65536, context_length=128000, full=True,
+        mix_types=[(Q4K, Q4K, Q6K, Q4K), (Q4K, Q4K, Q4K, Q4K)],
+        exp_types=[(Q4K, Q4K, Q6K), (Q4K, Q4K, Q4K)],
+    ),
 }
 
 
@@ -474,12 +486,12 @@ def build_lfm2moe(arch_key: str, src: str, out: str, seed: int | None = None):
     arch = sp["arch"]
     seed = sp["seed"] if seed is None else seed
     r = gguf.GGUFReader(src)
-    n_vocab = len(r.fields["tokenizer.ggml.tokens"].data)
+    n_vocab = max(len(r.fields["tokenizer.ggml.tokens"].data), sp.get("vocab", 0))
     pattern = sp["layers"]
     E, K, D, L = sp["n_expert"], sp["top_k"], sp["n_embd"], len(pattern)
     H, HKV, HD, FF, DFF = sp["n_head"], sp["n_head_kv"], sp["head_dim"], sp["n_ff_exp"], sp["n_ff"]
     sw = StreamWriter(out, arch)
-    write_general(sw, arch, arch_key, seed, D, L)
+    write_general(sw, arch, arch_key, seed, D, L, sp.get("context_length", 4096))
     u32 = lambda keys: [sw.u32(f"{arch}.{key}", v) for key, v in keys]  # noqa: E731
     u32([("feed_forward_length", DFF), ("expert_feed_forward_length", FF), ("attention.head_count", H),
          ("rope.dimension_count", HD), ("expert_count", E), ("expert_used_count", K),
@@ -489,7 +501,7 @@ def build_lfm2moe(arch_key: str, src: str, out: str, seed: int | None = None):
     sw.f32(f"{arch}.rope.freq_base", sp["rope_base"])
     sw.f32(f"{arch}.attention.layer_norm_rms_epsilon", sp["eps"])
     copy_tokenizer(sw, r, sp)
-    rnd = random_tensors(sw, seed)
+    rnd = random_tensors(sw, seed, tile_above=(1 << 22) if sp.get("full") else 0)
     gain = sp["res_gain"]
     rnd("token_embd.weight", sp["embd_type"], (D, n_vocab), 1.0)
     for il, t in enumerate(pattern):
@@ -509,9 +521,10 @@ def build_lfm2moe(arch_key: str, src: str, out: str, seed: int | None = None):
             rnd(p + "attn_k_norm.weight", T.F32, (HD,), 0, "norm")
         rnd(p + "ffn_norm.weight", T.F32, (D,), 0, "norm")
         if il < sp["n_dense"]:
-            rnd(p + "ffn_gate.weight", Q8, (D, DFF), 1 / math.sqrt(D))
-            rnd(p + "ffn_up.weight", Q8, (D, DFF), 1 / math.sqrt(D))
-            rnd(p + "ffn_down.weight", Q8, (DFF, D), gain / math.sqrt(DFF))
+            dt = Q4K if sp.get("full") else Q8
+            rnd(p + "ffn_gate.weight", dt, (D, DFF), 1 / math.sqrt(D))
+            rnd(p + "ffn_up.weight", dt, (D, DFF), 1 / math.sqrt(D))
+            rnd(p + "ffn_down.weight", Q8 if not sp.get("full") else Q6K, (DFF, D), gain / math.sqrt(DFF))
         else:
             moe_tensors(rnd, p, D, E, FF, gain, sp["exp_types"][il % len(sp["exp_types"])])
             rnd(p + "exp_probs_b.bias", T.F32, (E,), sp["probs_b_std"])
@@ -1024,7 +1037,7 @@ def main():
     s.add_argument("--out", required=True)
     s.add_argument("--seed", type=int, default=None)
     s = sub.add_parser("full", help="a full-size random model (12-21 GB; not for CI)")
-    s.add_argument("--arch", default="qwen35moe-35b-a3b", choices=sorted(FULL_SPECS))
+    s.add_argument("--arch", default="qwen35moe-35b-a3b", choices=sorted(FULL_SPECS) + ["lfm2moe-8b-a1b"])
     s.add_argument("--src", default="models/SmolLM2-135M-Instruct.Q4_1.gguf")
     s.add_argument("--out", required=True)
     s = sub.add_parser("stats")
@@ -1042,6 +1055,8 @@ def main():
         build_random(a.arch, a.src, a.out, a.seed)
     elif a.cmd == "full" and FULL_SPECS[a.arch]["arch"] == "gpt-oss":
         build_gptoss(a.arch, a.src, a.out)
+    elif a.cmd == "full" and a.arch in LFM2_SPECS:
+        build_lfm2moe(a.arch, a.src, a.out)
     elif a.cmd == "full" and FULL_SPECS[a.arch]["arch"] == "smallthinker":
         build_random(a.arch, a.src, a.out)
     elif a.cmd == "full":

@@ -536,7 +536,7 @@ impl Engine {
         Ok(serde_json::json!({
             "arch": g.session.gguf.get_str("general.architecture"),
             "name": g.session.gguf.get_str("general.name"),
-            "n_layer": c.n_layer, "n_embd": c.n_embd, "n_expert": c.n_expert, "n_expert_used": c.n_expert_used,
+            "n_layer": c.n_layer, "n_moe_layer": c.n_moe_layers(), "n_embd": c.n_embd, "n_expert": c.n_expert, "n_expert_used": c.n_expert_used,
             "n_vocab": c.n_vocab, "n_ctx": g.session.kv.n_ctx, "model_bytes": g.model_bytes,
             "plan": g.plan, "backend": g.backend, "has_chat_template": g.session.gguf.get_str("tokenizer.chat_template").is_some(),
             "vision": g.mmproj.as_ref().map(mmproj_info),

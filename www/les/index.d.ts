@@ -281,6 +281,8 @@ export interface ModelInfo {
   arch: string | null;
   name: string | null;
   n_layer: number;
+  /** Layers with routed experts (n_layer less the leading dense layers; 0 for a dense model). */
+  n_moe_layer: number;
   n_embd: number;
   n_expert: number;
   n_expert_used: number;
