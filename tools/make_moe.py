@@ -1053,10 +1053,10 @@ def main():
                       a.router_logit_std)
     elif a.cmd == "random":
         build_random(a.arch, a.src, a.out, a.seed)
-    elif a.cmd == "full" and FULL_SPECS[a.arch]["arch"] == "gpt-oss":
-        build_gptoss(a.arch, a.src, a.out)
     elif a.cmd == "full" and a.arch in LFM2_SPECS:
         build_lfm2moe(a.arch, a.src, a.out)
+    elif a.cmd == "full" and FULL_SPECS[a.arch]["arch"] == "gpt-oss":
+        build_gptoss(a.arch, a.src, a.out)
     elif a.cmd == "full" and FULL_SPECS[a.arch]["arch"] == "smallthinker":
         build_random(a.arch, a.src, a.out)
     elif a.cmd == "full":

@@ -260,7 +260,7 @@ impl StreamingExperts {
             };
             plans.push((l2, d, self.predict(l2, &hp), true));
         }
-        self.queue_plans(plans);
+        self.queue_plans(plans, false);
     }
 
     /// Two-stage lookahead: layer `layer`'s output (the residual after its FFN) routes layer
@@ -296,11 +296,13 @@ impl StreamingExperts {
             }
             plans.push((l2, d, p, false));
         }
-        self.queue_plans(plans);
+        self.queue_plans(plans, false);
     }
 
-    /// Queue prefetches: `(layer, queue distance, experts, add temporal candidates)`.
-    fn queue_plans(&self, plans: Vec<(usize, usize, Vec<usize>, bool)>) {
+    /// Queue reads of experts not held yet: `(layer, queue distance, experts, add temporal
+    /// candidates)`; prefetches, or demand reads (`demand`: experts the model has named, exact
+    /// lookahead).
+    fn queue_plans(&self, plans: Vec<(usize, usize, Vec<usize>, bool)>, demand: bool) {
         let sh = &self.sh;
         if plans.is_empty() {
             return;
@@ -341,7 +343,7 @@ impl StreamingExperts {
                     continue;
                 }
                 match g.victim(sh.cfg.policy, &protect) {
-                    Some(v) => g.assign(v, key, false, d),
+                    Some(v) => g.assign(v, key, demand, d),
                     None => break,
                 }
             }
@@ -500,38 +502,13 @@ impl ExpertSource for StreamingExperts {
         if !self.sh.cfg.exact || layer >= self.routers.len() {
             return;
         }
-        let sh = &self.sh;
         let p: Vec<usize> = ids.iter().map(|&e| e as usize).filter(|&e| e < self.n_expert).collect();
-        let holder = self.holder.read().unwrap().clone();
-        let lanes = self.exec().prefetch_lanes();
-        let mut hints = Vec::new();
-        {
-            let mut g = sh.inner.lock().unwrap();
-            g.exact[layer] = p.clone();
-            // Every named expert will be asked for: read the misses as demand reads (all I/O
-            // lanes, ahead of any prediction), none evicting another of them.
-            let protect: HashSet<(usize, usize)> = p.iter().map(|&e| (layer, e)).collect();
-            for &e in &p {
-                let key = (layer, e);
-                if g.map.contains_key(&key) || holder.as_ref().is_some_and(|h| h.holds(layer, e)) {
-                    continue;
-                }
-                if lanes == 0 {
-                    // No reader beside the compute thread: tell the byte source instead.
-                    hints.push(key);
-                    continue;
-                }
-                match g.victim(sh.cfg.policy, &protect) {
-                    Some(v) => g.assign(v, key, true, 0),
-                    None => break,
-                }
-            }
-        }
-        for (l, e) in hints {
-            sh.store.hint(l, e);
-        }
-        self.kick();
+        self.sh.inner.lock().unwrap().exact[layer] = p.clone();
+        // Every named expert will be asked for: its read is a demand read (all I/O lanes, ahead
+        // of any prediction), none evicting another of them.
+        self.queue_plans(vec![(layer, 0, p, false)], true);
     }
+
 
     fn on_residual(&self, layer: usize, x: &[f32], n_tok: usize) {
         if self.prefetching() && self.sh.cfg.residual_stage && n_tok == 1 && layer < self.routers.len() {

@@ -678,21 +678,23 @@ mod tests {
         let x: Vec<f32> = (0..n * cols).map(|i| v(i + 7)).collect();
         let w: Vec<f32> = (0..cols * d_conv).map(|i| v(i + 1000)).collect();
         let st0: Vec<f32> = (0..cols * (d_conv - 1)).map(|i| v(i + 2000)).collect();
-        let mut st_ref = st0.clone();
-        let mut y_ref = vec![0f32; n * cols];
-        for t in 0..n {
-            conv_silu_step(&mut st_ref, &w, d_conv, &x[t * cols..(t + 1) * cols], &mut y_ref[t * cols..(t + 1) * cols]);
-        }
-        for block in [1, 3, cols] {
-            let mut st = st0.clone();
-            let mut y = vec![f32::NAN; n * cols];
-            for (bi, sb) in st.chunks_mut(block * (d_conv - 1)).enumerate() {
-                let c0 = bi * block;
-                let nb = sb.len() / (d_conv - 1);
-                conv_silu_channels(sb, &w[c0 * d_conv..(c0 + nb) * d_conv], d_conv, &x, cols, c0, n, &mut |t, vals| y[t * cols + c0..t * cols + c0 + nb].copy_from_slice(vals));
+        for silu in [true, false] {
+            let mut st_ref = st0.clone();
+            let mut y_ref = vec![0f32; n * cols];
+            for t in 0..n {
+                conv_silu_step(&mut st_ref, &w, d_conv, &x[t * cols..(t + 1) * cols], &mut y_ref[t * cols..(t + 1) * cols], silu);
             }
-            assert!(y.iter().zip(&y_ref).all(|(a, b)| a.to_bits() == b.to_bits()), "block {block}: outputs differ");
-            assert!(st.iter().zip(&st_ref).all(|(a, b)| a.to_bits() == b.to_bits()), "block {block}: state differs");
+            for block in [1, 3, cols] {
+                let mut st = st0.clone();
+                let mut y = vec![f32::NAN; n * cols];
+                for (bi, sb) in st.chunks_mut(block * (d_conv - 1)).enumerate() {
+                    let c0 = bi * block;
+                    let nb = sb.len() / (d_conv - 1);
+                    conv_silu_channels(sb, &w[c0 * d_conv..(c0 + nb) * d_conv], d_conv, &x, cols, c0, n, silu, &mut |t, vals| y[t * cols + c0..t * cols + c0 + nb].copy_from_slice(vals));
+                }
+                assert!(y.iter().zip(&y_ref).all(|(a, b)| a.to_bits() == b.to_bits()), "block {block}, silu {silu}: outputs differ");
+                assert!(st.iter().zip(&st_ref).all(|(a, b)| a.to_bits() == b.to_bits()), "block {block}, silu {silu}: state differs");
+            }
         }
     }
 
