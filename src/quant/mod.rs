@@ -781,7 +781,12 @@ impl BatchDot {
         let gemm = !per_row && cfg!(any(target_arch = "x86", target_arch = "x86_64")) && simd == Simd::Avx2;
         #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
         // (F32/F16 tiles follow `vec_dot`'s order: not where tinyBLAS takes the rows.)
-        let tile = if simd == Simd::Avx2 { x86::tile_kernel(ty).filter(|_| !(gemm && x86::gemm_kernel(ty, n, rows, 0, n_tok, experts).is_some() && matches!(ty, GgmlType::F32 | GgmlType::F16))) } else { None };
+        let tile = match (simd, ty) {
+            // Q4_K: the tile in the order the batched product takes for whole groups of four.
+            (Simd::Avx2, GgmlType::Q4K) => Some(x86::tile_q4_k(gemm, rows, experts)),
+            (Simd::Avx2, _) => x86::tile_kernel(ty).filter(|_| !(gemm && x86::gemm_kernel(ty, n, rows, 0, n_tok, experts).is_some() && matches!(ty, GgmlType::F32 | GgmlType::F16))),
+            _ => None,
+        };
         #[cfg(target_arch = "aarch64")]
         let tile = match simd {
             Simd::Neon | Simd::NeonDotprod => neon::tile_kernel(ty, simd == Simd::NeonDotprod),
@@ -812,7 +817,7 @@ impl BatchDot {
     }
 
     /// [`BatchDot::dot`] for four activation rows `t .. t + 4` at once, where a tile kernel
-    /// exists (the 32-element block types on x86 AVX2, AArch64 NEON and wasm SIMD128: same bits
+    /// exists (the 32-element block types on x86 AVX2 (and Q4_K there), AArch64 NEON and wasm SIMD128: same bits
     /// as four single dots); `None` otherwise.
     #[inline]
     pub fn dot4(&self, w_row: &[u8], acts: [&[u8]; 4], t: usize) -> Option<[f32; 4]> {
@@ -829,9 +834,10 @@ impl BatchDot {
             if w_row.len() < self.w_need || acts.iter().any(|a| a.len() < self.a_need) {
                 return Some([f32::NAN; 4]);
             }
-            // The block types have no batched kernel of their own: every row takes `kernel`'s.
+            // The block types have no batched kernel of their own: every row takes `kernel`'s
+            // (Q4_K's tile is in the batched order, which is the same for a whole group of four).
             #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
-            debug_assert!((t..t + 4).all(|t| !self.gemm || x86::gemm_kernel(self.ty, self.n, self.rows, t, self.n_tok, self.experts).is_none()));
+            debug_assert!(self.ty == GgmlType::Q4K || (t..t + 4).all(|t| !self.gemm || x86::gemm_kernel(self.ty, self.n, self.rows, t, self.n_tok, self.experts).is_none()));
             // SAFETY: sizes checked above; the tile's instructions are available (Simd::best).
             return Some(unsafe { k(self.n, w_row, acts) });
         }

@@ -931,6 +931,67 @@ unsafe fn q4_k_repacked<const PER_PAIR: bool>(n: usize, w: &[u8], a: &[u8]) -> f
     acc - acc_min
 }
 
+/// [`q4_k_repacked`] for one weight row and four activation rows at once, each output summed in
+/// exactly its order (the same bits): the weight's scales, mins and nibbles unpacked once for
+/// the four (the batched products of Q4_K matrices: `BatchDot::dot4`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q4_k_repacked_x4<const PER_PAIR: bool>(n: usize, w: &[u8], acts: [&[u8]; 4]) -> [f32; 4] {
+    let wp = w.as_ptr();
+    let aps = acts.map(|a| a.as_ptr());
+    let m4 = _mm256_set1_epi8(0x0f);
+    let (mut acc, mut acc_min) = ([0f32; 4], [0f32; 4]);
+    for i in 0..n / QK_K {
+        let x = wp.add(i * 144);
+        let (dw, dmw) = (f16_at(x), f16_hi(x));
+        let (sc, mn) = scales_mins_k4(core::slice::from_raw_parts(x.add(4), 12));
+        let mut q = [(_mm256_setzero_si256(), _mm256_setzero_si256()); 4];
+        for (c, qc) in q.iter_mut().enumerate() {
+            let q4 = load256(x.add(16 + 32 * c));
+            *qc = (_mm256_and_si256(q4, m4), _mm256_and_si256(_mm256_srli_epi16::<4>(q4), m4));
+        }
+        for j in 0..4 {
+            let y = aps[j].add(i * 292);
+            let yd = f32_at(y);
+            let (dd, dm) = (dw * yd, dmw * yd);
+            let (mut sumi, mut imin) = (_mm256_setzero_si256(), 0i32);
+            for (c, &(lo, hi)) in q.iter().enumerate() {
+                let lanes = scaled_pair(lo, hi, y, &sc, c);
+                if PER_PAIR {
+                    acc[j] = (hsum_epi32(lanes) as f32).mul_add(dd, acc[j]);
+                    acc_min[j] = (pair_min(y, &mn, c) as f32).mul_add(dm, acc_min[j]);
+                } else {
+                    sumi = _mm256_add_epi32(sumi, lanes);
+                    imin += pair_min(y, &mn, c);
+                }
+            }
+            if !PER_PAIR {
+                acc[j] = (hsum_epi32(sumi) as f32).mul_add(dd, acc[j]);
+                acc_min[j] = (imin as f32).mul_add(dm, acc_min[j]);
+            }
+        }
+    }
+    [acc[0] - acc_min[0], acc[1] - acc_min[1], acc[2] - acc_min[2], acc[3] - acc_min[3]]
+}
+
+/// Q4_K tiles in the GEMV order ([`dot_q4_k_q8_k`]: per-row products, `mul_mat_id`'s experts,
+/// matrices whose rows are not a multiple of 8) and in the GEMM order
+/// ([`gemm_dot_q4_k_q8_k`]: batched products where ggml repacks the matrix).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile_q4_k_gemv(n: usize, w: &[u8], acts: [&[u8]; 4]) -> [f32; 4] {
+    q4_k_repacked_x4::<false>(n, w, acts)
+}
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile_q4_k_gemm(n: usize, w: &[u8], acts: [&[u8]; 4]) -> [f32; 4] {
+    q4_k_repacked_x4::<true>(n, w, acts)
+}
+
+/// The Q4_K tile for a batched product of a matrix of `rows` rows ([`gemm_kernel`]'s choice of
+/// order for whole groups of four activation rows).
+pub(super) fn tile_q4_k(gemm: bool, rows: usize, experts: bool) -> TileFn {
+    if gemm && !experts && rows % 8 == 0 { tile_q4_k_gemm } else { tile_q4_k_gemv }
+}
+
 /// Q4_K, single row: the repacked GEMV order ([`q4_k_repacked`]).
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_q4_k_q8_k(n: usize, w: &[u8], a: &[u8]) -> f32 {

@@ -349,8 +349,8 @@ fn simd_agrees_with_scalar() {
     assert!(checked > 100);
 }
 
-/// Batched products' tiles give the single dots' bits: four activation rows (x86 AVX2, AArch64
-/// NEON; `BatchDot::dot4`) and two weight rows × four activation rows (AArch64 `smmla`,
+/// Batched products' tiles give the single dots' bits: four activation rows (x86 AVX2, Q4_K
+/// included; AArch64 NEON; `BatchDot::dot4`) and two weight rows × four activation rows (AArch64 `smmla`,
 /// `BatchDot::dot2x4`) only share each block's unpacking and integer products between outputs.
 #[test]
 fn batch_tiles_equal_single_dots() {
@@ -379,6 +379,21 @@ fn batch_tiles_equal_single_dots() {
             for (k, a) in acts.iter().enumerate() {
                 let one = dot.dot(&w, a, k);
                 assert_eq!(four[k].to_bits(), one.to_bits(), "{t} n={n} row {k}: tile {} vs single {one}", four[k]);
+            }
+            tiled += 1;
+        }
+    }
+    // Q4_K: its tile in both batched orders (rows a multiple of 8: ggml's repacked GEMM; other
+    // row counts and `mul_mat_id`'s experts: the GEMV), where the CPU has it (x86 AVX2).
+    for (rows, experts) in [(8, false), (2, false), (8, true)] {
+        for n in [256, 1024] {
+            let w = random_row(&mut rng, Q4K, n);
+            let acts: Vec<Vec<u8>> = (0..4).map(|_| quantized(quant::vec_dot_type(Q4K), &(0..n).map(|_| rng.normal() * 3.0).collect::<Vec<_>>())).collect();
+            let dot = quant::BatchDot::new(Q4K, n, rows, 4, experts, false);
+            let Some(four) = dot.dot4(&w, [&acts[0][..], &acts[1], &acts[2], &acts[3]], 0) else { continue };
+            for (k, a) in acts.iter().enumerate() {
+                let one = dot.dot(&w, a, k);
+                assert_eq!(four[k].to_bits(), one.to_bits(), "Q4_K n={n} rows {rows} experts {experts} row {k}: tile {} vs single {one}", four[k]);
             }
             tiled += 1;
         }
