@@ -10,6 +10,7 @@
 //     rounded to nearest), then top-k and the weights as for Softmax.
 //   SoftmaxWeight (gating 1, gpt-oss): top-k of the raw logits, then the softmax of those k
 //     values (all "tail": glibc's expf).
+//   With a selection bias (B, lfm2moe's `exp_probs_b`): top-k of p + B, the weights still p.
 //   Then the weights times `scale` (when it is not 0 or 1).
 // WGSL has no f64: the sums and the reciprocal are integer arithmetic on the f64 encoding
 // (positive values only), rounded to nearest even as IEEE-754 does.
@@ -31,14 +32,15 @@ struct Params {
     up_delta: u32,
     logits_off: u32,
     zero: u32,
-    _p0: u32,
+    has_bias: u32, // 1: add B (the selection bias, `exp_probs_b`) to the probabilities for top-k only
     _p1: u32,
 }
 
 @group(0) @binding(0) var<storage, read> L: array<f32>;
 @group(0) @binding(1) var<storage, read> SLOT: array<u32>;
 @group(0) @binding(2) var<storage, read_write> R: array<u32>;
-@group(0) @binding(3) var<uniform> P: Params;
+@group(0) @binding(3) var<storage, read> B: array<f32>;
+@group(0) @binding(4) var<uniform> P: Params;
 
 // A positive f64 as (exponent field, significand with the implicit bit: hi 21 bits, lo 32).
 struct F64 {
@@ -195,18 +197,24 @@ fn reduce16(v: array<f32, 16>) -> f32 {
 }
 
 var<private> probs: array<f32, 256>;
+// What top-k ranks: the probabilities, plus the selection bias where there is one.
+var<private> sel: array<f32, 256>;
 var<private> chosen: array<u32, 8>;
 var<private> wts: array<f32, 8>;
 
 // Top-k of probs[0..n] into `chosen`: the largest first, ties to the lower index.
 fn top_k(n: u32, k: u32) {
+    for (var i = 0u; i < n; i++) {
+        sel[i] = probs[i];
+        if (P.has_bias != 0u) { sel[i] = keep(probs[i] + B[i]); }
+    }
     for (var r = 0u; r < k; r++) {
         var best = 0xffffffffu;
         for (var i = 0u; i < n; i++) {
             var taken = false;
             for (var j = 0u; j < r; j++) { if (chosen[j] == i) { taken = true; } }
             if (taken) { continue; }
-            if (best == 0xffffffffu || probs[i] > probs[best]) { best = i; }
+            if (best == 0xffffffffu || sel[i] > sel[best]) { best = i; }
         }
         chosen[r] = best;
     }

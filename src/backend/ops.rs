@@ -431,7 +431,7 @@ pub trait Ops {
     /// for bit, then run and combine the chosen experts of `x` as [`Self::experts`] does: the
     /// same output without bringing the logits to the host. Only where
     /// [`Self::routes_on_device`] said yes.
-    fn experts_routed(&mut self, _il: usize, _src: &dyn ExpertSource, _x: &Self::T, _logits: &Self::T, _spec: &RouteSpec, _f: &ExpertFfn) -> Result<Self::T, OpError> {
+    fn experts_routed(&mut self, _il: usize, _src: &dyn ExpertSource, _x: &Self::T, _logits: &Self::T, _spec: &RouteSpec, _sel_bias: Option<Vector>, _f: &ExpertFfn) -> Result<Self::T, OpError> {
         Err(OpError::Unsupported { backend: Self::BACKEND, op: "routing on the device" })
     }
     /// The backend's name in errors (`cpu`, `wgpu`).

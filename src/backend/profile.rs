@@ -127,8 +127,8 @@ impl<B: Ops> Ops for Profiled<'_, B> {
     fn routes_on_device(&mut self, il: usize, src: &dyn ExpertSource, n_expert: usize) -> bool {
         self.0.routes_on_device(il, src, n_expert)
     }
-    fn experts_routed(&mut self, il: usize, src: &dyn ExpertSource, x: &B::T, logits: &B::T, spec: &RouteSpec, f: &ExpertFfn) -> Result<B::T, OpError> {
-        timed("experts_routed", || self.0.experts_routed(il, src, x, logits, spec, f))
+    fn experts_routed(&mut self, il: usize, src: &dyn ExpertSource, x: &B::T, logits: &B::T, spec: &RouteSpec, sel_bias: Option<Vector>, f: &ExpertFfn) -> Result<B::T, OpError> {
+        timed("experts_routed", || self.0.experts_routed(il, src, x, logits, spec, sel_bias, f))
     }
     fn layer_norm(&mut self, x: &B::T, w: Vector, b: Option<Vector>, eps: f32) -> Result<B::T, OpError> {
         timed("layer_norm", || self.0.layer_norm(x, w, b, eps))

@@ -367,9 +367,8 @@ impl<'a, B: Ops> Fwd<'a, B> {
         let c = &self.m.cfg;
         let src = self.experts.clone().ok_or(ModelError::NoExperts)?;
         let t_n = Self::rows(&logits);
-        // (route.wgsl has no selection bias: such routers decide on the host.)
         let xl = c.expert_layer(il);
-        if t_n == 1 && c.n_expert_used <= 8 && w.probs_b.is_none() && self.b.routes_on_device(xl, &*src, c.n_expert) {
+        if t_n == 1 && c.n_expert_used <= 8 && self.b.routes_on_device(xl, &*src, c.n_expert) {
             return Ok(Routing::Device(logits));
         }
         let mut parts = vec![(&logits, 0..t_n)];
@@ -393,7 +392,7 @@ impl<'a, B: Ops> Fwd<'a, B> {
         let src = self.experts.clone().ok_or(ModelError::NoExperts)?;
         let t_n = Self::rows(cur);
         let out = match routing {
-            Routing::Device(logits) => self.b.experts_routed(c.expert_layer(il), &*src, cur, &logits, &c.route_spec(), &w.ffn)?,
+            Routing::Device(logits) => self.b.experts_routed(c.expert_layer(il), &*src, cur, &logits, &c.route_spec(), w.probs_b, &w.ffn)?,
             Routing::Host { sel, wts } => {
                 let r = Route { sel: &sel, wts: &wts, k: c.n_expert_used };
                 self.b.experts(c.expert_layer(il), &*src, cur, r, &w.ffn, (t_n == 1).then_some(x))?

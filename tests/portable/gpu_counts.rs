@@ -31,7 +31,7 @@ fn argmax(v: &[f32]) -> u32 {
 fn resident_decode_calls_per_token_on_lavapipe() {
     les::quant::Simd::force(les::quant::Simd::Scalar);
     // (fixture, most dispatches per decode token)
-    for (name, max_dispatches) in [("rand-qwen35moe", 127.0), ("rand-qwen3next", 130.0), ("rand-gpt-oss", 129.0), ("rand-llama-moe", 100.0)] {
+    for (name, max_dispatches) in [("rand-qwen35moe", 127.0), ("rand-qwen3next", 130.0), ("rand-gpt-oss", 129.0), ("rand-llama-moe", 100.0), ("rand-lfm2moe", 141.0)] {
         let src = FileSource::open(model(&format!("{name}.gguf"))).unwrap();
         let mut s = Session::load(&src, ExpertMode::Resident, 256).unwrap();
         s.set_backend(BackendKind::Wgpu, &GpuOptions { exact: Some(true), device_routing: Some(true), ..Default::default() }).unwrap();

@@ -613,15 +613,18 @@ fn route_matches_cpu_router() {
                         }
                     }
                     let spec = RouteSpec { n_expert, k, gating, norm_topk, scale };
-                    let (sel, wts) = les::model::route_with(&spec, &row, 1);
+                    // A selection bias (lfm2moe's `exp_probs_b`) on the sigmoid router's odd variants.
+                    let bias: Option<Vec<f32>> = (gating == Gating::Sigmoid && variant % 2 == 1).then(|| (0..n_expert).map(|i| x[(i * 11 + 5) % x.len()] * 0.05).collect());
+                    let (sel, wts) = les::model::route_biased(&spec, &row, 1, bias.as_deref());
                     let slots: Vec<u32> = (0..n_expert as u32).map(|e| if e % 5 == 4 { u32::MAX } else { 4096 * e + 8 }).collect();
                     let (lb, sb) = (upf(g, &row), up(g, bytemuck::cast_slice(&slots)));
                     let out = g.ctx.scratch("route", 4 * 128).unwrap();
                     let mut rec = Recorder::new(&g.ctx, &arena);
-                    g.k.route(&mut rec, &lb, 0, &sb, 0, &out, 32, &spec, 100);
+                    let bb = bias.as_ref().map(|b| upf(g, b));
+                    g.k.route(&mut rec, &lb, 0, &sb, 0, &out, 32, &spec, 100, bb.as_ref());
                     let got: Vec<u32> = read(g, &mut rec, &out, 128).iter().map(|v| v.to_bits()).collect();
                     let r = &got[32..];
-                    let at = format!("n_expert {n_expert} k {k} gating {gating:?} norm {norm_topk} scale {scale} variant {variant}");
+                    let at = format!("n_expert {n_expert} k {k} gating {gating:?} bias {} norm {norm_topk} scale {scale} variant {variant}", bias.is_some());
                     let mut missing = 0;
                     for j in 0..k {
                         let ex = sel[j] as usize;

@@ -1064,7 +1064,7 @@ impl Ops for GpuExec<'_> {
         self.g.device_routing && n_expert == self.g.n_expert && self.g.pool.lock().unwrap().as_ref().is_some_and(|p| p.holds_layer(il, n_expert, src.layout(il)))
     }
 
-    fn experts_routed(&mut self, il: usize, src: &dyn ExpertSource, x: &GpuT, logits: &GpuT, spec: &RouteSpec, f: &ExpertFfn) -> Result<GpuT, OpError> {
+    fn experts_routed(&mut self, il: usize, src: &dyn ExpertSource, x: &GpuT, logits: &GpuT, spec: &RouteSpec, sel_bias: Option<Vector>, f: &ExpertFfn) -> Result<GpuT, OpError> {
         let (e, k) = (x.cols, spec.k);
         if x.rows != 1 || k == 0 || k > 8 || logits.cols != spec.n_expert {
             return Err(OpError::Unsupported { backend: "wgpu", op: "routing on the device for this shape" });
@@ -1077,7 +1077,8 @@ impl Ops for GpuExec<'_> {
         let pool = pool_g.as_ref().filter(|p| p.holds_layer_slots(il, spec.n_expert)).ok_or(OpError::Unsupported { backend: "wgpu", op: "routing on the device without every expert in one slab" })?;
         let (slab, table) = (pool.slab(0), pool.table().expect("holds_layer_slots checks the table"));
         // The router writes the layer's lists into its 256-byte region of `routes` (route.wgsl).
-        g.k.route(&mut self.rec, logits.buf(), 0, table, il * spec.n_expert, &g.routes, il * 64, spec, (lay.up - lay.gate) as u32);
+        let bias = sel_bias.map(|v| self.vec(v));
+        g.k.route(&mut self.rec, logits.buf(), 0, table, il * spec.n_expert, &g.routes, il * 64, spec, (lay.up - lay.gate) as u32, bias);
         let at = (il * 256) as u32;
         let region = |word: usize| List::Device { buf: &g.routes, at, word: word as u32 };
         let lists = GroupLists { slots: region(0), gate_up: region(0), bias: region(5 * k), n: k };

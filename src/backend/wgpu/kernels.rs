@@ -628,17 +628,18 @@ impl Kernels {
     /// `logits_off` of `logits` → the layer's region (word `out_word`) of `out`: the expert
     /// kernels' lists, the weights, the ids. `slot_of`: the pool's table (from word `table_off`).
     #[allow(clippy::too_many_arguments)]
-    pub fn route(&self, rec: &mut Recorder<'_>, logits: Buf, logits_off: usize, slot_of: Buf, table_off: usize, out: Buf, out_word: usize, spec: &crate::backend::ops::RouteSpec, up_delta: u32) {
+    /// `sel_bias`: a selection bias (`n_expert` values) added for the top-k choice only.
+    pub fn route(&self, rec: &mut Recorder<'_>, logits: Buf, logits_off: usize, slot_of: Buf, table_off: usize, out: Buf, out_word: usize, spec: &crate::backend::ops::RouteSpec, up_delta: u32, sel_bias: Option<Buf>) {
         use Bind::*;
-        let k = self.route.get_or_init(|| Kernel::new(rec.ctx, &self.prelude, "route", &format!("{EXACT}\n{ROUTE}"), &[Read, Read, ReadWrite, Uniform], &["main"], 9));
+        let k = self.route.get_or_init(|| Kernel::new(rec.ctx, &self.prelude, "route", &format!("{EXACT}\n{ROUTE}"), &[Read, Read, ReadWrite, Read, Uniform], &["main"], 9));
         let gating = match spec.gating {
             crate::backend::ops::Gating::Softmax => 0u32,
             crate::backend::ops::Gating::SoftmaxWeight => 1,
             crate::backend::ops::Gating::Sigmoid => 2,
         };
-        let words = [spec.n_expert as u32, spec.k as u32, gating, spec.norm_topk as u32, spec.scale.to_bits(), table_off as u32, out_word as u32, up_delta, logits_off as u32, 0, 0, 0];
+        let words = [spec.n_expert as u32, spec.k as u32, gating, spec.norm_topk as u32, spec.scale.to_bits(), table_off as u32, out_word as u32, up_delta, logits_off as u32, 0, sel_bias.is_some() as u32, 0];
         let prm = rec.push(&bytes_of(&words));
-        let bg = self.bind(rec, &k.layout, &[logits, slot_of, out]);
+        let bg = self.bind(rec, &k.layout, &[logits, slot_of, out, sel_bias.unwrap_or(&self.dummy)]);
         rec.dispatch(&k.pipelines["main"], &bg, &[prm.0 as u32], (1, 1, 1));
     }
 
