@@ -337,9 +337,6 @@ impl Route<'_> {
     }
 }
 
-/// How a router turns logits into experts and weights ([`crate::model`]'s `route`, llama.cpp
-/// `build_moe_ffn`): softmax (or sigmoid) then top-k (weights normalised when `norm_topk`), or
-/// top-k then softmax of the k (gpt-oss); then times `scale` (unless 0 or 1).
 /// Router gating (llama.cpp `llama_expert_gating_func_type`, GGUF `<arch>.expert_gating_func`:
 /// 1 softmax, 2 sigmoid, 3 softmax_weight).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -353,6 +350,9 @@ pub enum Gating {
     Sigmoid,
 }
 
+/// How a router turns logits into experts and weights ([`crate::model`]'s `route`, llama.cpp
+/// `build_moe_ffn`): softmax (or sigmoid) then top-k (weights normalised when `norm_topk`), or
+/// top-k then softmax of the k (gpt-oss); then times `scale` (unless 0 or 1).
 #[derive(Clone, Copy, Debug)]
 pub struct RouteSpec {
     pub n_expert: usize,

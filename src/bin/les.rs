@@ -1321,7 +1321,7 @@ fn inspect_gguf(path: &str, g: &GgufFile, full: bool) -> Res {
                 }
             }
             let total: u64 = g.tensors.iter().map(|t| t.size).sum();
-            let n_moe = (0..cfg.n_layer).filter(|&il| cfg.is_moe_layer(il)).count() as u64;
+            let n_moe = cfg.n_moe_layers() as u64;
             writeln!(o, "\n== experts\nexperts per layer (n_expert): {}\nused per token (n_expert_used): {}\nexpert n_ff: {}\nbytes per expert (gate+up+down): {} ({})\ntotal expert bytes: {} ({})\ndense bytes: {} ({})\nexpert bytes per token at 0% hit rate: {} ({})",
                 cfg.n_expert, cfg.n_expert_used, cfg.n_ff_exp, per_expert, human(per_expert), expert_total, human(expert_total), total - expert_total, human(total - expert_total),
                 per_expert * cfg.n_expert_used as u64 * n_moe, human(per_expert * cfg.n_expert_used as u64 * n_moe))?;

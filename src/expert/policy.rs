@@ -98,8 +98,7 @@ pub struct StreamConfig {
     pub adaptive: bool,
     /// Exact lookahead: where the model names a layer's experts before the layer runs
     /// ([`crate::expert::ExpertSource::on_route`]: smallthinker's router reads the layer's input),
-    /// read the missing ones at once, at the highest prefetch priority, while the layer's
-    /// attention computes. Every such read is one the layer needs, so the governor does not
+    /// read the missing ones at once, as demand reads, while the layer's attention computes. Every such read is one the layer needs, so the governor does not
     /// gate it. On by default.
     pub exact: bool,
 }

@@ -196,13 +196,9 @@ impl<'a, B: Ops> Fwd<'a, B> {
         Self { m, b, pos0, t_n: input.rows(m.cfg.n_embd), want, input, experts: m.experts().cloned(), record: true }
     }
 
-    fn rows(t: &B::T) -> usize {
-        B::shape(t).0
-    }
-
     /// Rows of `t`.
-    pub fn rows_of(t: &B::T) -> usize {
-        Self::rows(t)
+    pub fn rows(t: &B::T) -> usize {
+        B::shape(t).0
     }
 
     /// `W_i · x` for each matrix of `ws`, as an array (one activation conversion for all).

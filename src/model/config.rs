@@ -240,17 +240,18 @@ impl Config {
             Arch::Llama => RopeKind::Norm,
             _ => RopeKind::Neox,
         };
+        // The architectures whose graphs have no dense-FFN form.
+        if matches!(arch, Arch::Qwen35Moe | Arch::Qwen3Next | Arch::GptOss | Arch::SmallThinker | Arch::Lfm2Moe) {
+            check("expert_count", n_expert, n_expert > 0, "must be > 0 (this architecture is MoE only)")?;
+        }
         let hybrid = matches!(arch, Arch::Qwen35Moe | Arch::Qwen35 | Arch::Qwen3Next);
         let (ssm, recurrent) = if arch == Arch::Lfm2Moe {
-            check("expert_count", n_expert, n_expert > 0, "must be > 0 (this architecture is MoE only)")?;
             let kv = kv_per_layer.clone().ok_or_else(|| ConfigError::Missing(format!("{} (one value per layer)", k("attention.head_count_kv"))))?;
             (None, kv.iter().map(|&v| v == 0).collect())
         } else if hybrid {
             if arch == Arch::Qwen35 {
                 check("expert_count", n_expert, n_expert == 0, "must be 0 (qwen35 is dense; MoE files are qwen35moe)")?;
                 check("feed_forward_length", n_ff, n_ff > 0 && n_ff <= 1 << 20, "must be in 1..=1048576")?;
-            } else {
-                check("expert_count", n_expert, n_expert > 0, "must be > 0 (this architecture is MoE only)")?;
             }
             let ssm_key = |s: &str| -> Result<usize, ConfigError> { opt(s).ok_or_else(|| ConfigError::Missing(k(s))) };
             let ssm = Ssm {
@@ -319,7 +320,6 @@ impl Config {
         // one every layer is global with RoPE. (A file of exactly 4 layers ropes every layer:
         // llama.cpp's test is `n_no_rope_layer_step == n_layer || il % n_no_rope_layer_step != 0`.)
         let (n_swa, swa, nope) = if arch == Arch::SmallThinker {
-            check("expert_count", n_expert, n_expert > 0, "must be > 0 (this architecture is MoE only)")?;
             match opt("attention.sliding_window").filter(|&w| w > 0) {
                 Some(_) => {
                     let swa: Vec<bool> = match g.get(&k("attention.sliding_window_pattern")).and_then(|v| v.as_array()) {
@@ -367,7 +367,6 @@ impl Config {
             check("feed_forward_length", n_ff, n_ff > 0 && n_ff <= 1 << 20, "must be in 1..=1048576 (the leading dense layers' width)")?;
         }
         if arch == Arch::GptOss {
-            check("expert_count", n_expert, n_expert > 0, "must be > 0 (this architecture is MoE only)")?;
             check("rope.dimension_count", n_rot, n_rot == head_dim, "must equal the head size (llama.cpp uses n_rot as the head size)")?;
         }
         let rope_base = g.get_f32(&k("rope.freq_base")).unwrap_or(10000.0);

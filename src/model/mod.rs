@@ -677,7 +677,7 @@ impl Model {
         let c = &self.cfg;
         let swa_layers = (0..c.n_layer).filter(|&il| !c.is_recurrent(il) && c.window(il) > 0).count();
         GpuShapes {
-            n_layer: c.n_moe_layers(),
+            n_moe_layer: c.n_moe_layers(),
             kv_layers: c.n_attn_layers() - swa_layers,
             swa_layers,
             swa_cells: if swa_layers > 0 { crate::backend::cpu::kv::swa_ring_cells(c.n_swa, GPU_BATCH, n_ctx) } else { 0 },

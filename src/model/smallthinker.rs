@@ -36,7 +36,7 @@ impl SmallThinker {
             // The router on the layer's input (`probs = ffn_gate_inp × inpL`); in the last layer
             // only the rows that go on (llama.cpp's `get_rows(probs, inp_out_ids)`).
             let mut logits = f.router_logits(&x, w)?;
-            if f.trims(il, Fwd::<B>::rows_of(&x)) {
+            if f.trims(il, Fwd::<B>::rows(&x)) {
                 logits = f.b.last_row(logits)?;
             }
             let routing = f.route(il, logits, &x, w).await?;
@@ -47,7 +47,7 @@ impl SmallThinker {
                         ids.push(e);
                     }
                 }
-                src.on_route(f.m.cfg.expert_layer(il), &ids, Fwd::<B>::rows_of(&x));
+                src.on_route(f.m.cfg.expert_layer(il), &ids, Fwd::<B>::rows(&x));
             }
             let cur = f.norm(&x, l.attn_norm, "attn_norm", il).await?;
             let attn = f.attention(il, &cur, &l.attn).await?;

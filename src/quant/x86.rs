@@ -933,7 +933,9 @@ unsafe fn q4_k_repacked<const PER_PAIR: bool>(n: usize, w: &[u8], a: &[u8]) -> f
 
 /// [`q4_k_repacked`] for one weight row and four activation rows at once, each output summed in
 /// exactly its order (the same bits): the weight's scales, mins and nibbles unpacked once for
-/// the four (the batched products of Q4_K matrices: `BatchDot::dot4`).
+/// the four (the batched products of Q4_K matrices: `BatchDot::dot4`). The single-row kernel
+/// stays a function of its own: written as this one with one row, decode ran 0.88× as fast
+/// (SmallThinker-4B shape, 2 threads, 2026-12-07).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn q4_k_repacked_x4<const PER_PAIR: bool>(n: usize, w: &[u8], acts: [&[u8]; 4]) -> [f32; 4] {

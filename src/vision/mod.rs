@@ -238,7 +238,7 @@ impl Mmproj {
         let mut slot = self.gpu.lock().unwrap_or_else(|e| e.into_inner());
         if slot.as_ref().is_none_or(|g| g.max_rows() < rows) {
             let side = self.cfg.image_size / self.cfg.patch_size + self.cfg.n_merge;
-            let s = GpuShapes { n_layer: 0, kv_layers: 0, swa_layers: 0, swa_cells: 0, n_head_kv: 1, head_dim: 2, n_ctx: 1, n_expert: 0, n_expert_used: 0 };
+            let s = GpuShapes { n_moe_layer: 0, kv_layers: 0, swa_layers: 0, swa_cells: 0, n_head_kv: 1, head_dim: 2, n_ctx: 1, n_expert: 0, n_expert_used: 0 };
             *slot = Some(Arc::new(GpuBackend::with_rows(ctx.clone(), &self.weights, s, None, opts, rows.max(side * side))?));
         }
         let g = slot.clone().ok_or_else(|| VisionError::Model(ModelError::Internal("the vision tower's GPU backend".into())))?;

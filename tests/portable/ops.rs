@@ -403,7 +403,7 @@ fn gpus() -> &'static [(&'static str, Mutex<GpuBackend>)] {
         for (name, exact) in [("wgpu-exact", true), ("wgpu-fast", false)] {
             match GpuContext::new() {
                 Ok(ctx) => {
-                    let shapes = GpuShapes { n_layer: 2, kv_layers: 2, swa_layers: 0, swa_cells: 0, n_head_kv: 2, head_dim: 64, n_ctx: 64, n_expert: N_EXPERT, n_expert_used: 2 };
+                    let shapes = GpuShapes { n_moe_layer: 2, kv_layers: 2, swa_layers: 0, swa_cells: 0, n_head_kv: 2, head_dim: 64, n_ctx: 64, n_expert: N_EXPERT, n_expert_used: 2 };
                     let opts = GpuOptions { exact: Some(exact), expert_slots: Some(2), ..Default::default() };
                     let g = GpuBackend::new(Arc::new(ctx), &fx().w, shapes, Some(&fx().experts), &opts).unwrap();
                     out.push((name, Mutex::new(g)));

@@ -117,7 +117,7 @@ impl GpuStats {
 pub struct GpuShapes {
     /// Layers with routed experts (numbered as the expert source numbers them: the model's
     /// leading dense layers are not counted).
-    pub n_layer: usize,
+    pub n_moe_layer: usize,
     /// Layers with keys and values for every position (attention layers; a hybrid's recurrent
     /// layers hold none).
     pub kv_layers: usize,
@@ -252,22 +252,22 @@ impl GpuBackend {
         let kc = g.scratch("kv-k", kv_bytes)?;
         let vc = g.scratch("kv-v", kv_bytes)?;
         let layouts: Vec<&ExpertLayout> = match experts {
-            Some(src) => (0..s.n_layer).map(|l| src.layout(l)).collect(),
+            Some(src) => (0..s.n_moe_layer).map(|l| src.layout(l)).collect(),
             None => Vec::new(),
         };
         let arena = Recorder::arena_buffer(g);
         let pool = match experts {
             Some(src) => {
                 let slot_bytes = layouts.iter().map(|l| SlotLayout::bytes_for(l)).max().unwrap_or(0);
-                let all = s.n_layer * s.n_expert;
+                let all = s.n_moe_layer * s.n_expert;
                 let n = opts.expert_slots.unwrap_or_else(|| all.min(((1usize << 30) / slot_bytes.max(1)).max(s.n_expert_used * 2)));
                 let mut pool = GpuExpertPool::new(g, n.min(all), slot_bytes)?;
-                pool.set_table(g, s.n_layer, s.n_expert)?;
+                pool.set_table(g, s.n_moe_layer, s.n_expert)?;
                 src.set_holder(pool.held.clone());
                 // A resident source whose experts all fit: every one in a slot now, so decode
                 // tokens route on the device from the first (no readback per layer).
                 if src.resident() && n >= all && all > 0 {
-                    pool.fill(&mut Recorder::new(g, &arena), s.n_layer, s.n_expert, &**src)?;
+                    pool.fill(&mut Recorder::new(g, &arena), s.n_moe_layer, s.n_expert, &**src)?;
                 }
                 Some(pool)
             }
@@ -285,7 +285,7 @@ impl GpuBackend {
             swa_cells,
             n_ctx: s.n_ctx,
             arena,
-            routes: g.scratch("routes", s.n_layer * 256 + super::LIST_BYTES as usize)?,
+            routes: g.scratch("routes", s.n_moe_layer * 256 + super::LIST_BYTES as usize)?,
             n_expert: s.n_expert,
             device_routing: opts.device_routing.unwrap_or_else(|| default_device_routing(&ctx.info)),
             rope: Mutex::new(HashMap::new()),

@@ -593,7 +593,7 @@ impl Kernels {
 
     /// `y[i] = silu(g[i]) * u[i]` for `n` values.
     pub fn swiglu(&self, rec: &mut Recorder<'_>, g: Buf, u: Buf, y: Buf, n: usize) {
-        self.ew(rec, "swiglu", g, u, y, [n as u32, 1, 0, 0, 0, 0, 0, 0], &[], n);
+        self.glu(rec, g, u, 0, y, n, ExpertAct::Silu);
     }
 
     /// The experts' gated activation `act` of gate values `g` and up values `u`, `n` of each
